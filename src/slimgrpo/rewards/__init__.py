@@ -1,0 +1,1 @@
+"""slimgrpo.rewards"""

@@ -1,0 +1,81 @@
+"""Typed containers passed between the stages of a GRPO step.
+
+    data ──► rollout ──► rewards ──► advantages ──► loss ──► optimizer step ──► metrics
+
+Shapes use these names:
+    groups  number of prompts in the batch (each prompt is one group)
+    G       ``num_generations`` completions per prompt
+    rows    ``groups * G``; row ``r`` belongs to prompt ``r // G`` (group-major order)
+    P       longest prompt in the batch (prompts are left-padded)
+    T       longest completion in the batch (completions are right-padded)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+Message = dict[str, str]
+Prompt = str | list[Message]  # plain text, or a conversation [{"role": ..., "content": ...}]
+
+
+@dataclass
+class PromptBatch:
+    """Prompts of one step, as the dataset gave them, plus their token ids."""
+
+    prompts: list[Prompt]  # [groups] raw prompts (what reward functions receive)
+    prompt_ids: list[list[int]]  # [groups][len_i] token ids after the chat template
+    columns: dict[str, list[Any]]  # extra dataset columns, each [groups] (e.g. "answer")
+    indices: list[int] = field(default_factory=list)  # dataset row of each prompt
+
+
+@dataclass
+class Rollout:
+    """Completions sampled for a batch of prompts."""
+
+    prompt_ids: torch.Tensor  # [groups, P] long, left-padded with pad_token_id
+    prompt_mask: torch.Tensor  # [groups, P] bool, True on real prompt tokens
+    completion_ids: torch.Tensor  # [rows, T] long, right-padded with pad_token_id
+    completion_mask: torch.Tensor  # [rows, T] bool, True up to and including EOS
+    is_truncated: torch.Tensor  # [rows] bool, True when no EOS within max_completion_length
+    sampler_logprobs: torch.Tensor  # [rows, T] float32, log-prob under the sampling distribution
+    num_generations: int  # G
+
+    @property
+    def rows(self) -> int:
+        return int(self.completion_ids.shape[0])
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:  # [rows] long
+        return self.completion_mask.sum(-1)
+
+    def row_prompt_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt ids and mask repeated per row: ([rows, P], [rows, P])."""
+        G = self.num_generations
+        return (
+            self.prompt_ids.repeat_interleave(G, dim=0),
+            self.prompt_mask.repeat_interleave(G, dim=0),
+        )
+
+
+@dataclass
+class RewardOutput:
+    """Scores of every reward function for every completion."""
+
+    per_function: torch.Tensor  # [rows, F] float32; NaN where a function returned None (or skipped)
+    total: torch.Tensor  # [rows] float32; weighted nansum over functions
+    names: list[str]  # [F]
+    fault_counts: dict[str, int] = field(default_factory=dict)  # "<name>/<fault>" -> count
+
+
+@dataclass
+class LossStats:
+    """Detached statistics of one loss evaluation (means over completion tokens)."""
+
+    kl: float = 0.0
+    clip_ratio_low: float = 0.0  # fraction of tokens clipped at 1 - epsilon (negative advantage)
+    clip_ratio_high: float = 0.0  # fraction of tokens clipped at 1 + epsilon_high (positive advantage)
+    clip_ratio_region: float = 0.0  # fraction of tokens whose ratio lies outside the trust region
+    entropy: float = 0.0
