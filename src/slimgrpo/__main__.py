@@ -1,0 +1,7 @@
+"""``python -m slimgrpo`` (and ``torchrun -m slimgrpo``) = the ``slimgrpo`` command."""
+
+import sys
+
+from slimgrpo.cli import main
+
+sys.exit(main())

@@ -1,0 +1,182 @@
+"""``slimgrpo train | plan | eval | report | demo``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import textwrap
+import traceback
+
+EPILOG_TRAIN = """\
+examples:
+  slimgrpo train examples/gsm8k.yaml model.path=./my-model run.max_steps=200
+  slimgrpo train run.yaml loss.beta=0.04 lora.enabled=true memory.budget=16GiB
+  slimgrpo train --help-config            # every key with its default and meaning
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="slimgrpo",
+        description="GRPO-family RL for language models, lean in memory and time.",
+    )
+    p.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    t = sub.add_parser("train", help="train a model with GRPO from a YAML config",
+                       description="Train a causal LM with GRPO. CONFIG is a YAML file; key=value pairs "
+                                   "override it (dotted keys, values read as YAML).",
+                       epilog=EPILOG_TRAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("config", nargs="?", help="YAML config file")
+    t.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, e.g. loss.beta=0.04")
+    t.add_argument("--help-config", action="store_true", help="list every config key and exit")
+    t.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+    pl = sub.add_parser("plan", help="predict peak memory of a run, component by component",
+                        description="Predict peak memory before a run. Give a CONFIG (with overrides), "
+                                    "or --model SHAPE with options.")
+    pl.add_argument("config", nargs="?", help="YAML config file (optional with --model)")
+    pl.add_argument("overrides", nargs="*", metavar="key=value")
+    pl.add_argument("--model", help="model folder, config.json, or a preset (e.g. qwen2.5-0.5b, llama-3.1-8b)")
+    pl.add_argument("--budget", help="memory budget, e.g. 16GiB, 24GB or auto")
+    pl.add_argument("--device", choices=["cpu", "cuda"], help="device to plan for (default: config's)")
+    pl.add_argument("--presets", action="store_true", help="list the model presets and exit")
+    pl.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+    e = sub.add_parser("eval", help="accuracy and pass@k of a model on a dataset",
+                       description="Evaluate a model (or checkpoint) with reward functions: accuracy "
+                                   "(fraction scored >= --threshold by the first function) and pass@k.")
+    e.add_argument("config", nargs="?", help="YAML config giving data, rewards and sampling (optional)")
+    e.add_argument("overrides", nargs="*", metavar="key=value")
+    e.add_argument("--model", help="model folder (default: config's model.path)")
+    e.add_argument("--compare", help="a second model folder to evaluate side by side")
+    e.add_argument("--data", help="prompts file (default: config's data.path)")
+    e.add_argument("--rewards", nargs="+", help="reward functions (default: config's rewards.functions)")
+    e.add_argument("--num-samples", type=int, default=1, help="completions per prompt (default 1)")
+    e.add_argument("--k", type=int, nargs="+", default=[1], help="pass@k values (default 1)")
+    e.add_argument("--threshold", type=float, default=1.0, help="score counted as correct (default 1.0)")
+    e.add_argument("--limit", type=int, help="evaluate only the first N prompts")
+    e.add_argument("--json", dest="json_out", help="write the results as JSON to this file")
+    e.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+    r = sub.add_parser("report", help="plots and an HTML page for a run folder")
+    r.add_argument("run_dir", help="the run's output_dir")
+    r.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+    d = sub.add_parser("demo", help="watch GRPO improve a bundled tiny model on CPU in minutes",
+                       description="Train the bundled tiny model on the bundled arithmetic task and print "
+                                   "held-out accuracy before and after.")
+    d.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    d.add_argument("--output-dir", default="outputs/demo", help="run folder (default outputs/demo)")
+    d.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def _help_config() -> None:
+    from slimgrpo.config import iter_fields, type_name
+
+    section = None
+    for key, tp, default, doc in iter_fields():
+        head = key.split(".")[0]
+        if head != section:
+            section = head
+            print(f"\n[{section}]")
+        print(f"  {key} = {default!r}   ({type_name(tp)})")
+        for line in textwrap.wrap(doc, 96):
+            print(f"      {line}")
+
+
+def cmd_train(args) -> int:
+    from slimgrpo.config import load_config
+    from slimgrpo.train.runner import run_training
+
+    if args.help_config:
+        _help_config()
+        return 0
+    if not args.config:
+        raise SystemExit("slimgrpo train: give a CONFIG file (see slimgrpo train --help)")
+    overrides = list(args.overrides)
+    config = args.config
+    if "=" in config and not os.path.exists(config):  # only overrides were given
+        overrides.insert(0, config)
+        config = None
+    cfg = load_config(config, overrides)
+    summary = run_training(cfg)
+    print(f"done: {summary.get('steps')} steps; run folder {cfg.run.output_dir}")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from slimgrpo.memory.cli import plan_command
+
+    return plan_command(args)
+
+
+def cmd_eval(args) -> int:
+    from slimgrpo.eval_cli import eval_command
+
+    return eval_command(args)
+
+
+def cmd_report(args) -> int:
+    from slimgrpo.report import report_command
+
+    return report_command(args)
+
+
+def cmd_demo(args) -> int:
+    from slimgrpo.demo.run import run_demo
+
+    return run_demo(args.output_dir, list(args.overrides))
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from slimgrpo.config import ConfigError
+    from slimgrpo.data import DataError
+    from slimgrpo.modeling import ModelLoadError
+
+    errors: list[type[BaseException]] = [ConfigError, DataError, ModelLoadError]
+    try:
+        from slimgrpo.rewards.runner import RewardFunctionError
+
+        errors.append(RewardFunctionError)
+    except ImportError:
+        pass
+    from slimgrpo.train.optim import OptimizerUnavailable
+    from slimgrpo.train.trainer import NonFiniteError
+
+    errors += [OptimizerUnavailable, NonFiniteError, ValueError, FileNotFoundError]
+    return tuple(errors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    handlers = {"train": cmd_train, "plan": cmd_plan, "eval": cmd_eval, "report": cmd_report, "demo": cmd_demo}
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # user-facing errors become one paragraph; --debug shows the traceback
+        if args.debug:
+            traceback.print_exc()
+        if isinstance(e, _user_errors()):
+            print(f"error: {e}", file=sys.stderr)
+            if not args.debug:
+                print("(run with --debug for the traceback)", file=sys.stderr)
+            return 2
+        if not args.debug:
+            print(f"internal error: {type(e).__name__}: {e}\n(run with --debug for the traceback; "
+                  "please report it)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""Prompts: read local files (or an on-disk / hub dataset), build and tokenize prompts, and hand out
+batches in a seeded, resumable order.
+
+Reward functions receive each prompt in the form the dataset holds it (plain text or a conversation),
+and every other column by name (e.g. ``answer``), as in TRL.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slimgrpo.config import DataConfig
+from slimgrpo.types import Prompt, PromptBatch
+
+
+class DataError(ValueError):
+    """Bad dataset: missing file, unreadable row, missing column."""
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(
+                    f"{path}: line {lineno} is not valid JSON ({e.msg} at column {e.colno}). "
+                    "Each line must hold one JSON object; fix or delete that line."
+                ) from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}: line {lineno} holds a {type(row).__name__}, expected a JSON object")
+            rows.append(row)
+    return rows
+
+
+def _read_json(path: Path) -> list[dict[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return _read_jsonl(path)  # .json files are often JSON lines
+    if isinstance(data, dict):  # {"train": [...]} or a column dict
+        data = data.get("data", data)
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a list of objects (or JSON lines)")
+    for i, row in enumerate(data):
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: item {i} is a {type(row).__name__}, expected an object")
+    return data
+
+
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8", newline="") as f:
+        return [dict(r) for r in csv.DictReader(f)]
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as e:  # pyarrow raises several types for corrupt files
+        raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+
+
+def _read_datasets_folder(path: Path, split: str) -> list[dict[str, Any]]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:
+        raise DataError(f"{path}: not a folder saved with datasets.save_to_disk ({e})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError(f"{path}: has splits {sorted(ds)}, not {split!r}: set data.split")
+        ds = ds[split]
+    return ds.to_list()
+
+
+def _read_hub(name: str, split: str) -> list[dict[str, Any]]:
+    import datasets
+
+    try:
+        return datasets.load_dataset(name, split=split).to_list()
+    except Exception as e:
+        raise DataError(
+            f"data.path {name!r} is not a local file or folder, and loading it as a hub dataset failed "
+            f"({type(e).__name__}: {e}). Check the path, or download the dataset first."
+        ) from None
+
+
+READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
+
+
+def read_rows(path: str, split: str = "train") -> list[dict[str, Any]]:
+    """All rows of a dataset as dicts."""
+    p = Path(path)
+    if p.is_dir():
+        return _read_datasets_folder(p, split)
+    if p.is_file():
+        reader = READERS.get(p.suffix.lower())
+        if reader is None:
+            raise DataError(f"{p}: unsupported file type {p.suffix!r}; use .jsonl, .json, .csv or .parquet")
+        return reader(p)
+    if "/" in path and not path.startswith((".", "/")) and path.count("/") == 1 and not p.suffix:
+        return _read_hub(path, split)  # looks like "org/name"
+    raise DataError(f"data file {path!r} does not exist (looked in {os.path.abspath(path)})")
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def is_conversation(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) > 0
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+    )
+
+
+def row_prompt(row: dict[str, Any], cfg: DataConfig, where: str) -> Prompt:
+    """The prompt of one row: from ``prompt_template`` or ``prompt_column``."""
+    if cfg.prompt_template is not None:
+        try:
+            return cfg.prompt_template.format(**row)
+        except KeyError as e:
+            raise DataError(
+                f"{where}: data.prompt_template uses column {e.args[0]!r}, which the row lacks "
+                f"(columns: {sorted(row)})"
+            ) from None
+    if cfg.prompt_column not in row:
+        hint = ""
+        for guess in ("prompt", "question", "problem", "query", "instruction", "input", "messages"):
+            if guess in row:
+                hint = f" Set data.prompt_column={guess}, or data.prompt_template='...{{{guess}}}...'."
+                break
+        raise DataError(f"{where}: no column {cfg.prompt_column!r} (columns: {sorted(row)}).{hint}")
+    value = row[cfg.prompt_column]
+    if isinstance(value, str):
+        if not value.strip():
+            raise DataError(f"{where}: column {cfg.prompt_column!r} is empty")
+        return value
+    if is_conversation(value):
+        return value
+    raise DataError(
+        f"{where}: column {cfg.prompt_column!r} must hold text or a list of "
+        f'{{"role": ..., "content": ...}} messages, got {type(value).__name__}'
+    )
+
+
+def prompt_to_text(prompt: Prompt, tokenizer, cfg: DataConfig) -> tuple[str, bool]:
+    """The text the model sees, and whether a chat template produced it (then it already holds the
+    special tokens the model expects)."""
+    template = cfg.chat_template or getattr(tokenizer, "chat_template", None)
+    conversational = not isinstance(prompt, str)
+    use = cfg.use_chat_template
+    if use == "never" or (use == "auto" and not conversational and not template):
+        if conversational:
+            return "\n".join(m["content"] for m in prompt), False
+        return ((cfg.system_prompt + "\n\n" + prompt) if cfg.system_prompt else prompt), False
+    if not template:
+        raise DataError(
+            "prompts are conversations but the tokenizer has no chat template: set data.chat_template "
+            "or data.use_chat_template=never"
+        )
+    messages = list(prompt) if conversational else [{"role": "user", "content": prompt}]
+    if cfg.system_prompt and not any(m["role"] == "system" for m in messages):
+        messages = [{"role": "system", "content": cfg.system_prompt}] + messages
+    text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
+    return text, True
+
+
+@dataclass
+class PromptDataset:
+    """Tokenized prompts with their extra columns."""
+
+    prompts: list[Prompt]
+    prompt_ids: list[list[int]]
+    columns: dict[str, list[Any]]
+    rows: list[int]  # original row index of each kept prompt
+    num_truncated: int = 0
+    num_skipped: int = 0
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def batch(self, indices: list[int]) -> PromptBatch:
+        return PromptBatch(
+            prompts=[self.prompts[i] for i in indices],
+            prompt_ids=[self.prompt_ids[i] for i in indices],
+            columns={k: [v[i] for i in indices] for k, v in self.columns.items()},
+            indices=[self.rows[i] for i in indices],
+        )
+
+
+def build_dataset(rows: list[dict[str, Any]], tokenizer, cfg: DataConfig, source: str = "data") -> PromptDataset:
+    """Build prompts and token ids for every row; bad rows raise DataError naming file and row."""
+    if cfg.max_samples is not None:
+        rows = rows[: cfg.max_samples]
+    if not rows:
+        raise DataError(f"{source}: the dataset is empty (no rows)")
+    prompts, ids, kept = [], [], []
+    truncated = skipped = 0
+    for i, row in enumerate(rows):
+        where = f"{source}: row {i + 1}"
+        prompt = row_prompt(row, cfg, where)
+        text, templated = prompt_to_text(prompt, tokenizer, cfg)
+        # The chat template already carries special tokens; plain text gets the tokenizer's defaults.
+        token_ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
+        if not token_ids:
+            raise DataError(f"{where}: the prompt tokenizes to nothing")
+        if len(token_ids) > cfg.max_prompt_length:
+            if cfg.prompt_overflow == "error":
+                raise DataError(
+                    f"{where}: prompt has {len(token_ids)} tokens > data.max_prompt_length="
+                    f"{cfg.max_prompt_length}; raise it, or set data.prompt_overflow=truncate|skip"
+                )
+            if cfg.prompt_overflow == "skip":
+                skipped += 1
+                continue
+            token_ids = token_ids[-cfg.max_prompt_length :]
+            truncated += 1
+        prompts.append(prompt)
+        ids.append(list(token_ids))
+        kept.append(i)
+    if not prompts:
+        raise DataError(
+            f"{source}: every prompt is longer than data.max_prompt_length={cfg.max_prompt_length} "
+            "and was skipped; raise data.max_prompt_length"
+        )
+    column_names = [k for k in rows[0] if k != cfg.prompt_column]
+    columns = {k: [rows[i].get(k) for i in kept] for k in column_names}
+    return PromptDataset(prompts, ids, columns, kept, truncated, skipped, source)
+
+
+def load_prompt_dataset(path: str, tokenizer, cfg: DataConfig) -> PromptDataset:
+    rows = read_rows(path, cfg.split)
+    return build_dataset(rows, tokenizer, cfg, source=path)
+
+
+# ----------------------------------------------------------------------------- order
+
+
+@dataclass
+class PromptSampler:
+    """Seeded epoch-by-epoch order over the dataset, resumable from ``state_dict``.
+
+    Each rank of a distributed run draws ``per_rank`` prompts from the same global order:
+    rank k takes positions ``[k*per_rank, (k+1)*per_rank)`` of every global batch.
+    """
+
+    size: int
+    prompts_per_step: int  # global, across ranks
+    seed: int
+    shuffle: bool = True
+    epoch: int = 0
+    cursor: int = 0  # position inside the current epoch's order
+    _order: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self._order = self._make_order(self.epoch)
+
+    def _make_order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.size))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.size, generator=g).tolist()
+
+    def next_global_batch(self) -> list[int]:
+        """The next ``prompts_per_step`` dataset indices (wrapping into the next epoch)."""
+        out: list[int] = []
+        while len(out) < self.prompts_per_step:
+            if self.cursor >= self.size:
+                self.epoch += 1
+                self.cursor = 0
+                self._order = self._make_order(self.epoch)
+            take = min(self.prompts_per_step - len(out), self.size - self.cursor)
+            out.extend(self._order[self.cursor : self.cursor + take])
+            self.cursor += take
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "cursor": self.cursor, "size": self.size, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("size") != self.size:
+            raise DataError(
+                f"the checkpoint was made with a dataset of {state.get('size')} prompts, this one has "
+                f"{self.size}: resume with the same data (or start a new output_dir)"
+            )
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        self._order = self._make_order(self.epoch)

@@ -1,0 +1,101 @@
+"""Held-out evaluation: accuracy and unbiased pass@k with the run's reward functions."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from slimgrpo.data import PromptDataset
+from slimgrpo.rollout.engine import TorchRolloutEngine
+from slimgrpo.rollout.sampling import SamplingParams
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021, arXiv:2107.03374):
+    1 - C(n - c, k) / C(n, k)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples per prompt, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+@dataclass
+class EvalResult:
+    accuracy: float  # fraction of completions scored >= success_threshold by the first reward function
+    mean_reward: float  # mean weighted total reward
+    pass_at: dict[int, float]  # k -> unbiased pass@k
+    per_function: dict[str, float]  # mean score of each reward function
+    num_prompts: int
+    num_samples: int
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "accuracy": self.accuracy, "mean_reward": self.mean_reward,
+            **{f"pass@{k}": v for k, v in self.pass_at.items()},
+            **{f"rewards/{n}": v for n, v in self.per_function.items()},
+            "num_prompts": self.num_prompts, "num_samples": self.num_samples,
+        }
+
+
+def evaluate(
+    model,
+    tokenizer,
+    dataset: PromptDataset,
+    reward_runner,
+    sampling: SamplingParams,
+    num_samples: int = 1,
+    ks: tuple[int, ...] = (1,),
+    prompts_per_batch: int = 32,
+    seed: int = 0,
+    success_threshold: float = 1.0,
+    keep_samples: int = 0,
+) -> EvalResult:
+    """Sample ``num_samples`` completions for every prompt and score them."""
+    engine = TorchRolloutEngine(model)
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    correct_per_prompt: list[int] = []
+    totals: list[float] = []
+    first_scores: list[float] = []
+    per_fn: dict[str, list[float]] = {}
+    samples: list[dict[str, Any]] = []
+    for start in range(0, len(dataset), prompts_per_batch):
+        batch = dataset.batch(list(range(start, min(start + prompts_per_batch, len(dataset)))))
+        rollout = engine.generate(batch.prompt_ids, num_samples, sampling, gen)
+        lengths = rollout.completion_lengths
+        texts = [tokenizer.decode(r[: int(n)].tolist(), skip_special_tokens=True)
+                 for r, n in zip(rollout.completion_ids, lengths)]
+        completions = [[{"role": "assistant", "content": t}] if not isinstance(batch.prompts[i // num_samples], str)
+                       else t for i, t in enumerate(texts)]
+        prompts = [p for p in batch.prompts for _ in range(num_samples)]
+        columns = {k: [v for v in vals for _ in range(num_samples)] for k, vals in batch.columns.items()}
+        ids = [r[: int(n)].tolist() for r, n in zip(rollout.completion_ids, lengths)]
+        out = reward_runner.score(prompts, completions, ids, columns)
+        first = torch.nan_to_num(out.per_function[:, 0], nan=0.0)
+        ok = (first >= success_threshold - 1e-6).view(-1, num_samples)
+        correct_per_prompt += ok.sum(dim=1).tolist()
+        first_scores += first.tolist()
+        totals += torch.nan_to_num(out.total, nan=0.0).tolist()
+        for j, name in enumerate(out.names):
+            col = out.per_function[:, j]
+            per_fn.setdefault(name, []).extend(col[~torch.isnan(col)].tolist())
+        for i in range(len(texts)):
+            if len(samples) < keep_samples:
+                samples.append({"prompt": prompts[i], "completion": texts[i], "score": first_scores[-len(texts) + i]})
+    n_prompts = len(correct_per_prompt)
+    accuracy = sum(correct_per_prompt) / max(n_prompts * num_samples, 1)
+    return EvalResult(
+        accuracy=accuracy,
+        mean_reward=sum(totals) / max(len(totals), 1),
+        pass_at={k: sum(pass_at_k(num_samples, c, k) for c in correct_per_prompt) / max(n_prompts, 1)
+                 for k in ks if k <= num_samples},
+        per_function={n: (sum(v) / len(v) if v else float("nan")) for n, v in per_fn.items()},
+        num_prompts=n_prompts,
+        num_samples=num_samples,
+        samples=samples,
+    )

@@ -1,0 +1,204 @@
+"""Load the policy: a Hugging Face causal LM from a folder, its tokenizer, LoRA through peft, and the
+reference policy without a second copy of the weights where that is possible."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from slimgrpo.config import Config, LoraConfig, ModelConfig
+
+log = logging.getLogger("slimgrpo")
+
+
+class ModelLoadError(ValueError):
+    """The model folder is missing, incomplete, or cannot be loaded."""
+
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
+
+
+def read_model_config(path: str) -> dict[str, Any]:
+    """config.json of a local model folder (cheap: no weights are read)."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(
+            f"model folder {path!r} does not exist. model.path must be a local folder holding "
+            "config.json and the weights (e.g. saved with save_pretrained)."
+        )
+    cfg_file = p / "config.json" if p.is_dir() else p
+    if not cfg_file.is_file():
+        raise ModelLoadError(f"model folder {path!r} has no config.json; is it a Hugging Face model folder?")
+    try:
+        return json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{cfg_file}: not valid JSON ({e.msg}, line {e.lineno})") from None
+
+
+def max_positions(model_config: dict[str, Any]) -> int | None:
+    text_cfg = model_config.get("text_config", model_config)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        if isinstance(text_cfg.get(key), int):
+            return text_cfg[key]
+    return None
+
+
+def check_weights_present(path: str) -> None:
+    p = Path(path)
+    if not any(any(p.glob(pat)) for pat in WEIGHT_PATTERNS):
+        raise ModelLoadError(
+            f"model folder {path!r} has a config.json but no weights (*.safetensors or pytorch_model.bin)"
+        )
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"run.device={name!r} but no CUDA device is available; use run.device=cpu")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    """Tokenizer of a folder. A folder with tokenizer.json loads as PreTrainedTokenizerFast, so a
+    config.json saying e.g. ``qwen2`` cannot make transformers rebuild a different tokenizer."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    p = Path(path)
+    try:
+        if (p / "tokenizer.json").is_file():
+            tok = PreTrainedTokenizerFast.from_pretrained(path)
+        else:
+            tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise ModelLoadError(f"could not load a tokenizer from {path!r}: {type(e).__name__}: {e}") from None
+    if tok.eos_token_id is None:
+        raise ModelLoadError(f"the tokenizer in {path!r} has no eos_token: completions could never end")
+    if tok.pad_token_id is None:
+        # Masks are explicit everywhere, so using EOS as padding is safe.
+        tok.pad_token = tok.eos_token
+        log.info("tokenizer has no pad token; using eos %r for padding", tok.eos_token)
+    tok.padding_side = "left"
+    return tok
+
+
+def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype):
+    """The causal LM on ``device``; weights read from safetensors (no pickle)."""
+    from transformers import AutoModelForCausalLM
+
+    path = cfg.path
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    if cfg.load_in_4bit:
+        if device.type != "cuda":
+            raise ModelLoadError("model.load_in_4bit (QLoRA) needs a CUDA device (bitsandbytes 4-bit)")
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
+            bnb_4bit_use_double_quant=True,
+        )
+        kwargs["device_map"] = {"": device.index or 0}
+    if os.path.isdir(path):
+        check_weights_present(path)
+        # Never unpickle a .bin the user did not explicitly accept: prefer safetensors.
+        kwargs["use_safetensors"] = any(Path(path).glob("*.safetensors"))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ModelLoadError(f"could not load the model from {path!r}: {type(e).__name__}: {e}") from None
+    if not cfg.load_in_4bit:
+        model.to(device)
+    return model
+
+
+def apply_lora(model, cfg: LoraConfig, quantized: bool = False):
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
+    if quantized:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    peft_cfg = PeftLoraConfig(
+        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+        target_modules=cfg.target_modules, task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, peft_cfg)
+
+
+def is_peft(model) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")
+
+
+def base_causal_lm(model):
+    """The transformers CausalLM under an optional peft wrapper."""
+    return model.get_base_model() if is_peft(model) else model
+
+
+@dataclass
+class Policy:
+    """The trained model and how to evaluate the reference policy without a second copy."""
+
+    model: Any  # transformers PreTrainedModel or peft PeftModel
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    reference_cpu: Any = None  # full fine-tuning with beta > 0: frozen copy kept on the CPU
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[Any]:
+        """Yield a module computing the reference policy's outputs.
+
+        LoRA: the same model with adapters disabled. Full fine-tuning: the initial weights, held off the
+        accelerator (on CPU they still cost host memory; the planner counts them)."""
+        if is_peft(self.model):
+            with self.model.disable_adapter():
+                yield self.model
+        elif self.reference_cpu is not None:
+            yield self.reference_cpu
+        else:
+            raise RuntimeError("no reference policy: loss.beta is 0")
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def build_policy(cfg: Config) -> Policy:
+    device = resolve_device(cfg.run.device)
+    dtype = resolve_dtype(cfg.model.dtype, device)
+    from slimgrpo.config import resolve_path
+
+    model_path = resolve_path(cfg, cfg.model.path)
+    tok_path = resolve_path(cfg, cfg.model.tokenizer_path) if cfg.model.tokenizer_path else model_path
+    tokenizer = load_tokenizer(tok_path, cfg.model.trust_remote_code)
+    mcfg = ModelConfig(**{**cfg.model.__dict__, "path": model_path})
+    model = load_model(mcfg, device, dtype)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    reference_cpu = None
+    if cfg.lora.enabled:
+        model = apply_lora(model, cfg.lora, quantized=cfg.model.load_in_4bit)
+    elif cfg.loss.beta > 0:
+        reference_cpu = copy.deepcopy(model).to("cpu").eval().requires_grad_(False)
+    if cfg.memory.gradient_checkpointing:
+        base_causal_lm(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.lora.enabled:
+            base_causal_lm(model).enable_input_require_grads()
+    model.train()
+    return Policy(model, tokenizer, device, dtype, reference_cpu)

@@ -1,0 +1,123 @@
+"""Per-step metrics: metrics.jsonl (always), sample completions, the console line, peak memory."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slimgrpo.secrets import scrub
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    """CUDA peak allocated on GPU, peak RSS on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return peak_rss_mib()
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; null means "not defined this step"
+    return value
+
+
+def masked_stats(values: torch.Tensor) -> tuple[float, float]:
+    """nan-aware mean and std of a 1-D tensor (NaN = a reward function returned None)."""
+    finite = values[~torch.isnan(values)]
+    if finite.numel() == 0:
+        return float("nan"), float("nan")
+    std = finite.std().item() if finite.numel() > 1 else 0.0
+    return finite.mean().item(), std
+
+
+# Short labels for the compact console line, in display order.
+CONSOLE_KEYS = [
+    ("reward", "reward", "{:.3f}"),
+    ("kl", "kl", "{:.4f}"),
+    ("entropy", "ent", "{:.2f}"),
+    ("completions/mean_length", "len", "{:.0f}"),
+    ("grad_norm", "gnorm", "{:.3f}"),
+    ("gen/tokens_per_s", "tok/s", "{:.0f}"),
+    ("time/step_s", "s/step", "{:.2f}"),
+    ("memory/peak_mib", "MiB", "{:.0f}"),
+]
+
+
+def console_line(step: int, metrics: dict[str, Any]) -> str:
+    parts = [f"step {step}"]
+    for key, label, fmt in CONSOLE_KEYS:
+        v = metrics.get(key)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            parts.append(f"{label} {fmt.format(v)}")
+    for key, v in metrics.items():
+        if key.startswith("rewards/") and key.endswith("/mean") and isinstance(v, (int, float)):
+            parts.append(f"{key[8:-5]} {v:.3f}")
+    return "  ".join(parts)
+
+
+class MetricsWriter:
+    """Appends one JSON object per step to ``metrics.jsonl`` and sample completions to
+    ``completions.jsonl``; forwards metrics to optional backends."""
+
+    def __init__(self, output_dir: str | Path, enabled: bool = True, backends: list[Any] | None = None):
+        self.dir = Path(output_dir)
+        self.enabled = enabled
+        self.backends = backends or []
+        if enabled:
+            self.dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def path(self) -> Path:
+        return self.dir / "metrics.jsonl"
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        for backend in self.backends:
+            backend.log(step, record)
+
+    def log_completions(self, step: int, samples: list[dict[str, Any]]) -> None:
+        if not self.enabled or not samples:
+            return
+        with (self.dir / "completions.jsonl").open("a") as f:
+            for s in samples:
+                f.write(json.dumps(scrub({"step": step, **{k: _clean(v) for k, v in s.items()}})) + "\n")
+        for backend in self.backends:
+            if hasattr(backend, "log_completions"):
+                backend.log_completions(step, samples)
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, drop records of steps after the checkpoint (they will be redone)."""
+        for name in ("metrics.jsonl", "completions.jsonl"):
+            p = self.dir / name
+            if not self.enabled or not p.is_file():
+                continue
+            kept = [ln for ln in p.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+            p.write_text("".join(ln + "\n" for ln in kept))
+
+    def history(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        return [json.loads(ln) for ln in self.path.read_text().splitlines() if ln.strip()]
+
+    def close(self) -> None:
+        for backend in self.backends:
+            if hasattr(backend, "close"):
+                backend.close()

@@ -1,0 +1,58 @@
+"""Optimizer and learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from slimgrpo.config import Config
+
+
+class OptimizerUnavailable(RuntimeError):
+    """The configured optimizer needs a package or device that is missing."""
+
+
+def build_optimizer(params: list[torch.nn.Parameter], cfg: Config, device: torch.device) -> torch.optim.Optimizer:
+    o = cfg.optim
+    kwargs = dict(lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_epsilon,
+                  weight_decay=o.weight_decay)
+    if not params:
+        raise ValueError("the model has no trainable parameters (check lora.target_modules)")
+    if cfg.memory.optimizer == "adamw":
+        return torch.optim.AdamW(params, **kwargs)
+    # 8-bit AdamW: bitsandbytes on CUDA, torchao elsewhere; never a silent fallback to 32-bit.
+    if device.type == "cuda":
+        try:
+            import bitsandbytes as bnb
+        except ImportError:
+            raise OptimizerUnavailable(
+                "memory.optimizer=adamw_8bit on CUDA needs bitsandbytes: pip install 'slimgrpo[gpu]'"
+            ) from None
+        return bnb.optim.AdamW8bit(params, **kwargs)
+    try:
+        from torchao.optim import AdamW8bit
+    except ImportError:
+        raise OptimizerUnavailable(
+            "memory.optimizer=adamw_8bit on CPU needs torchao (pip install 'slimgrpo[ao]'); "
+            "or use memory.optimizer=adamw"
+        ) from None
+    return AdamW8bit(params, **kwargs)
+
+
+def lr_lambda(step: int, cfg: Config) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based)."""
+    o, total = cfg.optim, cfg.run.max_steps
+    if o.warmup_steps and step < o.warmup_steps:
+        return (step + 1) / o.warmup_steps
+    if o.lr_scheduler_type == "constant":
+        return 1.0
+    span = max(total - o.warmup_steps, 1)
+    progress = min(max(step - o.warmup_steps, 0) / span, 1.0)
+    if o.lr_scheduler_type == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0 - progress  # linear
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_lambda(step, cfg))

@@ -1,0 +1,150 @@
+"""The policy update: log-probs through the chunked LM head, the GRPO loss, gradient accumulation
+over micro-batches of completions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from slimgrpo.loss.logprobs import completion_logprobs
+from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss
+from slimgrpo.types import Rollout
+
+
+@dataclass
+class UpdateBatch:
+    """Everything the loss needs for the rows of one step (this rank's share)."""
+
+    input_ids: torch.Tensor  # [rows, P+T] prompt (left-padded) + completion (right-padded)
+    attention_mask: torch.Tensor  # [rows, P+T]
+    completion_ids: torch.Tensor  # [rows, T]
+    loss_mask: torch.Tensor  # [rows, T] bool: completion tokens that count in the loss
+    advantages: torch.Tensor  # [rows]
+    old_logp: torch.Tensor | None = None  # [rows, T] (num_iterations > 1)
+    ref_logp: torch.Tensor | None = None  # [rows, T] (beta > 0)
+
+    @property
+    def rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def T(self) -> int:
+        return int(self.completion_ids.shape[1])
+
+
+def make_update_batch(rollout: Rollout, advantages: torch.Tensor, mask_truncated: bool) -> UpdateBatch:
+    prompt_ids, prompt_mask = rollout.row_prompt_ids()
+    input_ids = torch.cat([prompt_ids, rollout.completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, rollout.completion_mask], dim=1).long()
+    loss_mask = rollout.completion_mask.clone()
+    if mask_truncated:
+        loss_mask &= ~rollout.is_truncated.unsqueeze(1)
+    return UpdateBatch(input_ids, attention_mask, rollout.completion_ids, loss_mask, advantages.float())
+
+
+def micro_slices(rows: int, micro: int | None) -> list[slice]:
+    micro = rows if not micro else min(micro, rows)
+    return [slice(i, min(i + micro, rows)) for i in range(0, rows, micro)]
+
+
+def trimmed(batch: UpdateBatch, sl: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, slice]:
+    """Inputs of one micro-batch without columns that are padding in every row of it.
+
+    Returns (input_ids, attention_mask, completion_ids, tslice) where tslice selects the kept completion
+    columns of the [rows, T] tensors."""
+    ids, am = batch.input_ids[sl], batch.attention_mask[sl]
+    P = ids.shape[1] - batch.T
+    used_prompt = am[:, :P].any(dim=0).nonzero()
+    start = int(used_prompt[0]) if used_prompt.numel() else 0
+    comp_len = int(am[:, P:].sum(dim=1).max().item()) if batch.T else 0
+    comp_len = max(comp_len, 1)
+    end = P + comp_len
+    return ids[:, start:end], am[:, start:end], batch.completion_ids[sl, :comp_len], slice(0, comp_len)
+
+
+def batch_logprobs(model, batch: UpdateBatch, micro: int | None, temperature: float, token_chunk: int,
+                   vocab_chunk: int | None) -> torch.Tensor:
+    """[rows, T] log-probs without gradients (old / reference policy), micro-batch by micro-batch."""
+    out = torch.zeros(batch.rows, batch.T, dtype=torch.float32, device=batch.input_ids.device)
+    dev = next(model.parameters()).device  # the full-fine-tuning reference may live on the CPU
+    with torch.no_grad():
+        for sl in micro_slices(batch.rows, micro):
+            ids, am, comp, ts = trimmed(batch, sl)
+            logp, _ = completion_logprobs(model, ids.to(dev), am.to(dev), comp.shape[1], comp.to(dev),
+                                          temperature=temperature, token_chunk=token_chunk,
+                                          vocab_chunk=vocab_chunk)
+            out[sl, ts] = logp.float().to(out.device)
+    return out
+
+
+@dataclass
+class UpdateStats:
+    loss: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    clip_ratio_low: float = 0.0
+    clip_ratio_high: float = 0.0
+    clip_ratio_region: float = 0.0
+    tokens: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def accumulate_gradients(
+    model,
+    batch: UpdateBatch,
+    settings: LossSettings,
+    norm: Normaliser,
+    micro: int | None,
+    temperature: float,
+    token_chunk: int,
+    vocab_chunk: int | None,
+    loss_scale: float = 1.0,
+    no_sync=None,
+) -> UpdateStats:
+    """Forward + backward over all micro-batches; gradients are summed into ``.grad``.
+
+    ``norm`` holds the totals of the whole batch, so the sum of the micro-batch losses equals the batch
+    loss exactly, whatever the micro-batch size. ``loss_scale`` compensates for DDP's gradient averaging.
+    ``no_sync`` (DDP) suppresses the all-reduce on all but the last micro-batch."""
+    stats = UpdateStats()
+    weight_sum = 0
+    slices = micro_slices(batch.rows, micro)
+    for i, sl in enumerate(slices):
+        ids, am, comp, ts = trimmed(batch, sl)
+        mask = batch.loss_mask[sl, ts]
+        sync_ctx = no_sync() if (no_sync is not None and i < len(slices) - 1) else _null()
+        with sync_ctx:
+            logp, entropy = completion_logprobs(model, ids, am, comp.shape[1], comp, temperature=temperature,
+                                                token_chunk=token_chunk, vocab_chunk=vocab_chunk,
+                                                return_entropy=True)
+            old = batch.old_logp[sl, ts] if batch.old_logp is not None else None
+            ref = batch.ref_logp[sl, ts] if batch.ref_logp is not None else None
+            loss, ls = grpo_loss(logp, old, ref, batch.advantages[sl], mask, settings, norm)
+            (loss * loss_scale).backward()
+        n = int(mask.sum())
+        stats.loss += float(loss.detach())
+        if n:
+            stats.kl += ls.kl * n
+            stats.clip_ratio_low += ls.clip_ratio_low * n
+            stats.clip_ratio_high += ls.clip_ratio_high * n
+            stats.clip_ratio_region += ls.clip_ratio_region * n
+            if entropy is not None:
+                stats.entropy += float((entropy.detach().float() * mask).sum())
+        weight_sum += n
+    d = max(weight_sum, 1)
+    stats.kl /= d
+    stats.clip_ratio_low /= d
+    stats.clip_ratio_high /= d
+    stats.clip_ratio_region /= d
+    stats.entropy /= d
+    stats.tokens = weight_sum
+    return stats
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
