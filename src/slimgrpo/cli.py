@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("config", nargs="?", help="YAML config file")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, e.g. loss.beta=0.04")
     t.add_argument("--help-config", action="store_true", help="list every config key and exit")
-    t.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    t.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     pl = sub.add_parser("plan", help="predict peak memory of a run, component by component",
                         description="Predict peak memory before a run. Give a CONFIG (with overrides), "
@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--budget", help="memory budget, e.g. 16GiB, 24GB or auto")
     pl.add_argument("--device", choices=["cpu", "cuda"], help="device to plan for (default: config's)")
     pl.add_argument("--presets", action="store_true", help="list the model presets and exit")
-    pl.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    pl.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     e = sub.add_parser("eval", help="accuracy and pass@k of a model on a dataset",
                        description="Evaluate a model (or checkpoint) with reward functions: accuracy "
@@ -59,18 +59,18 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--threshold", type=float, default=1.0, help="score counted as correct (default 1.0)")
     e.add_argument("--limit", type=int, help="evaluate only the first N prompts")
     e.add_argument("--json", dest="json_out", help="write the results as JSON to this file")
-    e.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    e.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     r = sub.add_parser("report", help="plots and an HTML page for a run folder")
     r.add_argument("run_dir", help="the run's output_dir")
-    r.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     d = sub.add_parser("demo", help="watch GRPO improve a bundled tiny model on CPU in minutes",
                        description="Train the bundled tiny model on the bundled arithmetic task and print "
                                    "held-out accuracy before and after.")
     d.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     d.add_argument("--output-dir", default="outputs/demo", help="run folder (default outputs/demo)")
-    d.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    d.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 
 

@@ -120,6 +120,9 @@ class RewardsConfig:
     """A function that raises or returns bad values: stop, score the row 0, or ignore it (NaN)."""
     timeout_s: float | None = None
     """Per-call time limit of a reward function (None = none)."""
+    isolation: Literal["thread", "process"] = "thread"
+    """Run reward functions in a worker thread (a call past ``timeout_s`` is abandoned but keeps running)
+    or in a forked process that is killed on timeout."""
 
 
 @dataclass
@@ -549,6 +552,12 @@ def validate_config(cfg: Config) -> None:
     _positive(cfg.optim.learning_rate, "optim.learning_rate")
     if run.save_total_limit < 1:
         raise ConfigError(f"run.save_total_limit must be >= 1, got {run.save_total_limit}")
+    from slimgrpo.logging_backends import parse_report_to
+
+    try:
+        parse_report_to(cfg.log.report_to)
+    except ValueError as e:
+        raise ConfigError(f"log.report_to: {e}") from None
     if cfg.log.logging_steps < 1:
         raise ConfigError(f"log.logging_steps must be >= 1, got {cfg.log.logging_steps}")
 

@@ -43,6 +43,14 @@ def read_model_config(path: str) -> dict[str, Any]:
         raise ModelLoadError(f"{cfg_file}: not valid JSON ({e.msg}, line {e.lineno})") from None
 
 
+def looks_like_hub_name(path: str) -> bool:
+    """``org/name`` that is not a local path (only then may transformers try the hub)."""
+    import re
+
+    return not os.path.exists(path) and bool(re.fullmatch(r"[A-Za-z0-9_\-.]+/[A-Za-z0-9_\-.]+", path)) \
+        and not path.startswith(".")
+
+
 def max_positions(model_config: dict[str, Any]) -> int | None:
     text_cfg = model_config.get("text_config", model_config)
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):

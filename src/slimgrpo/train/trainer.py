@@ -21,8 +21,8 @@ from slimgrpo.advantages import compute_advantages, zero_std_fraction
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
 from slimgrpo.data import PromptDataset, PromptSampler, load_prompt_dataset
 from slimgrpo.loss.objectives import LossSettings, Normaliser
-from slimgrpo.modeling import Policy, build_policy, max_positions, read_model_config
-from slimgrpo.rewards.loading import load_reward_function
+from slimgrpo.modeling import Policy, build_policy, looks_like_hub_name, max_positions, read_model_config
+from slimgrpo.rewards.loading import load_reward_functions
 from slimgrpo.rewards.runner import RewardRunner
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
@@ -74,11 +74,11 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)
         model_path = resolve_path(cfg, cfg.model.path)
         if self._policy is None:
-            mconf = read_model_config(model_path) if Path(model_path).exists() else {}
+            mconf = {} if looks_like_hub_name(model_path) else read_model_config(model_path)
             check_context_length(cfg, max_positions(mconf), model_path)
         self.reward_runner = RewardRunner(
-            [load_reward_function(spec, cfg.base_dir) for spec in cfg.rewards.functions],
-            cfg.rewards.reward_weights, on_error=cfg.rewards.on_error, timeout_s=cfg.rewards.timeout_s,
+            load_reward_functions(cfg.rewards.functions, cfg.base_dir), cfg.rewards.reward_weights,
+            on_error=cfg.rewards.on_error, timeout_s=cfg.rewards.timeout_s, isolation=cfg.rewards.isolation,
         )
         self.policy = self._policy or build_policy(cfg)
         self.dataset: PromptDataset = load_prompt_dataset(resolve_path(cfg, cfg.data.path), self.policy.tokenizer,
@@ -108,7 +108,12 @@ class Trainer:
             epsilon=cfg.loss.epsilon, epsilon_high=cfg.loss.epsilon_high, delta=cfg.loss.delta,
             beta=cfg.loss.beta, max_completion_length=r.max_completion_length,
         )
-        self.writer = MetricsWriter(self.output_dir, enabled=self.dist.is_main)
+        backends = []
+        if self.dist.is_main:  # one run per job in wandb / mlflow, not one per rank
+            from slimgrpo.logging_backends import make_backends
+
+            backends = make_backends(cfg.log.report_to, self.output_dir, cfg.to_dict())
+        self.writer = MetricsWriter(self.output_dir, enabled=self.dist.is_main, backends=backends)
         if self.dist.is_main:
             dump_config(cfg, self.output_dir / "config.yaml")
         self.maybe_resume()
