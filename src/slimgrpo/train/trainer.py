@@ -27,6 +27,8 @@ from slimgrpo.rewards.runner import RewardRunner
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.train import checkpoint as ckpt
+from slimgrpo.train import dist_checkpoint as dist_ckpt
+from slimgrpo.train import launch
 from slimgrpo.train.distributed import DistContext, from_environment
 from slimgrpo.train.metrics import MetricsWriter, console_line, masked_stats, peak_memory_mib
 from slimgrpo.train.optim import build_optimizer, build_scheduler
@@ -64,6 +66,7 @@ class Trainer:
         self.step_idx = 0
         self.nonfinite_streak = 0
         self.stop_requested = False
+        self.preempted_by: str | None = None  # signal name when SIGTERM/SIGINT stopped the run
 
     # ------------------------------------------------------------------------- setup
 
@@ -76,6 +79,10 @@ class Trainer:
         if self._policy is None:
             mconf = {} if looks_like_hub_name(model_path) else read_model_config(model_path)
             check_context_length(cfg, max_positions(mconf), model_path)
+            from slimgrpo.memory.cli import check_before_training
+
+            # Before any weights load: print the plan; refuse (or fit) a run over memory.budget.
+            self.cfg = cfg = check_before_training(cfg, self.dist.world_size, show=self.dist.is_main)[0]
         self.reward_runner = RewardRunner(
             load_reward_functions(cfg.rewards.functions, cfg.base_dir), cfg.rewards.reward_weights,
             on_error=cfg.rewards.on_error, timeout_s=cfg.rewards.timeout_s, isolation=cfg.rewards.isolation,
@@ -95,6 +102,8 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.run.seed + 7919 * self.dist.rank)
         self.engine = TorchRolloutEngine(self.policy.model, max_batch_rows=cfg.rollout.max_batch_rows)
+        if self.dist.enabled:  # FSDP2: generation must gather the sharded weights
+            self.engine = launch.wrap_engine(self.engine, self.model, cfg)
         tok = self.policy.tokenizer
         eos = {tok.eos_token_id} | set(_generation_eos(self.policy.model))
         r = cfg.rollout
@@ -120,7 +129,7 @@ class Trainer:
 
     def wrap_model(self, model):
         """Hook for distributed wrappers (DDP / FSDP2)."""
-        return model
+        return launch.wrap_model(model, self.cfg, self.dist) if self.dist.enabled else model
 
     def maybe_resume(self) -> None:
         spec = self.cfg.run.resume
@@ -133,21 +142,29 @@ class Trainer:
             self.writer.truncate_after(0)  # a fresh run: drop metrics of an earlier run in this folder
             return
         if not ckpt.is_valid(path):
-            raise ValueError(f"run.resume={spec!r}: {path} is not a complete slimgrpo checkpoint")
-        state = ckpt.load_checkpoint(path, self.policy.model, self.optimizer, self.scheduler, self.generator)
+            raise ValueError(f"run.resume={spec!r}: {path} is not a usable slimgrpo checkpoint ({ckpt.problem(path)}); "
+                             "point it at a checkpoints/checkpoint-<step> folder, or use run.resume=auto")
+        if self.dist.enabled or dist_ckpt.is_distributed(path):  # DCP, every rank, same number of ranks
+            state = dist_ckpt.load_checkpoint(path, self.policy.model, self.optimizer, self.scheduler, self.generator,
+                                              self.dist, self.cfg.distributed.strategy)
+        else:
+            state = ckpt.load_checkpoint(path, self.policy.model, self.optimizer, self.scheduler, self.generator)
         self.sampler.load_state_dict(state.sampler)
         self.step_idx = state.step
-        self.writer.truncate_after(state.step)
+        self.nonfinite_streak = int(state.extra.get("nonfinite_streak", 0))
+        self.writer.truncate_after(state.step, saved_history=path / "metrics.jsonl")
         log.info("resumed from %s at step %d", path, state.step)
 
     # ------------------------------------------------------------------------- the step
 
     def step(self) -> StepResult:
         t0 = time.perf_counter()
-        batch = self.next_batch()
+        with self.dist.agree("reading the batch"):  # a failure on one rank stops every rank, with its message
+            batch = self.next_batch()
         rollout, gen_s = self.generate(batch)
-        completions = self.decode(batch, rollout)
-        rewards = self.score(batch, rollout, completions)
+        with self.dist.agree("decoding and scoring rewards"):
+            completions = self.decode(batch, rollout)
+            rewards = self.score(batch, rollout, completions)
         advantages = self.compute_advantages(rewards)
         update = self.prepare_update(rollout, advantages)
         stats, grad_norm, skipped = self.optimize(update)
@@ -199,7 +216,7 @@ class Trainer:
         update = make_update_batch(rollout, advantages, cfg.loss.mask_truncated_completions)
         args = (cfg.memory.micro_batch_size, cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk)
         if cfg.loss.num_iterations > 1:
-            update.old_logp = batch_logprobs(self.policy.model, update, *args)
+            update.old_logp = batch_logprobs(self.model, update, *args)
         if cfg.loss.beta > 0:
             with self.policy.reference() as ref_model:
                 update.ref_logp = batch_logprobs(ref_model, update, *args)
@@ -229,7 +246,7 @@ class Trainer:
                 loss_scale=float(self.dist.world_size), no_sync=getattr(self.model, "no_sync", None),
             )
             max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            grad_norm = launch.clip_grad_norm(params, max_norm)
             if not math.isfinite(grad_norm) or not math.isfinite(stats.loss):
                 skipped = True
                 self.optimizer.zero_grad(set_to_none=True)
@@ -247,11 +264,8 @@ class Trainer:
         log.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)",
                     self.step_idx + 1, self.nonfinite_streak)
         if self.nonfinite_streak >= self.cfg.run.max_nonfinite_steps:
-            raise NonFiniteError(
-                f"{self.nonfinite_streak} consecutive steps had a NaN/inf loss or gradient. Likely causes: "
-                "a learning rate too high, float16 overflow (use bfloat16), or rewards with huge values. "
-                f"The last good checkpoint in {ckpt.checkpoint_dir(self.output_dir)} is intact."
-            )
+            raise NonFiniteError(ckpt.nonfinite_diagnosis(self.nonfinite_streak, self.step_idx + 1,
+                                                          self.output_dir))
 
     def step_metrics(self, rollout, rewards, advantages, stats, grad_norm, skipped, gen_s, step_s) -> dict[str, Any]:
         d = self.dist
@@ -332,12 +346,19 @@ class Trainer:
         self.writer.log_completions(self.step_idx, samples)
 
     def save_checkpoint(self) -> Path | None:
+        if self.dist.enabled:  # DCP: every rank writes its part
+            return dist_ckpt.save_checkpoint(
+                self.output_dir, self.step_idx, self.policy.model, self.optimizer, self.scheduler,
+                self.sampler.state_dict(), self.generator, self.dist, self.cfg.distributed.strategy,
+                keep=self.cfg.run.save_total_limit,
+            )
         if not self.dist.is_main:
             self.dist.barrier()
             return None
         path = ckpt.save_checkpoint(
             self.output_dir, self.step_idx, self.policy.model, self.optimizer, self.scheduler,
             self.sampler.state_dict(), self.generator, keep=self.cfg.run.save_total_limit,
+            extra={"nonfinite_streak": self.nonfinite_streak},
         )
         self.dist.barrier()
         return path
@@ -348,14 +369,21 @@ class Trainer:
         if history:
             last = history[-1]
             summary.update({k: v for k, v in last.items() if k != "step"})
+        summary.update({"data/prompts": len(self.dataset), "data/prompts_truncated": self.dataset.num_truncated,
+                        "data/prompts_skipped": self.dataset.num_skipped})
+        preempted = self.preempted_by is not None and self.step_idx < self.cfg.run.max_steps
+        if preempted:  # unfinished: the checkpoint is what counts, no "final" model yet
+            summary["preempted_by"] = self.preempted_by
+        if self.cfg.run.save_model and not preempted:  # every rank: FSDP2 gathers the shards
+            self.save_model(self.output_dir / "final")
         if self.dist.is_main:
-            if self.cfg.run.save_model:
-                self.save_model(self.output_dir / "final")
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.writer.close()
         return summary
 
     def save_model(self, path: Path) -> None:
+        if self.dist.enabled:
+            return dist_ckpt.save_hf_model(self.policy, path, self.dist)
         self.policy.model.save_pretrained(str(path), safe_serialization=True)
         self.policy.tokenizer.save_pretrained(str(path))
 

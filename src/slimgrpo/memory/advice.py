@@ -1,0 +1,251 @@
+"""Fit a run into a memory budget, and show a plan.
+
+    budget = parse_bytes("24GiB")
+    inputs, steps, fits = fit_to_budget(shape, inputs, budget)
+    render_plan(plan_memory(shape, inputs), budget_bytes=budget)
+
+The fitting is greedy and cheapest-first. The ladder below orders the knobs by what they cost
+in speed or in training quality (free first, changing the task last). At every step the first rung
+that lowers the peak by a useful amount (MIN_GAIN_FRACTION of the excess) is applied; the search restarts from the top until the plan fits or no
+rung helps. Halving rungs (token_chunk, micro_batch_rows, ...) can be applied several times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .planner import GiB, PHASES, MemoryPlan, PlanInputs, plan_memory
+from .shapes import ModelShape
+
+_UNITS = {
+    "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+
+# A rung is applied only if it removes at least this fraction of the excess over the budget, so
+# that the sequence is not padded with changes that barely matter.
+MIN_GAIN_FRACTION = 0.02
+# Floors of the halving rungs: below these the cost outweighs the saving.
+MIN_TOKEN_CHUNK = 128
+VOCAB_CHUNK = 32_768
+MIN_COMPLETION_LENGTH = 64
+
+
+def parse_bytes(value: str | int) -> int:
+    """Parse a memory size: an int (bytes) or a string such as "16GiB", "16 GB", "1.5TiB", "4096".
+
+    Decimal units (kB, MB, GB, TB = 10^3k) and binary units (KiB, MiB, GiB, TiB = 2^10k) are kept
+    apart; case does not matter. A bare "G"/"M"/"K" is ambiguous and rejected.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"expected a memory size, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"memory size must be >= 0, got {value}")
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"expected a memory size as int or string, got {type(value).__name__}")
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*", value)
+    if not match:
+        raise ValueError(f"cannot read {value!r} as a memory size; write e.g. '16GiB', '24GB' or '8000MiB'")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    if unit in ("k", "m", "g", "t"):
+        raise ValueError(
+            f"{value!r} is ambiguous: write {match.group(1)}{unit.upper()}iB (powers of 1024, what GPU tools "
+            f"show) or {match.group(1)}{unit.upper()}B (powers of 1000)"
+        )
+    if unit == "":
+        unit = "b"
+    if unit not in _UNITS:
+        raise ValueError(f"unknown unit {match.group(2)!r} in {value!r}; use B, kB, MB, GB, TB, KiB, MiB, GiB or TiB")
+    return int(round(number * _UNITS[unit]))
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """One change of the fitting sequence and the plan once it (and all before it) is applied."""
+
+    change: dict[str, Any]  # PlanInputs field -> new value
+    description: str  # what it does and what it costs
+    plan_after: MemoryPlan
+
+
+# A rung looks at the current inputs and returns (change, description), or None when it does not apply.
+Rung = Callable[[PlanInputs], "tuple[dict[str, Any], str] | None"]
+
+
+def _chunked_loss(x: PlanInputs):
+    if not x.chunked_loss:
+        return {"chunked_loss": True}, "chunked LM-head loss: never materialise [rows, T, V] logits (no quality cost)"
+    return None
+
+
+def _smaller_token_chunk(x: PlanInputs):
+    if x.chunked_loss and x.token_chunk > MIN_TOKEN_CHUNK:
+        new = max(MIN_TOKEN_CHUNK, x.token_chunk // 2)
+        return {"token_chunk": new}, f"token_chunk {x.token_chunk} -> {new}: smaller logits chunks (slightly slower)"
+    return None
+
+
+def _vocab_chunk(x: PlanInputs):
+    if x.chunked_loss and x.vocab_chunk is None:
+        return {"vocab_chunk": VOCAB_CHUNK}, f"vocab_chunk {VOCAB_CHUNK}: online log-sum-exp over vocabulary slices"
+    return None
+
+
+def _checkpointing(x: PlanInputs):
+    if not x.gradient_checkpointing:
+        return ({"gradient_checkpointing": True},
+                "gradient checkpointing: keep layer inputs only, recompute in backward (~30% slower update)")
+    return None
+
+
+def _eight_bit(x: PlanInputs):
+    if x.optimizer != "adamw_8bit":
+        return {"optimizer": "adamw_8bit"}, "8-bit AdamW: ~2 B per trained parameter instead of 2 moments"
+    return None
+
+
+def _lora(x: PlanInputs):
+    if not x.lora:
+        return ({"lora": True},
+                f"LoRA rank {x.lora_rank}: train adapters only; the reference becomes the base (quality may differ)")
+    return None
+
+
+def _offload(x: PlanInputs):
+    if x.device == "cuda" and x.gradient_checkpointing and not x.offload_activations:
+        return ({"offload_activations": True},
+                "offload activation checkpoints to host RAM (needs host memory, a few % slower)")
+    return None
+
+
+def _halve(field: str, floor: int, what: str) -> Rung:
+    def rung(x: PlanInputs):
+        current = getattr(x, field)
+        if current is None:  # generation_batch_rows: None means all rows
+            current = x.rows
+        if current > floor:
+            new = max(floor, current // 2)
+            return {field: new}, f"{field} {current} -> {new}: {what}"
+        return None
+
+    rung.__name__ = f"halve_{field}"
+    return rung
+
+
+def _four_bit(x: PlanInputs):
+    if x.device == "cuda" and x.lora and not x.load_in_4bit:
+        return {"load_in_4bit": True}, "QLoRA: 4-bit NF4 base weights (slower matmuls, small quality cost)"
+    return None
+
+
+LADDER: tuple[Rung, ...] = (
+    _chunked_loss,
+    _smaller_token_chunk,
+    _vocab_chunk,
+    _checkpointing,
+    _eight_bit,
+    _lora,
+    _offload,
+    _halve("micro_batch_rows", 1, "more gradient-accumulation passes (slower update, same result)"),
+    _halve("generation_batch_rows", 1, "decode fewer rows at once (slower rollout, same result)"),
+    _four_bit,
+    _halve("max_completion_length", MIN_COMPLETION_LENGTH, "shorter completions (changes the task)"),
+)
+
+
+def _micro_rows(x: PlanInputs) -> PlanInputs:
+    """Clamp micro_batch_rows to the rows of a step, so halving starts from a real value."""
+    if x.micro_batch_rows > x.rows:
+        return dataclasses.replace(x, micro_batch_rows=x.rows)
+    return x
+
+
+def suggest_fixes(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str) -> list[Suggestion]:
+    """Cumulative changes, cheapest first, until the plan's peak is within ``budget_bytes``.
+
+    Empty when the inputs already fit. The last suggestion's ``plan_after`` tells whether the budget
+    was reached (``plan_after.peak_bytes <= budget``); see :func:`fit_to_budget`.
+    """
+    budget = parse_bytes(budget_bytes)
+    x = inputs
+    plan = plan_memory(shape, x)
+    steps: list[Suggestion] = []
+    while plan.peak_bytes > budget:
+        for rung in LADDER:
+            proposal = rung(_micro_rows(x))
+            if proposal is None:
+                continue
+            change, description = proposal
+            candidate = dataclasses.replace(_micro_rows(x), **change)
+            after = plan_memory(shape, candidate)
+            if plan.peak_bytes - after.peak_bytes >= MIN_GAIN_FRACTION * (plan.peak_bytes - budget):
+                x, plan = candidate, after
+                steps.append(Suggestion(change=change, description=description, plan_after=after))
+                break
+        else:
+            break  # no rung lowers the peak any more
+    return steps
+
+
+def fit_to_budget(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str) -> tuple[PlanInputs, list[Suggestion], bool]:
+    """(inputs with all suggestions applied, the suggestions, whether the final plan fits)."""
+    budget = parse_bytes(budget_bytes)
+    steps = suggest_fixes(shape, inputs, budget)
+    final = inputs
+    for step in steps:
+        final = dataclasses.replace(_micro_rows(final), **step.change)
+    plan = steps[-1].plan_after if steps else plan_memory(shape, inputs)
+    return final, steps, plan.peak_bytes <= budget
+
+
+# ----------------------------------------------------------------------------------------------
+# Rendering
+# ----------------------------------------------------------------------------------------------
+def format_gib(n: int) -> str:
+    """Bytes as GiB with two decimals ("0.00" for zero)."""
+    return f"{n / GiB:,.2f}"
+
+
+def render_plan(plan: MemoryPlan, console: Any = None, budget_bytes: int | str | None = None) -> None:
+    """Print the plan as a rich table: component, phase, GiB, formula; phase totals; peak; verdict."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = console or Console()
+    x = plan.inputs
+    mode = "QLoRA" if x.load_in_4bit else "LoRA" if x.lora else "full fine-tuning"
+    table = Table(title=f"Memory plan: {plan.shape.family} {plan.shape.num_params / 1e9:.2f}B params, "
+                        f"{mode}, {x.device}, rows {x.rows} × (P {x.max_prompt_length} + T {x.max_completion_length})")
+    table.add_column("component")
+    table.add_column("phase")
+    table.add_column("GiB", justify="right")
+    table.add_column("formula", overflow="fold")
+    for c in plan.components:
+        phase = c.phase + (" (host)" if c.location == "host" else "")
+        style = "dim" if c.bytes == 0 or c.location == "host" else None
+        table.add_row(Text(c.name), phase, format_gib(c.bytes), Text(c.formula), style=style)
+    table.add_section()
+    for phase in PHASES:
+        table.add_row(f"total {phase}", phase, format_gib(plan.phase_total(phase)), "", style="bold")
+    table.add_row("peak", plan.peak_phase, format_gib(plan.peak_bytes), f"always + {plan.peak_phase}", style="bold")
+    console.print(table)
+    if plan.host_bytes:
+        console.print(f"host RAM held besides the device peak: {format_gib(plan.host_bytes)} GiB")
+    for note in plan.notes:
+        console.print(Text("note: ", style="yellow") + Text(note))
+    if budget_bytes is not None:
+        budget = parse_bytes(budget_bytes)
+        if plan.peak_bytes <= budget:
+            console.print(f"[green]fits[/green] in {format_gib(budget)} GiB "
+                          f"({format_gib(budget - plan.peak_bytes)} GiB to spare)")
+        else:
+            console.print(f"[red]does not fit[/red] in {format_gib(budget)} GiB: "
+                          f"over by {format_gib(plan.peak_bytes - budget)} GiB")

@@ -1,0 +1,189 @@
+"""The planner meets the config: ``slimgrpo plan`` and the check ``slimgrpo train`` runs before loading."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from slimgrpo.config import Config, ConfigError, from_dict, load_config, merge_overrides, resolve_path
+from slimgrpo.memory.advice import Suggestion, fit_to_budget, format_gib, parse_bytes, render_plan
+from slimgrpo.memory.planner import MemoryPlan, PlanInputs, plan_memory
+from slimgrpo.memory.shapes import ModelShape, load_shape, preset_shapes
+
+# PlanInputs field -> config key, for turning the planner's advice into overrides.
+CONFIG_KEY = {
+    "lora": "lora.enabled",
+    "lora_rank": "lora.r",
+    "load_in_4bit": "model.load_in_4bit",
+    "optimizer": "memory.optimizer",
+    "micro_batch_rows": "memory.micro_batch_size",
+    "gradient_checkpointing": "memory.gradient_checkpointing",
+    "offload_activations": "memory.offload_activations",
+    "token_chunk": "loss.token_chunk",
+    "vocab_chunk": "loss.vocab_chunk",
+    "generation_batch_rows": "rollout.max_batch_rows",
+    "max_completion_length": "rollout.max_completion_length",
+    "num_generations": "rollout.num_generations",
+}
+
+
+def plan_device(cfg: Config, override: str | None = None) -> str:
+    if override:
+        return override
+    if cfg.run.device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if cfg.run.device.startswith("cuda") else "cpu"
+
+
+def plan_inputs(cfg: Config, device: str, world_size: int = 1) -> PlanInputs:
+    """What the planner needs, read off the config (per process under torchrun)."""
+    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(cfg.model.dtype, 2 if device == "cuda" else 4)
+    prompts = max(cfg.prompts_per_step // max(world_size, 1), 1)
+    rows = prompts * cfg.rollout.num_generations
+    targets = cfg.lora.target_modules
+    return PlanInputs(
+        device=device, param_dtype_bytes=dtype_bytes, lora=cfg.lora.enabled, lora_rank=cfg.lora.r,
+        lora_target_modules=(targets,) if isinstance(targets, str) else tuple(targets),
+        load_in_4bit=cfg.model.load_in_4bit, optimizer=cfg.memory.optimizer,
+        num_generations=cfg.rollout.num_generations, prompts_per_step=prompts,
+        micro_batch_rows=min(cfg.memory.micro_batch_size or rows, rows),
+        max_prompt_length=cfg.data.max_prompt_length, max_completion_length=cfg.rollout.max_completion_length,
+        beta=cfg.loss.beta, num_iterations=cfg.loss.num_iterations,
+        gradient_checkpointing=cfg.memory.gradient_checkpointing,
+        offload_activations=cfg.memory.offload_activations, token_chunk=cfg.loss.token_chunk,
+        vocab_chunk=cfg.loss.vocab_chunk, chunked_loss=True,
+        generation_batch_rows=cfg.rollout.max_batch_rows,
+    )
+
+
+def overrides_for(changes: dict[str, Any]) -> list[str]:
+    out = []
+    for field, value in changes.items():
+        key = CONFIG_KEY.get(field)
+        if key is None:
+            continue
+        if isinstance(value, bool):
+            value = str(value).lower()
+        elif value is None:
+            value = "null"
+        out.append(f"{key}={value}")
+    return out
+
+
+def budget_bytes(spec: str, device: str) -> int:
+    """``16GiB`` etc., or ``auto``: free memory of the device (CUDA) or MemAvailable (CPU)."""
+    if spec != "auto":
+        return parse_bytes(spec)
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("memory.budget=auto on cuda, but no CUDA device is visible: give a size")
+        return int(torch.cuda.mem_get_info()[0])
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise ConfigError("memory.budget=auto: cannot read available memory here; give a size such as 16GiB")
+
+
+def shape_of(cfg: Config, spec: str | None = None) -> ModelShape:
+    target = spec or resolve_path(cfg, cfg.model.path)
+    try:
+        return load_shape(target)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def all_changes(suggestions: list[Suggestion]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for s in suggestions:
+        merged.update(s.change)
+    return merged
+
+
+def check_before_training(cfg: Config, world_size: int = 1, console: Console | None = None,
+                          show: bool = True) -> tuple[Config, MemoryPlan | None]:
+    """Plan the run before any weights load. With ``memory.budget``: refuse a run that cannot fit
+    (with the changes that would make it fit), or apply them when ``memory.fit`` is true."""
+    console = console or Console()
+    device = plan_device(cfg)
+    try:
+        shape = shape_of(cfg)
+    except ConfigError:
+        if cfg.memory.budget:
+            raise
+        return cfg, None  # an architecture the planner does not model: train without a plan
+    plan = plan_memory(shape, plan_inputs(cfg, device, world_size))
+    if not cfg.memory.budget:
+        if show:
+            console.print(f"memory plan: peak {format_gib(plan.peak_bytes)} during {plan.peak_phase} "
+                          f"(slimgrpo plan CONFIG for the breakdown)")
+        return cfg, plan
+    budget = budget_bytes(cfg.memory.budget, device)
+    if plan.peak_bytes <= budget:
+        if show:
+            render_plan(plan, console, budget)
+        return cfg, plan
+    _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size), budget)
+    fix = overrides_for(all_changes(suggestions))
+    if cfg.memory.fit and fits:
+        new_cfg = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir)
+        console.print(f"memory.fit: applying {' '.join(fix)} to fit {format_gib(budget)}")
+        new_plan = plan_memory(shape, plan_inputs(new_cfg, device, world_size))
+        if show:
+            render_plan(new_plan, console, budget)
+        return new_cfg, new_plan
+    if show:
+        render_plan(plan, console, budget)
+    advice = (f"these changes bring it to {format_gib(suggestions[-1].plan_after.peak_bytes)}: {' '.join(fix)} "
+              "(or set memory.fit=true to apply them)") if fits else \
+        "no combination of the planner's changes fits; use a smaller model, shorter completions or more memory"
+    raise ConfigError(f"the run needs about {format_gib(plan.peak_bytes)} at its peak ({plan.peak_phase}), more "
+                      f"than memory.budget={cfg.memory.budget} ({format_gib(budget)}); {advice}")
+
+
+def plan_command(args) -> int:
+    """``slimgrpo plan``: exit 0 when the plan fits the budget (or none is given), 3 when it does not."""
+    console = Console()
+    if args.presets:
+        for name, shape in preset_shapes().items():
+            console.print(f"{name:16s} {shape.num_params / 1e9:6.2f}B params  vocab {shape.vocab}")
+        return 0
+    if args.config and "=" in args.config and not os.path.exists(args.config):
+        args.overrides.insert(0, args.config)
+        args.config = None
+    if args.config:
+        cfg = load_config(args.config, args.overrides, validate=False)
+    elif args.model:
+        cfg = from_dict(merge_overrides({}, list(args.overrides)))
+    else:
+        raise ConfigError("slimgrpo plan: give a CONFIG file or --model SHAPE (see slimgrpo plan --help)")
+    device = plan_device(cfg, args.device or ("cuda" if not args.config and cfg.run.device == "auto" else None))
+    shape = shape_of(cfg, args.model)
+    inputs = plan_inputs(cfg, device)
+    plan = plan_memory(shape, inputs)
+    spec = args.budget or cfg.memory.budget
+    budget = budget_bytes(spec, device) if spec else None
+    console.print(f"[bold]{args.model or cfg.model.path}[/bold]: {shape.num_params / 1e9:.2f}B parameters, "
+                  f"{inputs.rows} completions per step x {inputs.max_completion_length} tokens, on {device}")
+    render_plan(plan, console, budget)
+    if budget is None or plan.peak_bytes <= budget:
+        return 0
+    _, suggestions, fits = fit_to_budget(shape, inputs, budget)
+    console.print("\n[bold]To fit the budget[/bold], cheapest first:")
+    for s in suggestions:
+        console.print(f"  - {s.description}: {' '.join(overrides_for(s.change)) or '(no config key)'} "
+                      f"-> {format_gib(s.plan_after.peak_bytes)}")
+    if fits:
+        console.print(f"\nall together: [bold]{' '.join(overrides_for(all_changes(suggestions)))}[/bold] "
+                      "(or memory.fit=true)")
+        return 3
+    console.print("\nno combination fits this budget.")
+    return 3
+
+

@@ -1,0 +1,553 @@
+"""The memory planner: a pure function from (model shape, run settings) to bytes per component.
+
+    plan = plan_memory(load_shape("llama-3.1-8b"), PlanInputs(device="cuda", lora=True, ...))
+    plan.peak_bytes, plan.peak_phase, plan.components
+
+A GRPO step has two memory phases on top of what is always resident:
+
+    always      weights, adapters, optimizer state, reference copy (CPU runs), rollout and
+                log-prob buffers, framework overhead
+    generation  KV cache, per-step sampling logits, prompt prefill working set
+    update      gradients, saved activations, attention mask, loss working set
+
+    peak = always + max(generation, update)
+
+Symbols used in the formulas (and in the ``formula`` strings of the plan):
+    N params, L layers, H hidden, I intermediate, V vocab, q = heads·head_dim, kv = kv_heads·head_dim,
+    B activation/compute bytes (2 for bf16/fp16, 4 for fp32), G num_generations,
+    rows = prompts_per_step·G, m = micro_batch_rows, P/T max prompt/completion length, S = P + T.
+
+Every modelling constant lives in the block below so that calibration (docs/memory.md) can adjust
+them in one place. The derivations are in docs/memory.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .shapes import ModelShape
+
+KiB, MiB, GiB = 1024, 1024**2, 1024**3
+
+# ----------------------------------------------------------------------------------------------
+# Modelling constants (calibrate here)
+# ----------------------------------------------------------------------------------------------
+# CUDA context, cuBLAS/cuDNN workspaces and allocator slack: real device memory that
+# torch.cuda.max_memory_allocated() does not see but nvidia-smi does.
+CUDA_FRAMEWORK_OVERHEAD_BYTES = 512 * MiB
+# Peak RSS of a bare Python that imported torch 2.13 (CPU), transformers 5.23, peft and the
+# Qwen2/Llama model classes: ru_maxrss = 352,396 KiB (about 344 MiB), measured on the 2-core
+# development machine. On CPU this is the floor under every plan.
+CPU_FRAMEWORK_OVERHEAD_BYTES = 352_396 * KiB
+
+# LoRA adapters are kept in fp32 (peft's get_peft_model(autocast_adapter_dtype=True) default).
+LORA_ADAPTER_BYTES = 4
+# bitsandbytes NF4 with double quantisation (the QLoRA recipe): 4 bits per weight, one 8-bit
+# absmax per block of 64 weights, one fp32 constant per 256 blocks -> 4.127 bits per weight.
+NF4_BYTES_PER_PARAM = (4 + 8 / 64 + 32 / (64 * 256)) / 8
+# Compute dtype of a 4-bit base; embeddings, norms, biases and the LM head stay in it.
+QLORA_COMPUTE_BYTES = 2
+# AdamW keeps two moments (exp_avg, exp_avg_sq) created with zeros_like(param): parameter dtype.
+ADAMW_STATES = 2
+# 8-bit AdamW (bitsandbytes / torchao): two 1-byte states plus one fp32 absmax per 256 values.
+ADAMW_8BIT_BYTES_PER_PARAM = 2 * (1 + 4 / 256)
+# On CPU torch.optim.AdamW runs per tensor (no foreach): sqrt and division temporaries of the
+# largest trainable tensor. On CUDA slimgrpo uses fused AdamW, which has no temporaries.
+CPU_ADAMW_STEP_TEMPORARIES = 2
+
+# Backward holds gradient tensors of the layer it is in next to the saved activations: measured
+# 0.21-0.41 of one layer's saved activations (ru_maxrss, tiny Qwen2 on CPU, bf16/fp32, full/LoRA).
+BACKWARD_WORKSPACE_LAYERS = 0.5
+# With checkpointing, backward re-runs one layer's forward and holds its activations (recompute
+# plus workspace measured at 1.19 layers for a tiny fp32 Qwen2 on CPU; we model 1 + 0.5).
+CHECKPOINT_RECOMPUTE_LAYERS = 1.0
+# With offloading, checkpoints of this many layers sit on the device at once (one in use, one in flight).
+OFFLOAD_RESIDENT_LAYERS = 2
+
+# Chunked LM head: per chunk logit, the raw head output, its fp32 copy (softmax computed in place)
+# and a compute-dtype copy for the weight matmul, plus an fp32 clone when entropy is logged:
+# at most 3 fp32-sized copies (loss/chunked_head.py).
+LOSS_CHUNK_COPIES = 3
+# Full-logits path (TRL-like): logits and their gradient in the compute dtype.
+FULL_LOGITS_COPIES = 2
+# Per-token fp32 tensors of the GRPO objective (log-probs, ratio, clipped terms, KL, masks...).
+LOSS_PER_TOKEN_TENSORS = 12
+
+# Decode: fp32 logits of the last position for every row, plus the sampling workspace.
+GEN_LOGITS_COPIES = 2
+
+PHASES = ("always", "generation", "update")
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs and outputs
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything the plan depends on besides the model shape (field names match the config)."""
+
+    device: str = "cuda"
+    """Where training runs: "cuda" (device peak = GPU memory) or "cpu" (peak = process RSS)."""
+    param_dtype_bytes: int = 2
+    """Bytes per weight as loaded: 2 for bf16/fp16, 4 for fp32. Parameters stay in this dtype
+    (no fp32 master copy); it is also the activation dtype unless the base is 4-bit."""
+    lora: bool = False
+    """Train LoRA adapters on a frozen base instead of all weights."""
+    lora_rank: int = 16
+    """LoRA rank r: each adapted projection gains r·(in + out) trainable parameters."""
+    lora_target_modules: tuple[str, ...] = ("all-linear",)
+    """Projections that get adapters: names from q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
+    down_proj, or "all-linear" for all seven (peft's meaning; the LM head is never adapted)."""
+    load_in_4bit: bool = False
+    """QLoRA: store the base projections in 4-bit NF4 (CUDA and LoRA only)."""
+    optimizer: str = "adamw"
+    """"adamw" (two moments in the trainable parameters' dtype) or "adamw_8bit"."""
+    num_generations: int = 8
+    """G, completions sampled per prompt."""
+    prompts_per_step: int = 1
+    """Prompts (groups) per optimizer step; rows = prompts_per_step · num_generations."""
+    micro_batch_rows: int = 8
+    """Completions per forward/backward of the update (gradient accumulation across micro-batches)."""
+    max_prompt_length: int = 512
+    """P, longest prompt in tokens."""
+    max_completion_length: int = 256
+    """T, longest completion in tokens."""
+    beta: float = 0.0
+    """KL coefficient; > 0 needs reference log-probs (and, with full fine-tuning, a reference copy)."""
+    num_iterations: int = 1
+    """Policy updates per rollout; > 1 stores old log-probs [rows, T] fp32."""
+    gradient_checkpointing: bool = False
+    """Keep only each layer's input in forward and recompute the layer in backward."""
+    offload_activations: bool = False
+    """Move the checkpointed layer inputs to host memory (needs gradient_checkpointing; CUDA only helps)."""
+    token_chunk: int = 1024
+    """Completion tokens pushed through the LM head at a time in the chunked loss."""
+    vocab_chunk: int | None = None
+    """Vocabulary entries per LM-head chunk (online log-sum-exp); None = whole vocabulary."""
+    chunked_loss: bool = True
+    """False = materialise [m, T, V] logits as TRL-style trainers do (for comparisons)."""
+    padding_mask: bool = True
+    """Batches carry padding, so Hugging Face builds a [m, 1, S, S] attention mask (SDPA keeps a
+    copy per layer) and repeats keys/values to query width. False when all rows have equal length."""
+    generation_batch_rows: int | None = None
+    """Rows decoded together; None = all rows of the step at once."""
+    framework_overhead_bytes: int | None = None
+    """Memory the framework holds before any tensor; None = CUDA_FRAMEWORK_OVERHEAD_BYTES on cuda,
+    CPU_FRAMEWORK_OVERHEAD_BYTES (measured import RSS) on cpu."""
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.param_dtype_bytes not in (2, 4):
+            raise ValueError(f"param_dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), got {self.param_dtype_bytes!r}")
+        if self.optimizer not in ("adamw", "adamw_8bit"):
+            raise ValueError(f"optimizer must be 'adamw' or 'adamw_8bit', got {self.optimizer!r}")
+        positive = ("lora_rank", "num_generations", "prompts_per_step", "micro_batch_rows",
+                    "max_prompt_length", "max_completion_length", "num_iterations", "token_chunk")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("vocab_chunk", "generation_batch_rows", "framework_overhead_bytes"):
+            value = getattr(self, name)
+            low = 0 if name == "framework_overhead_bytes" else 1
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+                raise ValueError(f"{name} must be None or an integer >= {low}, got {value!r}")
+        if not self.beta >= 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta!r}")
+        if isinstance(self.lora_target_modules, str):
+            object.__setattr__(self, "lora_target_modules", (self.lora_target_modules,))
+        elif isinstance(self.lora_target_modules, list):
+            object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
+        unknown = [t for t in self.lora_target_modules if t not in LORA_MODULES + ("all-linear",)]
+        if unknown or not self.lora_target_modules:
+            raise ValueError(
+                f"lora_target_modules has unknown names {unknown}; use some of {list(LORA_MODULES)} or 'all-linear'"
+            )
+        if self.load_in_4bit and not self.lora:
+            raise ValueError("load_in_4bit needs lora=True: a 4-bit base cannot be trained directly (QLoRA)")
+        if self.load_in_4bit and self.device != "cuda":
+            raise ValueError("load_in_4bit (bitsandbytes NF4) is CUDA only; use device='cuda' or drop it")
+        if self.offload_activations and not self.gradient_checkpointing:
+            raise ValueError(
+                "offload_activations needs gradient_checkpointing=True: only checkpointed layer inputs are offloaded"
+            )
+
+    @property
+    def rows(self) -> int:
+        """Completions per step: prompts_per_step · num_generations."""
+        return self.prompts_per_step * self.num_generations
+
+    @property
+    def seq_len(self) -> int:
+        """S = P + T, tokens per row in the update forward."""
+        return self.max_prompt_length + self.max_completion_length
+
+
+@dataclass(frozen=True)
+class Component:
+    """One line of the plan."""
+
+    name: str
+    bytes: int
+    phase: str  # "always" | "generation" | "update"
+    formula: str  # how `bytes` was computed, with the numbers filled in
+    location: str = "device"  # "device", or "host" for bytes parked in CPU RAM during a CUDA run
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per component, and the peak they add up to."""
+
+    shape: ModelShape
+    inputs: PlanInputs
+    components: list[Component]
+    peak_bytes: int  # device peak (GPU memory on cuda, process RSS on cpu), framework overhead included
+    peak_phase: str  # "generation" or "update": the phase that sets the peak
+    host_bytes: int  # CUDA runs: host RAM held by offloaded activations and the reference copy
+    notes: list[str] = field(default_factory=list)  # warnings about the inputs
+
+    def phase_total(self, phase: str) -> int:
+        """Device bytes of the components of one phase."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; phases are {PHASES}")
+        return sum(c.bytes for c in self.components if c.phase == phase and c.location == "device")
+
+    @property
+    def phase_totals(self) -> dict[str, int]:
+        return {p: self.phase_total(p) for p in PHASES}
+
+    def bytes_of(self, name: str) -> int:
+        """Bytes of the named component (device and host lines together)."""
+        found = [c for c in self.components if c.name == name]
+        if not found:
+            raise ValueError(f"no component {name!r}; components are {[c.name for c in self.components]}")
+        return sum(c.bytes for c in found)
+
+    @property
+    def framework_bytes(self) -> int:
+        return self.bytes_of("framework overhead")
+
+    @property
+    def tensor_peak_bytes(self) -> int:
+        """Peak without framework overhead: compare with torch.cuda.max_memory_allocated()."""
+        return self.peak_bytes - self.framework_bytes
+
+    def fits(self, budget_bytes: int) -> bool:
+        return self.peak_bytes <= budget_bytes
+
+
+# ----------------------------------------------------------------------------------------------
+# Closed-form helpers (tested directly against published arithmetic)
+# ----------------------------------------------------------------------------------------------
+def logits_bytes(rows: int, tokens: int, vocab: int, dtype_bytes: int = 4, copies: int = 1) -> int:
+    """Materialised logits: rows · tokens · vocab · dtype_bytes · copies.
+
+    Llama-3.1-8B, 8 rows of 20,480 tokens, bf16, logits + gradient:
+    2 · 2 · 8 · 20,480 · 128,256 = 84,053,852,160 B = 78.3 GiB.
+    """
+    return rows * tokens * vocab * dtype_bytes * copies
+
+
+def kv_cache_bytes(layers: int, tokens: int, kv_heads: int, head_dim: int, rows: int = 1, dtype_bytes: int = 2) -> int:
+    """KV cache: 2 (keys and values) · dtype_bytes · layers · tokens · kv_heads · head_dim · rows.
+
+    Llama-3.1-8B (32 layers, 8 kv heads of 128), one 20,480-token sequence in bf16:
+    2 · 2 · 32 · 20,480 · 1,024 = 2.5 GiB.
+    """
+    return 2 * dtype_bytes * layers * tokens * kv_heads * head_dim * rows
+
+
+def lora_targets(targets: tuple[str, ...]) -> tuple[str, ...]:
+    """Expand "all-linear" and drop duplicates, in layer order."""
+    wanted = set(LORA_MODULES) if "all-linear" in targets else set(targets)
+    return tuple(m for m in LORA_MODULES if m in wanted)
+
+
+def lora_num_params(shape: ModelShape, rank: int, targets: tuple[str, ...]) -> int:
+    """Trainable LoRA parameters: L · Σ_targets r · (in + out)."""
+    dims = shape.linear_dims()
+    return shape.layers * sum(rank * sum(dims[m]) for m in lora_targets(targets))
+
+
+def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs) -> int:
+    """Bytes autograd keeps per token and per decoder layer without checkpointing (mask excluded).
+
+    A tensor is kept only if a backward formula needs it, and a matmul with a frozen weight does
+    not keep its input. With B the compute bytes, A = LORA_ADAPTER_BYTES, kv' = q when a padding
+    mask makes Hugging Face repeat keys/values to query width (else kv):
+
+        RMSNorm ×2      4·H + 4        fp32 upcast and rsqrt, kept for the variance backward
+        normed input    2·B·H          full fine-tuning: normalised x (norm-weight grad) and the
+                                       weighted output (projection-weight grads)
+                        A·H per adapter  LoRA: peft casts the input to the adapter dtype, one copy
+                                       per adapted projection (one shared B·H tensor when A == B)
+        attention       B·(2·q + 2·kv') + 4·heads    SDPA keeps q, k, v, output and fp32 logsumexp;
+                                       o_proj's input is SDPA's output (same storage) unless a
+                                       LoRA adapter on o_proj casts it (A·q)
+        MLP             3·B·I          SiLU input, SiLU output, up output
+        down_proj input B·I            full fine-tuning; A·I for a LoRA adapter on down_proj
+        LoRA            A·r per adapted projection (lora_A output, kept by lora_B)
+
+    Checked tensor by tensor against saved_tensors_hooks on Qwen2 layers (fp32/bf16, full/LoRA).
+    """
+    H, I, q, kv = shape.hidden, shape.intermediate, shape.q_dim, shape.kv_dim
+    B = _compute_bytes(inputs)
+    A = LORA_ADAPTER_BYTES
+    adapted = set(lora_targets(inputs.lora_target_modules)) if inputs.lora else set()
+
+    def lora_copies(width: int, consumers: tuple[str, ...]) -> int:
+        n = sum(1 for m in consumers if m in adapted)
+        return 0 if n == 0 else width * (B if A == B else n * A)
+
+    kv_saved = q if (inputs.padding_mask and shape.kv_heads < shape.heads) else kv
+    norms = 2 * (4 * H + 4)
+    attention = B * (2 * q + 2 * kv_saved) + 4 * shape.heads
+    mlp = 3 * B * I
+    if not inputs.lora:
+        kept = 2 * (2 * B * H) + B * I
+    else:
+        kept = (
+            lora_copies(H, ("q_proj", "k_proj", "v_proj"))
+            + (lora_copies(q, ("o_proj",)) if A != B else 0)
+            + lora_copies(H, ("gate_proj", "up_proj"))
+            + lora_copies(I, ("down_proj",))
+        )
+    lora_mid = A * inputs.lora_rank * len(adapted)
+    return norms + attention + mlp + kept + lora_mid
+
+
+def attention_mask_bytes(inputs: PlanInputs, rows: int, tokens: int) -> tuple[int, int]:
+    """(shared, per_layer) bytes of the padding mask for ``rows`` sequences of ``tokens``.
+
+    Hugging Face builds one bool [rows, 1, S, S] mask (rows·S² B); SDPA converts it to the query
+    dtype inside every attention call and keeps that copy for backward (rows·S²·B per layer).
+    Zero when ``inputs.padding_mask`` is False.
+    """
+    if not inputs.padding_mask:
+        return 0, 0
+    return rows * tokens * tokens, rows * tokens * tokens * _compute_bytes(inputs)
+
+
+def inference_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs) -> int:
+    """Transient bytes per token of one layer's forward without autograd (prompt prefill).
+
+    B·(2·H + max(2·q + 2·kv', 3·I)) + 4·H: residual and normed input, then the larger of the
+    attention tensors (q, output, repeated k and v) and the MLP tensors (gate/up/product), plus
+    the RMSNorm fp32 upcast.
+    """
+    H, I, q, kv = shape.hidden, shape.intermediate, shape.q_dim, shape.kv_dim
+    B = _compute_bytes(inputs)
+    kv_saved = q if (inputs.padding_mask and shape.kv_heads < shape.heads) else kv
+    return B * (2 * H + max(2 * q + 2 * kv_saved, 3 * I)) + 4 * H
+
+
+def _compute_bytes(inputs: PlanInputs) -> int:
+    """B: dtype of activations, logits and the KV cache (bf16 compute for a 4-bit base)."""
+    return QLORA_COMPUTE_BYTES if inputs.load_in_4bit else inputs.param_dtype_bytes
+
+
+def _n(x: float) -> str:
+    return f"{int(x):,}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Component builders (each returns Components; plan_memory puts them together)
+# ----------------------------------------------------------------------------------------------
+def _weight_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
+    N, Bp = shape.num_params, x.param_dtype_bytes
+    out: list[Component] = []
+    if x.load_in_4bit:
+        quantised = shape.layers * shape.layer_linear_params
+        rest = N - quantised
+        b = math.ceil(quantised * NF4_BYTES_PER_PARAM) + rest * QLORA_COMPUTE_BYTES
+        out.append(Component("weights", b, "always",
+                             f"{_n(quantised)} projection weights · {NF4_BYTES_PER_PARAM:.4f} B (NF4) + "
+                             f"{_n(rest)} others · {QLORA_COMPUTE_BYTES} B"))
+    else:
+        out.append(Component("weights", N * Bp, "always", f"N·{Bp} B = {_n(N)}·{Bp}"))
+    if x.lora:
+        n = lora_num_params(shape, x.lora_rank, x.lora_target_modules)
+        out.append(Component("LoRA adapters", n * LORA_ADAPTER_BYTES, "always",
+                             f"L·Σ r·(in+out) · {LORA_ADAPTER_BYTES} B = {_n(n)}·{LORA_ADAPTER_BYTES}"))
+
+    if x.beta == 0:
+        out.append(Component("reference policy", 0, "always", "beta = 0: no reference model"))
+    elif x.lora:
+        out.append(Component("reference policy", 0, "always", "LoRA: base with adapters disabled, no copy"))
+    elif x.device == "cuda":
+        out.append(Component("reference policy", N * Bp, "always",
+                             f"full fine-tuning: frozen copy kept in host RAM, N·{Bp} B = {_n(N)}·{Bp}",
+                             location="host"))
+    else:
+        out.append(Component("reference policy", N * Bp, "always",
+                             f"full fine-tuning: frozen copy, N·{Bp} B = {_n(N)}·{Bp}"))
+    return out
+
+
+def _trainable(shape: ModelShape, x: PlanInputs) -> tuple[int, int, int]:
+    """(trainable params, their bytes per value, largest trainable tensor in params)."""
+    if x.lora:
+        n = lora_num_params(shape, x.lora_rank, x.lora_target_modules)
+        dims = shape.linear_dims()
+        largest = max(x.lora_rank * max(dims[m]) for m in lora_targets(x.lora_target_modules))
+        return n, LORA_ADAPTER_BYTES, largest
+    largest = max(shape.embedding_params, max(i * o for i, o in shape.linear_dims().values()))
+    return shape.num_params, x.param_dtype_bytes, largest
+
+
+def _optimizer_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
+    n, b, largest = _trainable(shape, x)
+    what = "LoRA params" if x.lora else "params"
+    grads = Component("gradients", n * b, "update", f"{what}·{b} B = {_n(n)}·{b}")
+    if x.optimizer == "adamw":
+        state = Component("optimizer state", n * b * ADAMW_STATES, "always",
+                          f"AdamW, {ADAMW_STATES} moments in param dtype: {_n(n)}·{ADAMW_STATES}·{b} B")
+    else:
+        state = Component("optimizer state", math.ceil(n * ADAMW_8BIT_BYTES_PER_PARAM), "always",
+                          f"8-bit AdamW: {_n(n)}·{ADAMW_8BIT_BYTES_PER_PARAM:.3f} B")
+    if x.device == "cpu" and x.optimizer == "adamw":
+        temp = CPU_ADAMW_STEP_TEMPORARIES * largest * b
+        step = Component("optimizer step workspace", temp, "update",
+                         f"per-tensor AdamW temporaries: {CPU_ADAMW_STEP_TEMPORARIES}·{_n(largest)}·{b} B")
+    else:
+        step = Component("optimizer step workspace", 0, "update",
+                         "fused AdamW (cuda) / blockwise 8-bit kernels: no temporaries")
+    return [grads, state, step]
+
+
+def _activation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
+    B = _compute_bytes(x)
+    m = min(x.micro_batch_rows, x.rows)
+    S, L, H = x.seq_len, shape.layers, shape.hidden
+    tokens = m * S
+    per_layer = activation_bytes_per_token_layer(shape, x)
+    mask_shared, mask_layer = attention_mask_bytes(x, m, S)
+    final_norm = tokens * ((4 + 2 * B) * H + 4)
+    on_host = x.offload_activations and x.device == "cuda"
+    what = f"a = {_n(per_layer)} B/token/layer, mask = m·S²·B, m·S = {m}·{_n(S)}"
+    out: list[Component] = []
+    if not x.gradient_checkpointing:
+        layers = L + BACKWARD_WORKSPACE_LAYERS
+        b = math.ceil(layers * (per_layer * tokens + mask_layer)) + final_norm
+        out.append(Component("activations", b, "update",
+                             f"(L + {BACKWARD_WORKSPACE_LAYERS:g})·(a·m·S + mask) + m·S·(4+2B)·H; {what}"))
+    else:
+        inputs_per_layer = tokens * H * B
+        work = CHECKPOINT_RECOMPUTE_LAYERS + BACKWARD_WORKSPACE_LAYERS
+        resident = min(OFFLOAD_RESIDENT_LAYERS, L) if on_host else L
+        b = resident * inputs_per_layer + math.ceil(work * (per_layer * tokens + mask_layer)) + final_norm
+        kind = "offloaded" if on_host else "checkpointed"
+        out.append(Component("activations", b, "update",
+                             f"{kind}: {resident}·m·S·H·B + {work:g}·(a·m·S + mask) + m·S·(4+2B)·H; {what}"))
+        if on_host:
+            out.append(Component("offloaded checkpoints", L * inputs_per_layer, "update",
+                                 f"L·m·S·H·B = {L}·{m}·{_n(S)}·{H}·{B} in host RAM", location="host"))
+    out.append(Component("attention mask", mask_shared, "update",
+                         f"bool [m, 1, S, S] = {m}·{_n(S)}²" if mask_shared else "no padding mask assumed"))
+    return out
+
+
+def _loss_component(shape: ModelShape, x: PlanInputs) -> Component:
+    B = _compute_bytes(x)
+    m = min(x.micro_batch_rows, x.rows)
+    T, V, H = x.max_completion_length, shape.vocab, shape.hidden
+    per_token = LOSS_PER_TOKEN_TENSORS * m * T * 4
+    if not x.chunked_loss:
+        b = logits_bytes(m, T, V, B, FULL_LOGITS_COPIES) + per_token
+        return Component("loss working set", b, "update",
+                         f"full logits: {FULL_LOGITS_COPIES}·m·T·V·B = {FULL_LOGITS_COPIES}·{m}·{_n(T)}·{_n(V)}·{B}"
+                         f" + {LOSS_PER_TOKEN_TENSORS}·m·T·4")
+    chunk = min(x.token_chunk, m * T)
+    vc = min(x.vocab_chunk or V, V)
+    # A trained head (full fine-tuning) accumulates its gradient over the chunks in fp32.
+    head_grad = 0 if x.lora else V * H * 4
+    b = logits_bytes(chunk, vc, 1, 4, LOSS_CHUNK_COPIES) + m * T * H * 4 + head_grad + per_token
+    head = " + V·H·4 (fp32 head-grad accumulator)" if head_grad else ""
+    return Component("loss working set", b, "update",
+                     f"chunked: {LOSS_CHUNK_COPIES}·{_n(chunk)} tokens·{_n(vc)} vocab·4 B + m·T·H·4 (hidden grad)"
+                     f"{head} + {LOSS_PER_TOKEN_TENSORS}·m·T·4")
+
+
+def _buffer_components(x: PlanInputs) -> list[Component]:
+    rows, T, P, groups = x.rows, x.max_completion_length, x.max_prompt_length, x.prompts_per_step
+    S = x.seq_len
+    rollout = rows * T * (8 + 1 + 4) + groups * P * (8 + 1) + rows * S * (8 + 1)
+    n_logp = int(x.beta > 0) + int(x.num_iterations > 1)
+    which = " + ".join(w for w, on in (("ref", x.beta > 0), ("old", x.num_iterations > 1)) if on) or "none"
+    return [
+        Component("rollout buffers", rollout, "always",
+                  "ids/mask/sampler log-probs rows·T·13 B + prompts groups·P·9 B + update inputs rows·S·9 B"),
+        Component("log-prob buffers", n_logp * rows * T * 4, "always", f"[rows, T] fp32 ({which}): {n_logp}·{rows}·{T}·4"),
+    ]
+
+
+def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
+    B = _compute_bytes(x)
+    gen_rows = min(x.generation_batch_rows or x.rows, x.rows)
+    S, P, V = x.seq_len, x.max_prompt_length, shape.vocab
+    kv = kv_cache_bytes(shape.layers, S, shape.kv_heads, shape.head_dim, gen_rows, B)
+    groups = min(x.prompts_per_step, math.ceil(gen_rows / x.num_generations))
+    prefill = groups * P * inference_bytes_per_token_layer(shape, x)
+    mask_shared, mask_layer = attention_mask_bytes(x, groups, P)
+    prefill += mask_shared + mask_layer
+    return [
+        Component("KV cache", kv, "generation",
+                  f"2·B·L·S·kv_heads·head_dim·rows = 2·{B}·{shape.layers}·{_n(S)}·{shape.kv_heads}·{shape.head_dim}"
+                  f"·{gen_rows}"),
+        Component("generation logits", gen_rows * V * 4 * GEN_LOGITS_COPIES, "generation",
+                  f"{GEN_LOGITS_COPIES}·rows·V·4 = {GEN_LOGITS_COPIES}·{gen_rows}·{_n(V)}·4"),
+        Component("prefill working set", prefill, "generation",
+                  f"groups·P·(one layer, no grad) + masks = {groups}·{_n(P)}·"
+                  f"{_n(inference_bytes_per_token_layer(shape, x))} + {groups}·{_n(P)}²·(1+B)"),
+    ]
+
+
+def _notes(shape: ModelShape, x: PlanInputs) -> list[str]:
+    notes = []
+    if shape.max_positions and x.seq_len > shape.max_positions:
+        notes.append(f"prompt + completion = {x.seq_len:,} tokens exceeds the model's "
+                     f"max_position_embeddings ({shape.max_positions:,})")
+    if x.offload_activations and x.device == "cpu":
+        notes.append("offload_activations has no effect on cpu: host memory is the device; checkpoints stay in RSS")
+    if x.micro_batch_rows > x.rows:
+        notes.append(f"micro_batch_rows ({x.micro_batch_rows}) > rows per step ({x.rows}); using {x.rows}")
+    return notes
+
+
+# ----------------------------------------------------------------------------------------------
+# The planner
+# ----------------------------------------------------------------------------------------------
+def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
+    """Bytes per component and the peak: always + max(generation, update).
+
+    Pure: no torch, no file access; the same inputs always give the same plan.
+    On cuda, components marked location="host" (offloaded checkpoints, the full-fine-tuning
+    reference copy) go to ``host_bytes`` and not to the peak. On cpu everything counts in the peak
+    (process RSS), which also holds the measured import footprint.
+    """
+    x = inputs
+    overhead = x.framework_overhead_bytes
+    if overhead is None:
+        overhead = CUDA_FRAMEWORK_OVERHEAD_BYTES if x.device == "cuda" else CPU_FRAMEWORK_OVERHEAD_BYTES
+        what = "CUDA context and workspaces" if x.device == "cuda" else "measured import RSS of torch+transformers"
+    else:
+        what = "given by framework_overhead_bytes"
+    components = [
+        *_weight_components(shape, x),
+        *_optimizer_components(shape, x),
+        *_activation_components(shape, x),
+        _loss_component(shape, x),
+        *_buffer_components(x),
+        *_generation_components(shape, x),
+        Component("framework overhead", overhead, "always", what),
+    ]
+    device = [c for c in components if c.location == "device"]
+    totals = {p: sum(c.bytes for c in device if c.phase == p) for p in PHASES}
+    peak_phase = "generation" if totals["generation"] > totals["update"] else "update"
+    peak = totals["always"] + totals[peak_phase]
+    host = sum(c.bytes for c in components if c.location == "host")
+    return MemoryPlan(shape=shape, inputs=x, components=components, peak_bytes=peak,
+                      peak_phase=peak_phase, host_bytes=host, notes=_notes(shape, x))

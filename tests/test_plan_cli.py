@@ -1,0 +1,56 @@
+"""slimgrpo plan, and the plan check slimgrpo train runs before loading any weights."""
+
+import pytest
+import yaml
+
+from slimgrpo.cli import main
+from slimgrpo.config import ConfigError, load_config
+from slimgrpo.memory.cli import check_before_training, overrides_for
+
+
+def test_plan_preset_fits_and_exit_codes(capsys):
+    assert main(["plan", "--model", "qwen2.5-0.5b", "rollout.num_generations=4", "run.batch_size=4",
+                 "--budget", "80GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "KV cache" in out and "peak" in out
+    assert main(["plan", "--model", "llama-3.1-8b", "run.batch_size=8", "rollout.max_completion_length=20000",
+                 "--budget", "80GiB"]) == 3
+    out = capsys.readouterr().out
+    assert "To fit the budget" in out and "memory.gradient_checkpointing=true" in out
+
+
+def test_plan_unknown_preset_is_a_user_error(capsys):
+    assert main(["plan", "--model", "llama-3.1-8bb"]) == 2
+    assert "llama-3.1-8b" in capsys.readouterr().err
+
+
+def test_plan_lists_presets(capsys):
+    assert main(["plan", "--presets"]) == 0
+    assert "qwen2.5-7b" in capsys.readouterr().out
+
+
+def _cfg(tmp_path, model_dir, *overrides):
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({
+        "model": {"path": str(model_dir)}, "data": {"path": "unused.jsonl"}, "rewards": {"functions": ["length"]},
+        "rollout": {"num_generations": 8, "max_completion_length": 256}, "run": {"batch_size": 64, "device": "cpu"},
+    }))
+    return load_config(p, list(overrides))
+
+
+def test_train_refuses_a_run_over_budget_before_loading(tmp_path, tiny_model_dir):
+    cfg = _cfg(tmp_path, tiny_model_dir, "memory.budget=1MiB")
+    with pytest.raises(ConfigError, match="more than memory.budget=1MiB"):
+        check_before_training(cfg, show=False)
+
+
+def test_memory_fit_applies_the_advice(tmp_path, tiny_model_dir):
+    cfg = _cfg(tmp_path, tiny_model_dir, "memory.budget=450MiB", "memory.fit=true")
+    new_cfg, plan = check_before_training(cfg, show=False)
+    assert plan.peak_bytes <= 450 * 2**20
+    assert (new_cfg.memory.gradient_checkpointing, new_cfg.memory.micro_batch_size) != (False, None)
+
+
+def test_overrides_for_maps_planner_fields_to_config_keys():
+    assert overrides_for({"lora": True, "micro_batch_rows": 4, "vocab_chunk": None}) == [
+        "lora.enabled=true", "memory.micro_batch_size=4", "loss.vocab_chunk=null"]
