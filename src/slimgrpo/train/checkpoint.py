@@ -5,11 +5,23 @@ Layout of ``OUTPUT_DIR/checkpoints/checkpoint-<step>/``::
     model/ or adapter/     weights in safetensors (Hugging Face / peft format)
     optimizer.safetensors  optimizer tensors, flattened   (loaded without pickle)
     rng.safetensors        torch CPU/CUDA and sampling-generator states
-    trainer_state.json     step, scheduler, data position, Python/NumPy RNG, optimizer structure
-    COMPLETE               written last
+    trainer_state.json     step, scheduler, data position, Python/NumPy RNG, optimizer structure,
+                           torch thread count, trainer counters (``extra``)
+    metrics.jsonl          the metric history up to this step (copied from the run folder)
+    config.yaml            the run's config (secrets already scrubbed)
+    COMPLETE               written last: JSON manifest {"step", "files": {relative path: bytes}}
 
 A checkpoint is first written to ``.tmp-checkpoint-<step>`` and renamed into place once COMPLETE exists,
 so a kill mid-save leaves only a temporary folder that resume ignores and the next save removes.
+Replacing a checkpoint of the same step moves the old one aside (``.old-checkpoint-<step>``) first;
+a kill between the two renames is repaired by :func:`find_resume_checkpoint`.
+
+There is no rollout buffer to save: every step generates, scores and consumes its own completions
+(``loss.num_iterations`` re-uses them only inside that step), so nothing generated crosses a step
+boundary. Nothing is unpickled on load: tensors come from safetensors, everything else from JSON.
+
+Testing hook: ``SLIMGRPO_DEBUG_KILL_IN_SAVE=<stage>[@<step>]`` makes the process SIGKILL itself right
+after ``<stage>`` (one of ``STAGES``) of the save at ``<step>`` (any step when omitted).
 """
 
 from __future__ import annotations
@@ -19,18 +31,29 @@ import logging
 import os
 import random
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 log = logging.getLogger("slimgrpo")
 
 MARKER = "COMPLETE"
 PREFIX = "checkpoint-"
+TMP_PREFIX = f".tmp-{PREFIX}"
+OLD_PREFIX = f".old-{PREFIX}"  # a checkpoint being replaced by a new save of the same step
+# Stages of a save, in order, after which the debug hook can kill the process.
+STAGES = ("model", "optimizer", "rng", "state", "marker", "rename")
+DEBUG_KILL_ENV = "SLIMGRPO_DEBUG_KILL_IN_SAVE"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used with this run (different model, optimizer or data)."""
 
 
 @dataclass
@@ -38,6 +61,7 @@ class TrainState:
     step: int
     sampler: dict[str, int]
     extra: dict[str, Any]
+    num_threads: int | None = None  # torch CPU threads of the run that saved it
 
 
 # ----------------------------------------------------------------------------- tensors <-> flat dicts
@@ -46,9 +70,13 @@ class TrainState:
 def flatten_state(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
     """Move every tensor of a nested structure into ``tensors`` (keyed by path) and return the
     JSON-able skeleton that points to them."""
+    if isinstance(obj, torch.Tensor) and type(obj) is not torch.Tensor and hasattr(obj, "__tensor_flatten__"):
+        return _flatten_subclass(obj, prefix, tensors)
     if isinstance(obj, torch.Tensor):
         tensors[prefix] = obj.detach().cpu().contiguous()
         return {"__tensor__": prefix}
+    if isinstance(obj, torch.dtype):
+        return {"__dtype__": str(obj).removeprefix("torch.")}
     if isinstance(obj, dict):
         return {"__dict__": [[flatten_state(k, f"{prefix}.k{i}", tensors), flatten_state(v, f"{prefix}.{i}", tensors)]
                              for i, (k, v) in enumerate(obj.items())]}
@@ -62,10 +90,41 @@ def flatten_state(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> An
     raise TypeError(f"cannot checkpoint a value of type {type(obj).__name__} at {prefix}")
 
 
+# Tensor subclasses that may be rebuilt from a checkpoint (8-bit optimizer states). A checkpoint can
+# only name classes under these modules, so loading one never imports arbitrary code.
+SUBCLASS_MODULES = ("torchao.",)
+
+
+def _flatten_subclass(t: torch.Tensor, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
+    names, ctx = t.__tensor_flatten__()
+    cls = type(t)
+    return {"__subclass__": f"{cls.__module__}:{cls.__qualname__}",
+            "inner": {n: flatten_state(getattr(t, n), f"{prefix}.{n}", tensors) for n in names},
+            "ctx": flatten_state(list(ctx) if isinstance(ctx, tuple) else ctx, f"{prefix}.ctx", tensors),
+            "ctx_tuple": isinstance(ctx, tuple), "size": list(t.shape), "stride": list(t.stride())}
+
+
+def _unflatten_subclass(skel: dict[str, Any], tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    import importlib
+
+    module, name = skel["__subclass__"].split(":")
+    if not module.startswith(SUBCLASS_MODULES):
+        raise ValueError(f"checkpoint names tensor class {skel['__subclass__']!r}, which slimgrpo does not load")
+    cls = getattr(importlib.import_module(module), name)
+    inner = {n: unflatten_state(v, tensors) for n, v in skel["inner"].items()}
+    ctx = unflatten_state(skel["ctx"], tensors)
+    ctx = tuple(ctx) if skel["ctx_tuple"] else ctx
+    return cls.__tensor_unflatten__(inner, ctx, torch.Size(skel["size"]), tuple(skel["stride"]))
+
+
 def unflatten_state(skel: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(skel, dict):
         if "__tensor__" in skel:
             return tensors[skel["__tensor__"]]
+        if "__subclass__" in skel:
+            return _unflatten_subclass(skel, tensors)
+        if "__dtype__" in skel:
+            return getattr(torch, skel["__dtype__"])
         if "__dict__" in skel:
             return {unflatten_state(k, tensors): unflatten_state(v, tensors) for k, v in skel["__dict__"]}
         if "__tuple__" in skel:
@@ -89,6 +148,14 @@ def load_nested(skel: Any, path: Path) -> Any:
 
 
 # ----------------------------------------------------------------------------- RNG
+
+
+def seed_all(seed: int) -> None:
+    """Seed every global generator a step may draw from: torch (CPU and CUDA), Python's ``random`` and
+    NumPy's legacy global state (reward functions often use the last two)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
 
 
 def rng_state(generator: torch.Generator | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -142,30 +209,72 @@ def save_checkpoint(
     root = checkpoint_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step}"
-    tmp = root / f".tmp-{PREFIX}{step}"
+    tmp = root / f"{TMP_PREFIX}{step}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
     model.save_pretrained(str(tmp / "model"), safe_serialization=True)
+    _debug_kill("model", step)
     opt_skel = save_nested(optimizer.state_dict(), tmp / "optimizer.safetensors")
+    _debug_kill("optimizer", step)
     rng_tensors, rng_plain = rng_state(generator)
     save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    _debug_kill("rng", step)
     state = {
         "step": step,
         "sampler": sampler_state,
         "scheduler": scheduler.state_dict(),
         "optimizer": opt_skel,
         "rng": rng_plain,
+        "num_threads": torch.get_num_threads(),
         "extra": extra or {},
     }
     (tmp / "trainer_state.json").write_text(json.dumps(state))
+    for name in ("metrics.jsonl", "config.yaml"):  # the history up to this step, and what produced it
+        if (Path(output_dir) / name).is_file():
+            shutil.copyfile(Path(output_dir) / name, tmp / name)
+    _debug_kill("state", step)
     _fsync_tree(tmp)
-    (tmp / MARKER).write_text("ok\n")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _prune(root, keep)
+    _write_marker(tmp, step)
+    _debug_kill("marker", step)
+    _install(tmp, final)
+    _debug_kill("rename", step)
+    _prune(root, keep, step)
     return final
+
+
+def _debug_kill(stage: str, step: int) -> None:
+    """Testing hook: die by SIGKILL (no cleanup, like a power cut or the OOM killer) at a chosen point."""
+    spec = os.environ.get(DEBUG_KILL_ENV)
+    if not spec:
+        return
+    want, _, at = spec.partition("@")
+    if want == stage and (not at or int(at) == step):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _write_marker(folder: Path, step: int) -> None:
+    files = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+    with open(folder / MARKER, "w") as f:
+        json.dump({"step": step, "files": files}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(folder)
+
+
+def _install(tmp: Path, final: Path) -> None:
+    """Rename the finished temporary folder into place. An existing checkpoint of the same step is
+    moved aside first and removed last, so some complete copy of this step exists at every moment."""
+    if final.exists():
+        old = final.parent / f"{OLD_PREFIX}{_step_of(final)}"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(final.parent)
 
 
 def _fsync_tree(path: Path) -> None:
@@ -175,12 +284,33 @@ def _fsync_tree(path: Path) -> None:
                 os.fsync(f.fileno())
 
 
-def _prune(root: Path, keep: int) -> None:
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. Windows cannot open folders; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _prune(root: Path, keep: int, step: int) -> None:
+    """Keep the newest ``keep`` checkpoints up to ``step``. Checkpoints of later steps belong to a
+    continuation that was abandoned (the run went back to an earlier checkpoint): they go too, so
+    ``resume=auto`` can never jump onto another trajectory."""
     complete = list_complete(root)
-    for old in complete[:-keep]:
+    for later in [p for p in root.glob(f"{PREFIX}*") if p.is_dir() and _step_of(p) > step]:
+        log.warning("removing %s: this run continued from an earlier checkpoint and has now saved step %d",
+                    later.name, step)
+        shutil.rmtree(later, ignore_errors=True)
+    current = [p for p in complete if _step_of(p) <= step]
+    for old in current[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    for tmp in root.glob(f".tmp-{PREFIX}*"):
-        shutil.rmtree(tmp, ignore_errors=True)
+    for leftover in [*root.glob(f"{TMP_PREFIX}*"), *root.glob(f"{OLD_PREFIX}*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _step_of(path: Path) -> int:
@@ -196,16 +326,66 @@ def list_complete(root: Path) -> list[Path]:
     return sorted((p for p in found if (p / MARKER).is_file()), key=_step_of)
 
 
-def is_valid(path: Path) -> bool:
-    needed = ["trainer_state.json", "optimizer.safetensors", "rng.safetensors", MARKER]
-    if not all((path / n).is_file() for n in needed) or not (path / "model").is_dir():
-        return False
+def _step_of_hidden(path: Path, prefix: str) -> int:
     try:
+        return int(path.name[len(prefix):])
+    except ValueError:
+        return -1
+
+
+def problem(path: Path) -> str | None:
+    """Why ``path`` is not a usable checkpoint, or None when it is.
+
+    Checks that every file is there with the size the COMPLETE manifest recorded (a truncated or
+    half-copied file fails), that the JSON parses, and that every safetensors header reads. It does not
+    hash tensor data: a flipped bit inside a weight is not detected."""
+    if not path.is_dir():
+        return "no such folder"
+    if not (path / MARKER).is_file():
+        return f"no {MARKER} marker (the save was interrupted)"
+    if (path / "distributed").is_dir():  # written by several ranks (dist_checkpoint.py)
+        needed = ["trainer_state.json", "distributed/.metadata"]
+    else:
+        needed = ["trainer_state.json", "optimizer.safetensors", "rng.safetensors", "model"]
+    missing = [n for n in needed if not (path / n).exists()]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    try:
+        marker = (path / MARKER).read_text()
+        manifest = json.loads(marker) if marker.strip().startswith("{") else {}  # early versions wrote "ok"
+        for rel, size in manifest.get("files", {}).items():
+            f = path / rel
+            if not f.is_file():
+                return f"{rel} is missing"
+            if f.stat().st_size != size:
+                return f"{rel} has {f.stat().st_size} bytes, the manifest says {size} (truncated or changed)"
         json.loads((path / "trainer_state.json").read_text())
-        load_file(str(path / "rng.safetensors"))
-    except Exception:  # any parse failure means the checkpoint is unusable
-        return False
-    return True
+        for f in sorted(path.rglob("*.safetensors")):
+            with safe_open(str(f), framework="pt"):
+                pass
+    except Exception as e:  # any parse failure means the checkpoint is unusable
+        return f"unreadable ({type(e).__name__}: {e})"
+    return None
+
+
+def is_valid(path: Path) -> bool:
+    return problem(path) is None
+
+
+def _recover_interrupted_install(root: Path) -> None:
+    """A kill between the two renames of :func:`_install` leaves this step's checkpoint only under a
+    hidden name (the complete new copy in ``.tmp-``, the old one in ``.old-``): put one back."""
+    for prefix in (TMP_PREFIX, OLD_PREFIX):  # the new copy first
+        for hidden in root.glob(f"{prefix}*"):
+            step = _step_of_hidden(hidden, prefix)
+            final = root / f"{PREFIX}{step}"
+            if step < 0 or final.exists() or not is_valid(hidden):
+                continue
+            try:
+                os.replace(hidden, final)
+                log.warning("recovered %s from %s (the process died while installing it)", final.name, hidden.name)
+            except OSError:  # another rank got there first
+                pass
 
 
 def find_resume_checkpoint(output_dir: str | Path) -> Path | None:
@@ -213,16 +393,20 @@ def find_resume_checkpoint(output_dir: str | Path) -> Path | None:
     root = checkpoint_dir(output_dir)
     if not root.is_dir():
         return None
-    for tmp in root.glob(f".tmp-{PREFIX}*"):
+    _recover_interrupted_install(root)
+    for tmp in root.glob(f"{TMP_PREFIX}*"):
         log.warning("ignoring incomplete checkpoint %s (interrupted while saving)", tmp.name)
-    for path in reversed(list_complete(root)):
-        if is_valid(path):
+    found = [p for p in root.glob(f"{PREFIX}*") if p.is_dir() and _step_of(p) >= 0]
+    for path in sorted(found, key=_step_of, reverse=True):
+        why = problem(path)
+        if why is None:
             return path
-        log.warning("skipping corrupted checkpoint %s", path)
-    for p in root.glob(f"{PREFIX}*"):
-        if p.is_dir() and not (p / MARKER).is_file():
-            log.warning("skipping incomplete checkpoint %s (no %s marker)", p.name, MARKER)
+        log.warning("skipping checkpoint %s: %s", path.name, why)
     return None
+
+
+_MISMATCH_HINT = ("resume with the same model.path and lora settings, or start afresh in a new run.output_dir "
+                  "(or with run.resume=never, which overwrites this folder's checkpoints as it goes)")
 
 
 def load_model_weights(model, path: Path) -> None:
@@ -233,28 +417,73 @@ def load_model_weights(model, path: Path) -> None:
     if is_peft(model):
         from peft import set_peft_model_state_dict
 
-        weights = load_file(str(folder / "adapter_model.safetensors"))
-        result = set_peft_model_state_dict(model, weights)
+        adapter = folder / "adapter_model.safetensors"
+        if not adapter.is_file():
+            raise CheckpointError(f"checkpoint {path} holds full model weights but this run trains LoRA "
+                                  f"adapters: {_MISMATCH_HINT}")
+        result = set_peft_model_state_dict(model, load_file(str(adapter)))
         bad = [k for k in getattr(result, "unexpected_keys", []) or []]
         if bad:
-            raise RuntimeError(f"checkpoint adapter has unexpected keys: {bad[:5]}")
+            raise CheckpointError(f"the LoRA adapter in {path} does not fit this model (unexpected keys "
+                                  f"{bad[:3]}): {_MISMATCH_HINT}")
         return
     files = sorted(folder.glob("*.safetensors"))
+    if (folder / "adapter_model.safetensors").is_file():
+        raise CheckpointError(f"checkpoint {path} holds a LoRA adapter but this run trains the full model: "
+                              f"{_MISMATCH_HINT}")
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        first = str(e).strip().splitlines()[-1].strip()
+        raise CheckpointError(f"checkpoint {path} was saved from a different model ({first}): {_MISMATCH_HINT}") \
+            from None
     # Tied LM heads are saved once; everything else must match.
     missing = [k for k in missing if not k.endswith("lm_head.weight")]
     if missing or unexpected:
-        raise RuntimeError(f"checkpoint {folder} does not match the model: missing {missing[:5]}, "
-                           f"unexpected {unexpected[:5]}")
+        raise CheckpointError(f"checkpoint {path} was saved from a different model (missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]}): {_MISMATCH_HINT}")
 
 
 def load_checkpoint(path: Path, model, optimizer, scheduler, generator: torch.Generator | None) -> TrainState:
+    """Restore everything :func:`save_checkpoint` wrote into the live objects. Model, optimizer and RNG
+    tensors come from safetensors files, the rest from JSON: nothing is unpickled."""
     state = json.loads((path / "trainer_state.json").read_text())
     load_model_weights(model, path)
-    optimizer.load_state_dict(load_nested(state["optimizer"], path / "optimizer.safetensors"))
+    try:
+        optimizer.load_state_dict(load_nested(state["optimizer"], path / "optimizer.safetensors"))
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise CheckpointError(f"the optimizer state in {path} does not fit this run's optimizer ({e}): "
+                              f"keep memory.optimizer and the trained parameters unchanged, or {_MISMATCH_HINT}") \
+            from None
     scheduler.load_state_dict(state["scheduler"])
     restore_rng(load_file(str(path / "rng.safetensors")), state["rng"], generator)
-    return TrainState(step=int(state["step"]), sampler=state["sampler"], extra=state.get("extra", {}))
+    threads = state.get("num_threads")
+    if threads and threads != torch.get_num_threads():
+        log.warning(
+            "this run uses %d torch threads, the run that saved %s used %d: on CPU, reductions split "
+            "across threads round differently, so the continuation may differ from an uninterrupted run "
+            "in the last bits. Set run.num_threads=%d for a bit-identical continuation.",
+            torch.get_num_threads(), path.name, threads, threads,
+        )
+    return TrainState(step=int(state["step"]), sampler=state["sampler"], extra=state.get("extra", {}),
+                      num_threads=threads)
+
+
+def nonfinite_diagnosis(streak: int, step: int, output_dir: str | Path) -> str:
+    """The message that stops a run after ``streak`` consecutive non-finite steps (the last one ``step``)."""
+    complete = [p for p in list_complete(checkpoint_dir(output_dir)) if is_valid(p)]
+    if complete:
+        where = (f"The last good checkpoint, {complete[-1]} (step {_step_of(complete[-1])}), is untouched: "
+                 "fix the cause and run the same command to resume from it.")
+    else:
+        where = "No checkpoint had been saved yet (run.save_steps sets how often one is)."
+    return (
+        f"stopped at step {step}: {streak} consecutive steps had a NaN/inf loss or gradient, so their updates "
+        "were skipped (update_skipped=1 in metrics.jsonl) and the run stopped (run.max_nonfinite_steps). "
+        "Likely causes: a learning rate too high (optim.learning_rate), float16 overflow (use "
+        "model.dtype=bfloat16), or reward values so large that their sum or spread overflows (check the "
+        f"rewards/* metrics). {where}"
+    )

@@ -74,7 +74,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.run.num_threads:
             torch.set_num_threads(cfg.run.num_threads)
-        torch.manual_seed(cfg.run.seed)
+        ckpt.seed_all(cfg.run.seed)  # torch, Python and NumPy: the same seed gives the same run
         model_path = resolve_path(cfg, cfg.model.path)
         if self._policy is None:
             mconf = {} if looks_like_hub_name(model_path) else read_model_config(model_path)
@@ -244,6 +244,7 @@ class Trainer:
                 self.model, update, self.loss_settings, norm, cfg.memory.micro_batch_size,
                 cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk,
                 loss_scale=float(self.dist.world_size), no_sync=getattr(self.model, "no_sync", None),
+                offload_activations=cfg.memory.offload_activations,
             )
             max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
             grad_norm = launch.clip_grad_norm(params, max_norm)

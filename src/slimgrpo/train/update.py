@@ -9,6 +9,7 @@ import torch
 
 from slimgrpo.loss.logprobs import completion_logprobs
 from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss
+from slimgrpo.train.distributed import is_wrapped
 from slimgrpo.types import Rollout
 
 
@@ -63,6 +64,14 @@ def trimmed(batch: UpdateBatch, sl: slice) -> tuple[torch.Tensor, torch.Tensor, 
     return ids[:, start:end], am[:, start:end], batch.completion_ids[sl, :comp_len], slice(0, comp_len)
 
 
+def model_logprobs(model, *args, **kwargs):
+    """``completion_logprobs`` of a causal LM, or through a DDP / FSDP2 wrapper's own forward (so that
+    DDP syncs the gradients and FSDP2 gathers the root weights; see ``distributed.ModelForward``)."""
+    if is_wrapped(model):
+        return model(completion_logprobs, *args, **kwargs)
+    return completion_logprobs(model, *args, **kwargs)
+
+
 def batch_logprobs(model, batch: UpdateBatch, micro: int | None, temperature: float, token_chunk: int,
                    vocab_chunk: int | None) -> torch.Tensor:
     """[rows, T] log-probs without gradients (old / reference policy), micro-batch by micro-batch."""
@@ -71,9 +80,8 @@ def batch_logprobs(model, batch: UpdateBatch, micro: int | None, temperature: fl
     with torch.no_grad():
         for sl in micro_slices(batch.rows, micro):
             ids, am, comp, ts = trimmed(batch, sl)
-            logp, _ = completion_logprobs(model, ids.to(dev), am.to(dev), comp.shape[1], comp.to(dev),
-                                          temperature=temperature, token_chunk=token_chunk,
-                                          vocab_chunk=vocab_chunk)
+            logp, _ = model_logprobs(model, ids.to(dev), am.to(dev), comp.shape[1], comp.to(dev),
+                                     temperature=temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk)
             out[sl, ts] = logp.float().to(out.device)
     return out
 
@@ -101,12 +109,21 @@ def accumulate_gradients(
     vocab_chunk: int | None,
     loss_scale: float = 1.0,
     no_sync=None,
+    offload_activations: bool = False,
 ) -> UpdateStats:
     """Forward + backward over all micro-batches; gradients are summed into ``.grad``.
 
     ``norm`` holds the totals of the whole batch, so the sum of the micro-batch losses equals the batch
-    loss exactly, whatever the micro-batch size. ``loss_scale`` compensates for DDP's gradient averaging.
-    ``no_sync`` (DDP) suppresses the all-reduce on all but the last micro-batch."""
+    loss exactly, whatever the micro-batch size. ``loss_scale`` compensates for DDP's gradient averaging:
+    with ``norm`` counting every rank's rows, rank r's loss is its share L_r of the global loss, DDP and
+    FSDP2 average the gradients of ``world_size * L_r`` over ranks, which gives the gradient of sum_r L_r,
+    i.e. exactly the single-process gradient of the whole batch (every ``loss_type``; bnpo's divisor is
+    the local token count by definition). ``no_sync`` (DDP) suppresses the all-reduce on all but the last
+    micro-batch; FSDP2 reduce-scatters after every micro-batch, keeping gradients sharded.
+    ``offload_activations``: tensors saved for backward during the forward pass move to host memory
+    (pinned on CUDA) and come back when backward needs them. With gradient checkpointing those are
+    essentially the checkpointed layer inputs; recomputation in backward happens outside this context,
+    so it stays on the device. Gradients are unchanged (the same values make the round trip)."""
     stats = UpdateStats()
     weight_sum = 0
     slices = micro_slices(batch.rows, micro)
@@ -115,9 +132,10 @@ def accumulate_gradients(
         mask = batch.loss_mask[sl, ts]
         sync_ctx = no_sync() if (no_sync is not None and i < len(slices) - 1) else _null()
         with sync_ctx:
-            logp, entropy = completion_logprobs(model, ids, am, comp.shape[1], comp, temperature=temperature,
-                                                token_chunk=token_chunk, vocab_chunk=vocab_chunk,
-                                                return_entropy=True)
+            with offload_context(offload_activations, ids.device):
+                logp, entropy = model_logprobs(model, ids, am, comp.shape[1], comp, temperature=temperature,
+                                               token_chunk=token_chunk, vocab_chunk=vocab_chunk,
+                                               return_entropy=True)
             old = batch.old_logp[sl, ts] if batch.old_logp is not None else None
             ref = batch.ref_logp[sl, ts] if batch.ref_logp is not None else None
             loss, ls = grpo_loss(logp, old, ref, batch.advantages[sl], mask, settings, norm)
@@ -140,6 +158,12 @@ def accumulate_gradients(
     stats.entropy /= d
     stats.tokens = weight_sum
     return stats
+
+
+def offload_context(enabled: bool, device: torch.device):
+    if not enabled:
+        return _null()
+    return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
 
 
 class _null:
