@@ -141,3 +141,20 @@ def test_defaults_validate_once_paths_given():
     cfg = Config()
     cfg.model.path, cfg.data.path, cfg.rewards.functions = "m", "d", ["length"]
     validate_config(cfg)
+
+
+def test_list_or_string_key_keeps_a_string(tmp_path):
+    cfg = load_config(write(tmp_path, VALID), ["lora.target_modules=all-linear"])
+    assert cfg.lora.target_modules == "all-linear"
+    cfg = load_config(write(tmp_path, VALID), ["lora.target_modules=[q_proj, v_proj]"])
+    assert cfg.lora.target_modules == ["q_proj", "v_proj"]
+
+
+def test_auto_token_chunk_bounds_the_logits_chunk():
+    from slimgrpo.config import auto_token_chunk
+
+    assert auto_token_chunk(151_936) == 64
+    assert auto_token_chunk(1031) == 4096
+    for v in (1000, 32_000, 151_936, 262_144):
+        c = auto_token_chunk(v)
+        assert c & (c - 1) == 0 and (c * v * 4 <= 64 * 2**20 or c == 16)

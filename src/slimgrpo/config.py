@@ -148,8 +148,10 @@ class LossConfig:
     """Leave completions that hit ``max_completion_length`` out of the loss."""
     num_iterations: int = 1
     """Optimizer steps per generated batch (mu in the GRPO paper); > 1 keeps old log-probs."""
-    token_chunk: int = 1024
-    """Tokens pushed through the LM head at once when computing log-probs (full logits never exist)."""
+    token_chunk: int | None = None
+    """Tokens pushed through the LM head at once when computing log-probs (full logits never exist).
+    None = auto: the largest power of two whose fp32 logits chunk stays under 64 MiB (64 tokens for a
+    152K vocabulary)."""
     vocab_chunk: int | None = None
     """Also split the vocabulary into chunks of this size (online log-sum-exp); None = whole vocab."""
 
@@ -207,6 +209,8 @@ class RunConfig:
     """CPU threads for torch (None = torch's default)."""
     save_steps: int = 0
     """Write a checkpoint every N steps (0 = only at the end)."""
+    save_checkpoints: bool = True
+    """Write resumable checkpoints (weights, optimizer, RNG, data position); false = none at all."""
     save_total_limit: int = 2
     """Keep the newest N checkpoints."""
     resume: str = "auto"
@@ -232,6 +236,25 @@ class LogConfig:
 
 
 @dataclass
+class DistributedConfig:
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """How the ranks of ``torchrun --nproc_per_node N`` share the model (ignored in a single process).
+    ``ddp``: every rank holds the whole model and gradients are all-reduced (LoRA, models that fit one
+    device). ``fsdp``: FSDP2 ``fully_shard`` splits weights, gradients and optimizer state over the ranks
+    (full fine-tuning of models that do not fit one device); see ``fsdp_generation`` for sampling."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """Collective backend: ``auto`` = nccl when CUDA is available, gloo on CPU."""
+    timeout_s: float = 1800.0
+    """Longest a collective may wait for the other ranks before the job fails with a timeout error (a rank
+    that hangs or died). Must exceed the longest gap between ranks, e.g. one slow rollout plus rewards."""
+    fsdp_generation: Literal["gather", "per_layer"] = "gather"
+    """``fsdp`` only: how sampling reads sharded weights. ``gather``: all-gather the whole model once per
+    step and free it after the rollout (extra memory: one full copy of the weights). ``per_layer``: every
+    layer gathers its weights for each forward and frees them (extra memory ~ one layer plus embeddings
+    and LM head; one all-gather per layer per generated token, so much slower)."""
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
@@ -253,6 +276,8 @@ class Config:
     """Run length, batch, seed, checkpoints."""
     log: LogConfig = field(default_factory=LogConfig)
     """Logging."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Multi-process training under torchrun (DDP or FSDP2)."""
 
     # Folder of the YAML file the config came from; relative paths resolve against it.
     base_dir: str = field(default=".", repr=False, metadata={"internal": True})
@@ -326,6 +351,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if value is None and type(None) in args:
             return None
         errors = []
+        if type(value) in args:  # "all-linear" for list[str] | str stays a string
+            return value
         # Try non-str members first so "3" is not kept as a string when int is allowed.
         for a in sorted((a for a in args if a is not type(None)), key=lambda a: a is str):
             try:
@@ -537,7 +564,8 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError(f"loss.delta caps the ratio and must be > 1 (e.g. 2.0), got {L.delta}")
     _positive(L.beta, "loss.beta", allow_zero=True)
     _positive(L.num_iterations, "loss.num_iterations")
-    _positive(L.token_chunk, "loss.token_chunk")
+    if L.token_chunk is not None:
+        _positive(L.token_chunk, "loss.token_chunk")
     if L.vocab_chunk is not None:
         _positive(L.vocab_chunk, "loss.vocab_chunk")
     if mem.micro_batch_size is not None:
@@ -560,6 +588,19 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError(f"log.report_to: {e}") from None
     if cfg.log.logging_steps < 1:
         raise ConfigError(f"log.logging_steps must be >= 1, got {cfg.log.logging_steps}")
+    _positive(cfg.distributed.timeout_s, "distributed.timeout_s")
+    if cfg.distributed.strategy == "fsdp" and cfg.lora.enabled:
+        raise ConfigError(
+            "distributed.strategy=fsdp shards full fine-tuning; LoRA adapters are small, so every rank can hold "
+            "the model: use distributed.strategy=ddp with lora.enabled=true"
+        )
+
+
+def auto_token_chunk(vocab_size: int, budget_bytes: int = 64 * 2**20) -> int:
+    """Largest power of two of tokens whose fp32 logits chunk [tokens, vocab] fits ``budget_bytes``
+    (between 16 and 4096)."""
+    tokens = max(budget_bytes // (4 * max(vocab_size, 1)), 1)
+    return int(min(max(2 ** (tokens.bit_length() - 1), 16), 4096))
 
 
 def check_context_length(cfg: Config, max_positions: int | None, model_path: str) -> None:

@@ -28,7 +28,7 @@ def demo_config(output_dir: str, overrides: list[str]):
     d = demo_config_dict()
     data: dict[str, Any] = {
         "model": {"path": str(MODEL_DIR), "dtype": "float32"},
-        "data": {"path": str(TRAIN_FILE), "prompt_column": "prompt", "max_prompt_length": 64},
+        "data": {"path": str(TRAIN_FILE), "prompt_column": "prompt", "max_prompt_length": 16},
         "rollout": {"num_generations": d["num_generations"], "max_completion_length": d["max_completion_length"],
                     "temperature": d["temperature"]},
         "rewards": {"functions": [REWARD]},

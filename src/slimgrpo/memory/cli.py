@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
-from slimgrpo.config import Config, ConfigError, from_dict, load_config, merge_overrides, resolve_path
+from slimgrpo.config import Config, ConfigError, auto_token_chunk, from_dict, load_config, merge_overrides, resolve_path
 from slimgrpo.memory.advice import Suggestion, fit_to_budget, format_gib, parse_bytes, render_plan
 from slimgrpo.memory.planner import MemoryPlan, PlanInputs, plan_memory
 from slimgrpo.memory.shapes import ModelShape, load_shape, preset_shapes
@@ -40,7 +40,7 @@ def plan_device(cfg: Config, override: str | None = None) -> str:
     return "cuda" if cfg.run.device.startswith("cuda") else "cpu"
 
 
-def plan_inputs(cfg: Config, device: str, world_size: int = 1) -> PlanInputs:
+def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_064) -> PlanInputs:
     """What the planner needs, read off the config (per process under torchrun)."""
     dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(cfg.model.dtype, 2 if device == "cuda" else 4)
     prompts = max(cfg.prompts_per_step // max(world_size, 1), 1)
@@ -55,7 +55,8 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1) -> PlanInputs:
         max_prompt_length=cfg.data.max_prompt_length, max_completion_length=cfg.rollout.max_completion_length,
         beta=cfg.loss.beta, num_iterations=cfg.loss.num_iterations,
         gradient_checkpointing=cfg.memory.gradient_checkpointing,
-        offload_activations=cfg.memory.offload_activations, token_chunk=cfg.loss.token_chunk,
+        offload_activations=cfg.memory.offload_activations,
+        token_chunk=cfg.loss.token_chunk or auto_token_chunk(vocab),
         vocab_chunk=cfg.loss.vocab_chunk, chunked_loss=True,
         generation_batch_rows=cfg.rollout.max_batch_rows,
     )
@@ -118,7 +119,7 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
         if cfg.memory.budget:
             raise
         return cfg, None  # an architecture the planner does not model: train without a plan
-    plan = plan_memory(shape, plan_inputs(cfg, device, world_size))
+    plan = plan_memory(shape, plan_inputs(cfg, device, world_size, shape.vocab))
     if not cfg.memory.budget:
         if show:
             console.print(f"memory plan: peak {format_gib(plan.peak_bytes)} during {plan.peak_phase} "
@@ -129,12 +130,12 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
         if show:
             render_plan(plan, console, budget)
         return cfg, plan
-    _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size), budget)
+    _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), budget)
     fix = overrides_for(all_changes(suggestions))
     if cfg.memory.fit and fits:
         new_cfg = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir)
         console.print(f"memory.fit: applying {' '.join(fix)} to fit {format_gib(budget)}")
-        new_plan = plan_memory(shape, plan_inputs(new_cfg, device, world_size))
+        new_plan = plan_memory(shape, plan_inputs(new_cfg, device, world_size, shape.vocab))
         if show:
             render_plan(new_plan, console, budget)
         return new_cfg, new_plan
@@ -165,7 +166,7 @@ def plan_command(args) -> int:
         raise ConfigError("slimgrpo plan: give a CONFIG file or --model SHAPE (see slimgrpo plan --help)")
     device = plan_device(cfg, args.device or ("cuda" if not args.config and cfg.run.device == "auto" else None))
     shape = shape_of(cfg, args.model)
-    inputs = plan_inputs(cfg, device)
+    inputs = plan_inputs(cfg, device, vocab=shape.vocab)
     plan = plan_memory(shape, inputs)
     spec = args.budget or cfg.memory.budget
     budget = budget_bytes(spec, device) if spec else None

@@ -112,6 +112,11 @@ class Trainer:
             temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
             eos_token_ids=tuple(sorted(eos)), pad_token_id=tok.pad_token_id,
         )
+        if cfg.loss.token_chunk is None:
+            from slimgrpo.config import auto_token_chunk
+            from slimgrpo.modeling import base_causal_lm
+
+            cfg.loss.token_chunk = auto_token_chunk(base_causal_lm(self.policy.model).config.vocab_size)
         self.loss_settings = LossSettings(
             loss_type=cfg.loss.loss_type, importance_sampling_level=cfg.loss.importance_sampling_level,
             epsilon=cfg.loss.epsilon, epsilon_high=cfg.loss.epsilon_high, delta=cfg.loss.delta,
@@ -286,10 +291,13 @@ class Trainer:
         m["completions/min_length"] = float(all_len.min())
         m["completions/max_length"] = float(all_len.max())
         m["completions/clipped_ratio"] = float(all_trunc.mean())
-        local = torch.tensor([stats.kl, stats.entropy, stats.clip_ratio_low, stats.clip_ratio_high,
-                              stats.clip_ratio_region, stats.loss], dtype=torch.float64) / d.world_size
-        kl, ent, lo, hi, reg, loss = d.all_reduce_sum(local.to(self.policy.device)).cpu().tolist()
-        m.update({"loss": loss * d.world_size, "kl": kl, "entropy": ent, "clip_ratio/low_mean": lo,
+        # Token means of each rank, weighted by its tokens: the same numbers as one process with every row.
+        n = float(stats.tokens)
+        local = torch.tensor([stats.kl * n, stats.entropy * n, stats.clip_ratio_low * n, stats.clip_ratio_high * n,
+                              stats.clip_ratio_region * n, n, stats.loss], dtype=torch.float64)
+        *sums, tokens, loss = d.all_reduce_sum(local.to(self.policy.device)).cpu().tolist()
+        kl, ent, lo, hi, reg = (v / max(tokens, 1.0) for v in sums)
+        m.update({"loss": loss, "kl": kl, "entropy": ent, "clip_ratio/low_mean": lo,  # loss: the sum of the shares
                   "clip_ratio/high_mean": hi, "clip_ratio/region_mean": reg})
         m["grad_norm"] = grad_norm
         m["learning_rate"] = self.scheduler.get_last_lr()[0]
@@ -312,7 +320,7 @@ class Trainer:
         from slimgrpo.train.progress import Progress
 
         with Progress(cfg.run.max_steps, start=self.step_idx, enabled=cfg.log.progress and self.dist.is_main) as bar:
-            while self.step_idx < cfg.run.max_steps and not self.stop_requested:
+            while self.step_idx < cfg.run.max_steps and not self.should_stop():
                 result = self.step()
                 self.step_idx += 1
                 self.writer.log(self.step_idx, result.metrics)
@@ -321,11 +329,19 @@ class Trainer:
                             else None)
                 if any(cb(self, self.step_idx, result.metrics) for cb in self.callbacks):
                     self.stop_requested = True
-                if cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0:
-                    self.save_checkpoint()
+                if cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0 and not self.nonfinite_streak:
+                    self.save_checkpoint()  # not while updates are being skipped: keep the last good one
         if not (cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0):
             self.save_checkpoint()
         return self.finish()
+
+    def should_stop(self) -> bool:
+        """Stop before the next step? Under torchrun every rank gets the same answer: a signal or a callback
+        can reach the ranks at different steps, and a rank that stopped alone would leave the others waiting."""
+        agreed = self.dist.any_true(self.stop_requested)
+        if agreed:
+            self.stop_requested = True
+        return agreed
 
     def maybe_log_completions(self, result: StepResult) -> None:
         n, every = self.cfg.log.num_completions_to_log, self.cfg.log.log_completions_steps
@@ -347,6 +363,8 @@ class Trainer:
         self.writer.log_completions(self.step_idx, samples)
 
     def save_checkpoint(self) -> Path | None:
+        if not self.cfg.run.save_checkpoints:
+            return None
         if self.dist.enabled:  # DCP: every rank writes its part
             return dist_ckpt.save_checkpoint(
                 self.output_dir, self.step_idx, self.policy.model, self.optimizer, self.scheduler,
@@ -372,9 +390,11 @@ class Trainer:
             summary.update({k: v for k, v in last.items() if k != "step"})
         summary.update({"data/prompts": len(self.dataset), "data/prompts_truncated": self.dataset.num_truncated,
                         "data/prompts_skipped": self.dataset.num_skipped})
-        preempted = self.preempted_by is not None and self.step_idx < self.cfg.run.max_steps
-        if preempted:  # unfinished: the checkpoint is what counts, no "final" model yet
-            summary["preempted_by"] = self.preempted_by
+        # Unfinished: the checkpoint is what counts, no "final" model yet. Every rank decides alike (the
+        # final save is collective under FSDP2), even when the signal reached only some of them.
+        preempted = self.step_idx < self.cfg.run.max_steps and self.dist.any_true(self.preempted_by is not None)
+        if preempted:
+            summary["preempted_by"] = self.preempted_by or "a signal to another rank"
         if self.cfg.run.save_model and not preempted:  # every rank: FSDP2 gathers the shards
             self.save_model(self.output_dir / "final")
         if self.dist.is_main:
