@@ -1,0 +1,90 @@
+"""``slimgrpo eval``: accuracy and pass@k of one model (or two side by side) on a prompts file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from slimgrpo.config import Config, ConfigError, from_dict, load_config, merge_overrides, resolve_path
+from slimgrpo.data import load_prompt_dataset
+from slimgrpo.evaluate import EvalResult, evaluate
+from slimgrpo.modeling import ModelLoadError, load_model, load_tokenizer, resolve_device, resolve_dtype
+from slimgrpo.rewards.loading import load_reward_functions
+from slimgrpo.rewards.runner import RewardRunner
+from slimgrpo.rollout.sampling import SamplingParams
+
+
+def load_for_eval(path: str, cfg: Config):
+    """A model folder, a training checkpoint folder, or a peft adapter folder (base read from it)."""
+    p = Path(path)
+    if (p / "model").is_dir() and (p / "trainer_state.json").is_file():
+        p = p / "model"  # a slimgrpo checkpoint
+    device = resolve_device(cfg.run.device)
+    dtype = resolve_dtype(cfg.model.dtype, device)
+    if (p / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        base_path = json.loads((p / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        if not base_path:
+            raise ModelLoadError(f"{p}: adapter_config.json names no base model")
+        tok_dir = p if (p / "tokenizer.json").is_file() else Path(base_path)
+        base = load_model(cfg.model.__class__(**{**cfg.model.__dict__, "path": base_path}), device, dtype)
+        model = PeftModel.from_pretrained(base, str(p)).to(device)
+        return model.eval(), load_tokenizer(str(tok_dir))
+    model = load_model(cfg.model.__class__(**{**cfg.model.__dict__, "path": str(p)}), device, dtype)
+    tok_dir = p if ((p / "tokenizer.json").is_file() or (p / "tokenizer_config.json").is_file()) else \
+        Path(resolve_path(cfg, cfg.model.tokenizer_path or cfg.model.path))
+    return model.eval(), load_tokenizer(str(tok_dir))
+
+
+def run_eval(model_path: str, cfg: Config, args) -> EvalResult:
+    model, tok = load_for_eval(model_path, cfg)
+    data_cfg = cfg.data
+    if args.limit:
+        data_cfg.max_samples = args.limit
+    dataset = load_prompt_dataset(resolve_path(cfg, args.data or cfg.data.path), tok, data_cfg)
+    runner = RewardRunner(load_reward_functions(args.rewards or cfg.rewards.functions, cfg.base_dir),
+                          None if args.rewards else cfg.rewards.reward_weights, on_error="zero")
+    r = cfg.rollout
+    eos = {tok.eos_token_id}
+    params = SamplingParams(max_new_tokens=r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
+                            top_k=r.top_k, min_p=r.min_p, eos_token_ids=tuple(sorted(eos)),
+                            pad_token_id=tok.pad_token_id)
+    return evaluate(model, tok, dataset, runner, params, num_samples=args.num_samples, ks=tuple(args.k),
+                    seed=cfg.run.seed, success_threshold=args.threshold)
+
+
+def eval_command(args) -> int:
+    if args.config and "=" in args.config and not os.path.exists(args.config):
+        args.overrides.insert(0, args.config)
+        args.config = None
+    cfg = load_config(args.config, args.overrides, validate=False) if args.config else \
+        from_dict(merge_overrides({}, list(args.overrides)))
+    model = args.model or cfg.model.path
+    if not model:
+        raise ConfigError("slimgrpo eval: give --model PATH (or a config with model.path)")
+    if not (args.data or cfg.data.path):
+        raise ConfigError("slimgrpo eval: give --data PROMPTS (or a config with data.path)")
+    if not (args.rewards or cfg.rewards.functions):
+        raise ConfigError("slimgrpo eval: give --rewards FN [FN ...] (or a config with rewards.functions)")
+    if any(k > args.num_samples for k in args.k):
+        raise ConfigError(f"pass@k needs --num-samples >= {max(args.k)}")
+    models = [model] + ([args.compare] if args.compare else [])
+    results = {m: run_eval(m, cfg, args) for m in models}
+    table = Table(title=f"{results[model].num_prompts} prompts x {args.num_samples} samples")
+    table.add_column("metric")
+    for m in models:
+        table.add_column(m, justify="right")
+    keys = list(results[model].to_dict())
+    for key in keys:
+        if key in ("num_prompts", "num_samples"):
+            continue
+        table.add_row(key, *[f"{results[m].to_dict().get(key, float('nan')):.4f}" for m in models])
+    Console().print(table)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({m: r.to_dict() for m, r in results.items()}, indent=2))
+    return 0
