@@ -104,7 +104,11 @@ def cmd_train(args) -> int:
         config = None
     cfg = load_config(config, overrides)
     summary = run_training(cfg)
-    print(f"done: {summary.get('steps')} steps; run folder {cfg.run.output_dir}")
+    if summary.get("preempted_by"):
+        print(f"stopped by {summary['preempted_by']} at step {summary.get('steps')} of {cfg.run.max_steps}; "
+              f"checkpoint saved in {cfg.run.output_dir}/checkpoints. Run the same command again to resume.")
+    else:
+        print(f"done: {summary.get('steps')} steps; run folder {cfg.run.output_dir}")
     return 0
 
 
@@ -144,10 +148,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         errors.append(RewardFunctionError)
     except ImportError:
         pass
+    from slimgrpo.train.distributed import CollectiveError, RankFailure
     from slimgrpo.train.optim import OptimizerUnavailable
     from slimgrpo.train.trainer import NonFiniteError
 
-    errors += [OptimizerUnavailable, NonFiniteError, ValueError, FileNotFoundError]
+    errors += [OptimizerUnavailable, NonFiniteError, RankFailure, CollectiveError, ValueError, FileNotFoundError]
     return tuple(errors)
 
 
@@ -158,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    from slimgrpo.secrets import install_log_filter, scrub_text
+
+    install_log_filter()
     handlers = {"train": cmd_train, "plan": cmd_plan, "eval": cmd_eval, "report": cmd_report, "demo": cmd_demo}
     try:
         return handlers[args.command](args)
@@ -167,13 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # user-facing errors become one paragraph; --debug shows the traceback
         if args.debug:
             traceback.print_exc()
+            inner = getattr(e, "traceback_text", None)  # e.g. a reward function's own traceback
+            if inner:
+                print(f"\n{inner.rstrip()}", file=sys.stderr)
         if isinstance(e, _user_errors()):
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {scrub_text(str(e))}", file=sys.stderr)
             if not args.debug:
                 print("(run with --debug for the traceback)", file=sys.stderr)
             return 2
         if not args.debug:
-            print(f"internal error: {type(e).__name__}: {e}\n(run with --debug for the traceback; "
+            print(f"internal error: {type(e).__name__}: {scrub_text(str(e))}\n(run with --debug for the traceback; "
                   "please report it)", file=sys.stderr)
         return 1
 

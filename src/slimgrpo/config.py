@@ -196,7 +196,8 @@ class OptimConfig:
 @dataclass
 class RunConfig:
     output_dir: str = "outputs/run"
-    """Run folder: metrics.jsonl, summary.json, checkpoints/, the final model."""
+    """Run folder (relative to the working directory): metrics.jsonl, summary.json, checkpoints/, the
+    final model."""
     max_steps: int = 100
     """Optimizer steps to train (each generates one batch)."""
     batch_size: int = 64

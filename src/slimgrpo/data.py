@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,9 @@ import torch
 
 from slimgrpo.config import DataConfig
 from slimgrpo.types import Prompt, PromptBatch
+
+
+log = logging.getLogger("slimgrpo")
 
 
 class DataError(ValueError):
@@ -212,7 +216,9 @@ def build_dataset(rows: list[dict[str, Any]], tokenizer, cfg: DataConfig, source
     if cfg.max_samples is not None:
         rows = rows[: cfg.max_samples]
     if not rows:
-        raise DataError(f"{source}: the dataset is empty (no rows)")
+        limited = " within data.max_samples" if cfg.max_samples is not None else ""
+        raise DataError(f"{source}: the dataset is empty (no rows{limited}): point data.path at a file with "
+                        "prompts (for .jsonl, one JSON object per line)")
     prompts, ids, kept = [], [], []
     truncated = skipped = 0
     for i, row in enumerate(rows):
@@ -249,7 +255,15 @@ def build_dataset(rows: list[dict[str, Any]], tokenizer, cfg: DataConfig, source
 
 def load_prompt_dataset(path: str, tokenizer, cfg: DataConfig) -> PromptDataset:
     rows = read_rows(path, cfg.split)
-    return build_dataset(rows, tokenizer, cfg, source=path)
+    ds = build_dataset(rows, tokenizer, cfg, source=path)
+    log.info("data: %d prompts from %s", len(ds), path)
+    if ds.num_truncated:
+        log.warning("data: %d prompts longer than data.max_prompt_length=%d were truncated to their last %d tokens "
+                    "(data.prompt_overflow=truncate)", ds.num_truncated, cfg.max_prompt_length, cfg.max_prompt_length)
+    if ds.num_skipped:
+        log.warning("data: %d prompts longer than data.max_prompt_length=%d were skipped (data.prompt_overflow=skip)",
+                    ds.num_skipped, cfg.max_prompt_length)
+    return ds
 
 
 # ----------------------------------------------------------------------------- order

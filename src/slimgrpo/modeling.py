@@ -90,6 +90,9 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     p = Path(path)
+    if not p.exists() and not looks_like_hub_name(path):  # fail at once instead of asking the hub
+        raise ModelLoadError(f"tokenizer folder {path!r} does not exist: set model.tokenizer_path to a local "
+                             "folder with tokenizer.json (or leave it empty to use model.path)")
     try:
         if (p / "tokenizer.json").is_file():
             tok = PreTrainedTokenizerFast.from_pretrained(path)
@@ -197,7 +200,10 @@ def build_policy(cfg: Config) -> Policy:
     tok_path = resolve_path(cfg, cfg.model.tokenizer_path) if cfg.model.tokenizer_path else model_path
     tokenizer = load_tokenizer(tok_path, cfg.model.trust_remote_code)
     mcfg = ModelConfig(**{**cfg.model.__dict__, "path": model_path})
-    model = load_model(mcfg, device, dtype)
+    # FSDP2 under torchrun: read the weights into host memory; fully_shard then moves only this rank's
+    # shard to the accelerator, so weights that do not fit one device can still be loaded.
+    sharded = cfg.distributed.strategy == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    model = load_model(mcfg, torch.device("cpu") if sharded else device, dtype)
     model.config.pad_token_id = tokenizer.pad_token_id
     reference_cpu = None
     if cfg.lora.enabled:

@@ -45,3 +45,30 @@ def scrub(obj: Any, key: str = "") -> Any:
             return REDACTED
         return scrub_text(obj)
     return obj
+
+
+class ScrubFilter:
+    """A logging filter that redacts secrets from every record's formatted message (and its args)."""
+
+    def filter(self, record) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record: let the handler report it as usual
+            return True
+        clean = scrub_text(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+def install_log_filter(logger=None, on_logger: bool = False) -> None:
+    """Redact secrets in log lines. By default the filter goes on every handler of ``logger`` (the root
+    logger when None), so third-party records are covered too; ``on_logger=True`` puts it on the logger
+    itself, which covers the records logged through that logger whatever handlers exist."""
+    import logging
+
+    logger = logger or logging.getLogger()
+    targets = [logger] if on_logger else list(logger.handlers)
+    for target in targets:
+        if not any(isinstance(f, ScrubFilter) for f in target.filters):
+            target.addFilter(ScrubFilter())

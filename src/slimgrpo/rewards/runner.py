@@ -58,12 +58,14 @@ class RewardFunctionError(RuntimeError):
     """A reward function misbehaved and ``on_error="raise"``.
 
     Attributes: ``function`` (display name), ``fault`` (one of ``FAULT_KINDS``), ``index`` (first
-    offending row).
+    offending row), ``traceback_text`` (the function's own traceback for an ``exception`` fault; the
+    message carries only its last line and where it was raised; ``slimgrpo --debug`` prints it).
     """
 
-    def __init__(self, message: str, function: str, fault: str, index: int):
+    def __init__(self, message: str, function: str, fault: str, index: int, traceback_text: str | None = None):
         super().__init__(message)
         self.function, self.fault, self.index = function, fault, index
+        self.traceback_text = traceback_text
 
 
 class _Timeout(Exception):
@@ -76,6 +78,19 @@ class _CallFailed(Exception):
     def __init__(self, detail: str):
         super().__init__(detail)
         self.detail = detail
+
+
+def _summarise_traceback(text: str) -> str:
+    """``KeyError: 'x' (raised in rewards.py, line 4, in score)`` from a formatted traceback."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if not lines or not lines[0].startswith("Traceback"):
+        return text.strip()
+    last = lines[-1].strip()
+    frames = [ln.strip() for ln in lines if ln.strip().startswith('File "')]
+    if not frames:
+        return f"raised {last}"
+    where = frames[-1][len("File "):].replace('"', "")
+    return f"raised {last} (at {where})"
 
 
 class _NotANumber:
@@ -290,7 +305,8 @@ class RewardRunner:
             detail = f"the call took longer than timeout_s={self.timeout_s}"
             return self._whole_call_fault(name, "timeout", detail, kwargs, rows, faults)
         except _CallFailed as failure:
-            return self._whole_call_fault(name, "exception", failure.detail.strip(), kwargs, rows, faults)
+            return self._whole_call_fault(name, "exception", _summarise_traceback(failure.detail), kwargs, rows,
+                                          faults, traceback_text=failure.detail)
         if not isinstance(values, list) or len(values) != rows:
             got = f"{len(values)} values" if isinstance(values, list) else f"a {type(values).__name__}"
             detail = f"returned {got}; expected a list of {rows} values (one per completion, None allowed)"
@@ -315,13 +331,13 @@ class RewardRunner:
             out.append(replacement)
         return out
 
-    def _whole_call_fault(self, name, fault, detail, kwargs, rows, faults) -> list[float]:
+    def _whole_call_fault(self, name, fault, detail, kwargs, rows, faults, traceback_text=None) -> list[float]:
         if self.on_error == "raise":
-            raise self._error(name, fault, detail, kwargs, 0, whole_call=True)
+            raise self._error(name, fault, detail, kwargs, 0, whole_call=True, traceback_text=traceback_text)
         faults[f"{name}/{fault}"] = faults.get(f"{name}/{fault}", 0) + rows
         return [0.0 if self.on_error == "zero" else float("nan")] * rows
 
-    def _error(self, name, fault, detail, kwargs, index, whole_call=False) -> RewardFunctionError:
+    def _error(self, name, fault, detail, kwargs, index, whole_call=False, traceback_text=None) -> RewardFunctionError:
         rows = len(kwargs["completions"])
         where = f"the call on all {rows} samples (first: sample 0)" if whole_call else f"sample {index}"
         prompt = kwargs["prompts"][index] if rows else ""
@@ -330,9 +346,10 @@ class RewardRunner:
             f"reward function {name!r} failed ({fault}) on {where}: {detail}\n"
             f"  prompt[{index}]: {_short(prompt)}\n"
             f"  completion[{index}]: {_short(completion)}\n"
-            f"Fix the function, or set on_error='zero' or 'skip' to score such rows 0.0 or leave them out."
+            f"Fix the function, or set rewards.on_error (RewardRunner's on_error) to 'zero' or 'skip' to score "
+            f"such rows 0.0 or leave them out."
         )
-        return RewardFunctionError(message, function=name, fault=fault, index=index)
+        return RewardFunctionError(message, function=name, fault=fault, index=index, traceback_text=traceback_text)
 
 
 def _per_row(what: str, values: Sequence | None, rows: int) -> list:

@@ -2,7 +2,7 @@
 
 Layout of ``OUTPUT_DIR/checkpoints/checkpoint-<step>/``::
 
-    model/ or adapter/     weights in safetensors (Hugging Face / peft format)
+    model/                 weights in safetensors: the full model (Hugging Face), or the peft adapter alone
     optimizer.safetensors  optimizer tensors, flattened   (loaded without pickle)
     rng.safetensors        torch CPU/CUDA and sampling-generator states
     trainer_state.json     step, scheduler, data position, Python/NumPy RNG, optimizer structure,
@@ -303,8 +303,8 @@ def _prune(root: Path, keep: int, step: int) -> None:
     ``resume=auto`` can never jump onto another trajectory."""
     complete = list_complete(root)
     for later in [p for p in root.glob(f"{PREFIX}*") if p.is_dir() and _step_of(p) > step]:
-        log.warning("removing %s: this run continued from an earlier checkpoint and has now saved step %d",
-                    later.name, step)
+        log.warning("removing %s: it is later than step %d just saved, so it belongs to an abandoned "
+                    "continuation (or an earlier run) in this folder", later.name, step)
         shutil.rmtree(later, ignore_errors=True)
     current = [p for p in complete if _step_of(p) <= step]
     for old in current[:-keep]:
@@ -342,6 +342,8 @@ def problem(path: Path) -> str | None:
     if not path.is_dir():
         return "no such folder"
     if not (path / MARKER).is_file():
+        if not (path / "trainer_state.json").is_file():
+            return "not a checkpoint folder: it has neither a COMPLETE marker nor trainer_state.json"
         return f"no {MARKER} marker (the save was interrupted)"
     if (path / "distributed").is_dir():  # written by several ranks (dist_checkpoint.py)
         needed = ["trainer_state.json", "distributed/.metadata"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import sys
 from pathlib import Path
@@ -69,6 +70,14 @@ def console_line(step: int, metrics: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def _record_step(line: str) -> int | None:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record.get("step", 0) if isinstance(record, dict) else None
+
+
 class MetricsWriter:
     """Appends one JSON object per step to ``metrics.jsonl`` and sample completions to
     ``completions.jsonl``; forwards metrics to optional backends."""
@@ -103,19 +112,29 @@ class MetricsWriter:
             if hasattr(backend, "log_completions"):
                 backend.log_completions(step, samples)
 
-    def truncate_after(self, step: int) -> None:
-        """On resume, drop records of steps after the checkpoint (they will be redone)."""
+    def truncate_after(self, step: int, saved_history: Path | None = None) -> None:
+        """On resume, drop records of steps after the checkpoint (they will be redone).
+
+        ``saved_history`` is the checkpoint's copy of metrics.jsonl: when present it is the history up to
+        ``step``, whatever happened to the live file since. Lines that do not parse (a kill in the middle of
+        writing one) are dropped. The files are rewritten atomically."""
+        if not self.enabled:
+            return
         for name in ("metrics.jsonl", "completions.jsonl"):
             p = self.dir / name
-            if not self.enabled or not p.is_file():
+            source = saved_history if name == "metrics.jsonl" and saved_history and saved_history.is_file() else p
+            if not source.is_file():
                 continue
-            kept = [ln for ln in p.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
-            p.write_text("".join(ln + "\n" for ln in kept))
+            kept = [ln for ln in source.read_text().splitlines() if _record_step(ln) is not None
+                    and _record_step(ln) <= step]
+            tmp = p.with_name(p.name + ".tmp")
+            tmp.write_text("".join(ln + "\n" for ln in kept))
+            os.replace(tmp, p)
 
     def history(self) -> list[dict[str, Any]]:
         if not self.path.is_file():
             return []
-        return [json.loads(ln) for ln in self.path.read_text().splitlines() if ln.strip()]
+        return [json.loads(ln) for ln in self.path.read_text().splitlines() if _record_step(ln) is not None]
 
     def close(self) -> None:
         for backend in self.backends:

@@ -3,39 +3,78 @@
 from __future__ import annotations
 
 import logging
+import shlex
 import signal
-from typing import Any
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
 
 from slimgrpo.config import Config
+from slimgrpo.secrets import install_log_filter, scrub_text
+from slimgrpo.train import checkpoint as ckpt
 from slimgrpo.train.distributed import from_environment
 from slimgrpo.train.trainer import Trainer
 
 log = logging.getLogger("slimgrpo")
 
 
-def install_preemption_handlers(trainer: Trainer) -> None:
-    """SIGTERM / SIGINT: finish the current step, save a checkpoint, exit 0."""
+def install_preemption_handlers(trainer: Trainer) -> Callable[[], None]:
+    """SIGTERM / SIGINT: finish the current step, save a checkpoint, exit 0. A second signal stops at
+    once (KeyboardInterrupt; the checkpoint being written, if any, is left incomplete and ignored).
+
+    Returns a function that puts the previous handlers back. Outside the main thread (where Python
+    cannot install handlers) nothing is installed."""
 
     def handler(signum, frame):
-        if trainer.stop_requested:  # second signal: stop now
+        if trainer.preempted_by is not None:  # second signal: stop now
             raise KeyboardInterrupt
+        trainer.preempted_by = signal.Signals(signum).name
         trainer.stop_requested = True
-        log.warning("received %s: finishing this step, then saving a checkpoint",
-                    signal.Signals(signum).name)
+        log.warning("received %s: finishing this step, then saving a checkpoint (send it again to stop at once)",
+                    trainer.preempted_by)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handler)
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore
+
+
+def resume_hint() -> str:
+    """The command that resumes this run: the one that started it (secrets scrubbed)."""
+    if from_environment().enabled:  # torchrun's own arguments are not in sys.argv
+        return "run the same torchrun command again"
+    argv = list(sys.argv)
+    if argv and (argv[0].endswith("__main__.py") or Path(argv[0]).name == "slimgrpo"):
+        argv = ["slimgrpo", *argv[1:]]
+    else:
+        return "run the same training command again"
+    return "run the same command again: " + scrub_text(" ".join(shlex.quote(a) for a in argv))
 
 
 def run_training(cfg: Config, callbacks=None) -> dict[str, Any]:
+    install_log_filter(logging.getLogger("slimgrpo"), on_logger=True)  # no secret in our own log lines
     dist_ctx = from_environment()
     if dist_ctx.enabled:
         from slimgrpo.train.launch import init_process_group
 
         init_process_group(cfg, dist_ctx)
     trainer = Trainer(cfg, callbacks=callbacks, dist=dist_ctx)
-    install_preemption_handlers(trainer)
-    summary = trainer.train()
-    if trainer.stop_requested and trainer.step_idx < cfg.run.max_steps:
-        log.warning("stopped at step %d; resume with the same command (run.resume=auto)", trainer.step_idx)
+    restore_handlers = install_preemption_handlers(trainer)
+    try:
+        summary = trainer.train()
+    finally:
+        restore_handlers()
+    if trainer.stop_requested and trainer.step_idx < cfg.run.max_steps and dist_ctx.is_main:
+        signal_name = trainer.preempted_by or summary.get("preempted_by")
+        why = f"by {signal_name}" if signal_name else "early (a callback asked)"
+        complete = ckpt.list_complete(ckpt.checkpoint_dir(trainer.output_dir))
+        saved = f"checkpoint saved: {complete[-1]}" if complete else "checkpoint saved"
+        log.warning("stopped %s at step %d of %d; %s. To resume, %s (run.resume=auto continues from the "
+                    "newest checkpoint).", why, trainer.step_idx, cfg.run.max_steps, saved, resume_hint())
     return summary

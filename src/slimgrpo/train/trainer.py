@@ -60,8 +60,8 @@ class Trainer:
         self.cfg = cfg
         self.callbacks = list(callbacks or [])
         self.dist = dist or from_environment()
-        self.output_dir = Path(resolve_path(cfg, cfg.run.output_dir) if not Path(cfg.run.output_dir).is_absolute()
-                               else cfg.run.output_dir)
+        # Like TRL's output_dir: relative to the working directory, whether or not it exists yet.
+        self.output_dir = Path(cfg.run.output_dir).expanduser().absolute()
         self._policy = policy
         self.step_idx = 0
         self.nonfinite_streak = 0
@@ -102,8 +102,8 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.run.seed + 7919 * self.dist.rank)
         self.engine = TorchRolloutEngine(self.policy.model, max_batch_rows=cfg.rollout.max_batch_rows)
-        if self.dist.enabled:  # FSDP2: generation must gather the sharded weights
-            self.engine = launch.wrap_engine(self.engine, self.model, cfg)
+        if self.dist.enabled:  # FSDP2: generation gathers the sharded weights; DDP: a failure stops every rank
+            self.engine = launch.wrap_engine(self.engine, self.model, cfg, self.dist)
         tok = self.policy.tokenizer
         eos = {tok.eos_token_id} | set(_generation_eos(self.policy.model))
         r = cfg.rollout
@@ -369,7 +369,7 @@ class Trainer:
             return dist_ckpt.save_checkpoint(
                 self.output_dir, self.step_idx, self.policy.model, self.optimizer, self.scheduler,
                 self.sampler.state_dict(), self.generator, self.dist, self.cfg.distributed.strategy,
-                keep=self.cfg.run.save_total_limit,
+                keep=self.cfg.run.save_total_limit, extra={"nonfinite_streak": self.nonfinite_streak},
             )
         if not self.dist.is_main:
             self.dist.barrier()

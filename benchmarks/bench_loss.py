@@ -1,0 +1,177 @@
+"""Peak memory and time of the LM-head log-prob forward + backward: chunked vs full logits.
+
+Each configuration runs in its own subprocess.  On CPU the peak is the child's ``ru_maxrss``
+(read by the parent with ``os.wait4``, i.e. from outside the process); on CUDA it is the child's
+``torch.cuda.max_memory_allocated``.  From each peak the peak of a child that only builds the
+inputs is subtracted, so the table shows what the loss itself adds (logit temporaries, saved
+tensors and the gradients of hidden states and head).  Times are reported as the ratio
+chunked / naive from the same invocation.
+
+    .venv/bin/python benchmarks/bench_loss.py                      # 8 rows x 512 / 2048 / 4096
+    .venv/bin/python benchmarks/bench_loss.py --lengths 512 --head frozen --token-chunk 256
+    .venv/bin/python benchmarks/bench_loss.py --device cuda --dtype bf16
+
+The naive path is skipped (and reported as such) when its estimated extra memory, three
+``[tokens, vocab]`` float32 tensors (logits / log-softmax / gradient), exceeds ``--naive-max-gib``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+GIB = 1024**3
+
+
+def _parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 4096],
+                   help="completion lengths (tokens per row)")
+    p.add_argument("--rows", type=int, default=8, help="completions per loss call")
+    p.add_argument("--hidden", type=int, default=896, help="hidden size (Qwen2.5-0.5B: 896)")
+    p.add_argument("--vocab", type=int, default=151_936, help="vocabulary size (Qwen2: 151,936)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--head", default="trainable", choices=["trainable", "frozen"],
+                   help="frozen: the head gets no gradient (LoRA fine-tuning)")
+    p.add_argument("--token-chunk", type=int, default=None,
+                   help="tokens per chunk (default: the library's auto_token_chunk)")
+    p.add_argument("--vocab-chunk", type=int, default=None, help="vocabulary rows per chunk")
+    p.add_argument("--entropy", action="store_true",
+                   help="also compute the entropy (as the trainer does, for logging)")
+    p.add_argument("--naive-max-gib", type=float, default=12.0,
+                   help="skip the naive path when its estimated extra memory exceeds this")
+    p.add_argument("--child", choices=["inputs", "chunked", "naive"], help=argparse.SUPPRESS)
+    p.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# --- child: one measurement ---------------------------------------------------------------------
+
+
+def _child(args: argparse.Namespace) -> None:
+    import torch
+
+    from slimgrpo.loss.chunked_head import (
+        chunked_token_logprobs,
+        naive_token_logprobs,
+    )
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    device = torch.device(args.device)
+    n_tokens = args.rows * args.length
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def normal(*shape: int, std: float = 1.0) -> torch.Tensor:
+        # Filled in place: a temporary here would raise the baseline peak and hide the
+        # first ~GiB of what the loss adds.
+        return torch.empty(shape, device=device, dtype=dtype).normal_(0.0, std, generator=g)
+
+    hidden = normal(n_tokens, args.hidden).requires_grad_()
+    weight = normal(args.vocab, args.hidden, std=args.hidden**-0.5)
+    weight.requires_grad_(args.head == "trainable")
+    targets = torch.randint(0, args.vocab, (n_tokens,), generator=g, device=device)
+    upstream = torch.randn(n_tokens, generator=g, device=device)  # a generic gradient of log p
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    seconds = 0.0
+    if args.child != "inputs":
+        fn = chunked_token_logprobs if args.child == "chunked" else naive_token_logprobs
+        chunk = args.token_chunk  # None: the library's default (auto_token_chunk)
+        start = time.perf_counter()
+        logp, _ = fn(hidden, weight, targets, token_chunk=chunk, vocab_chunk=args.vocab_chunk,
+                     return_entropy=args.entropy)
+        (logp * upstream).sum().backward()
+        sync()
+        seconds = time.perf_counter() - start
+    cuda_peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
+    print(json.dumps({"seconds": seconds, "cuda_peak": cuda_peak}))
+
+
+# --- parent: orchestration ----------------------------------------------------------------------
+
+
+def _measure(args: argparse.Namespace, mode: str, length: int) -> dict:
+    """Runs one child; returns its report plus ``peak`` bytes (maxrss on CPU)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--length", str(length)]
+    for flag in ("rows", "hidden", "vocab", "device", "dtype", "head", "token_chunk",
+                 "vocab_chunk"):
+        value = getattr(args, flag)
+        if value is not None:
+            cmd += ["--" + flag.replace("_", "-"), str(value)]
+    if args.entropy:
+        cmd.append("--entropy")
+    # stderr joins stdout (one pipe, no deadlock); the report is the last line.  The child is
+    # reaped with os.wait4, not Popen.wait, to get its own rusage rather than a running maximum.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = proc.stdout.read().strip().splitlines() or ["<no output>"]
+    proc.stdout.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        return {"error": f"failed (exit {proc.returncode}: {lines[-1][:80]})"}
+    report = json.loads(lines[-1])
+    report["peak"] = report["cuda_peak"] if args.device == "cuda" else usage.ru_maxrss * 1024
+    return report
+
+
+def _naive_estimate(args: argparse.Namespace, length: int) -> int:
+    """Extra bytes of the naive path: logits, log-softmax and a gradient, [tokens, vocab] fp32."""
+    return 3 * args.rows * length * args.vocab * 4
+
+
+def _fmt_gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / GIB:.2f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
+    if args.child:
+        _child(args)
+        return
+    from slimgrpo.loss.chunked_head import auto_token_chunk
+
+    chunk = args.token_chunk or f"{auto_token_chunk(args.vocab, args.vocab_chunk)} (auto)"
+    print(f"# bench_loss: rows={args.rows} hidden={args.hidden} vocab={args.vocab} "
+          f"dtype={args.dtype} device={args.device} head={args.head} "
+          f"token_chunk={chunk} vocab_chunk={args.vocab_chunk} entropy={args.entropy}")
+    print(f"# cpu count={os.cpu_count()} loadavg at start={os.getloadavg()}")
+    header = ("| length | tokens | chunked extra GiB | naive extra GiB | memory naive/chunked "
+              "| chunked s | naive s | time chunked/naive |")
+    print(header)
+    print("|---" * 8 + "|")
+    for length in args.lengths:
+        base = _measure(args, "inputs", length)
+        chunked = _measure(args, "chunked", length)
+        estimate = _naive_estimate(args, length)
+        if estimate > args.naive_max_gib * GIB:
+            naive = {"skipped": f"not run (est. {estimate / GIB:.0f} GiB > --naive-max-gib)"}
+        else:
+            naive = _measure(args, "naive", length)
+        row = _row(length, args.rows * length, base, chunked, naive)
+        print(row, flush=True)
+    print(f"# loadavg at end={os.getloadavg()}")
+
+
+def _row(length: int, tokens: int, base: dict, chunked: dict, naive: dict) -> str:
+    def extra(r: dict) -> float | None:
+        return None if "peak" not in r or "peak" not in base else r["peak"] - base["peak"]
+
+    c_mem, n_mem = extra(chunked), extra(naive)
+    c_s, n_s = chunked.get("seconds"), naive.get("seconds")
+    mem_ratio = f"{n_mem / c_mem:.1f}x" if c_mem and n_mem else "-"
+    time_ratio = f"{c_s / n_s:.2f}" if c_s and n_s else "-"
+    naive_mem = naive.get("skipped") or naive.get("error") or _fmt_gib(n_mem)
+    return (f"| {length} | {tokens} | {chunked.get('error') or _fmt_gib(c_mem)} | {naive_mem} "
+            f"| {mem_ratio} | {c_s and f'{c_s:.1f}' or '-'} | {n_s and f'{n_s:.1f}' or '-'} "
+            f"| {time_ratio} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,431 @@
+"""slimgrpo against TRL's GRPOTrainer: same model folder, prompts, reward and settings.
+
+    python benchmarks/vs_trl.py --workload w-cpu [--steps 4] [--repeats 2] [--out results.json]
+    python benchmarks/vs_trl.py --workload w-long [--mem-cap 8GiB]
+    python benchmarks/vs_trl.py --workload w-gpu [--shape qwen2.5-0.5b] [--lora]      (GPU; untested)
+    python benchmarks/vs_trl.py --workload demo
+    python benchmarks/vs_trl.py --workload w-cpu --quick                              (smoke test)
+
+Runs alternate between the trainers (trl, slimgrpo, trl, slimgrpo, ...), each in its own process
+started through a fresh intermediate process that reports the child's peak RSS. The completion
+length is pinned (minimum = maximum new tokens) so both trainers generate and train on the same
+number of tokens. Seconds per step is the median over the steps after the first (warm-up) step.
+
+Numbers are only meaningful on a quiet machine: other processes competing for the cores change both
+trainers' times, and not by the same factor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+CHILDREN = {"trl": HERE / "_trl_child.py", "slimgrpo": HERE / "_slimgrpo_child.py"}
+REWARD = f"{HERE / '_rewards.py'}:digit_reward"
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+@dataclass
+class Settings:
+    """Everything both trainers are given; written to each run's SPEC file."""
+
+    workload: str
+    model_path: str = ""
+    dtype: str = "float32"
+    device: str = "cpu"
+    prompts_path: str = ""
+    reward: str = REWARD
+    num_generations: int = 8
+    prompts_per_step: int = 1
+    completion_length: int = 256
+    pin_length: bool = True  # min new tokens = max new tokens: both trainers generate exactly L tokens
+    max_prompt_length: int = 512
+    steps: int = 4
+    seed: int = 42
+    learning_rate: float = 1e-6
+    beta: float = 0.04
+    epsilon: float = 0.2
+    loss_type: str = "dapo"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: float = 32.0
+    gradient_checkpointing: bool = False
+    num_threads: int | None = None
+    shape: dict[str, Any] = field(default_factory=dict)
+
+    def spec(self, trainer: str, output_dir: Path, completion_length: int | None = None) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("shape")
+        d.update(trainer=trainer, output_dir=str(output_dir))
+        if completion_length is not None:
+            d["completion_length"] = completion_length
+        return d
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", choices=["w-cpu", "w-long", "w-gpu", "demo"], default="w-cpu")
+    p.add_argument("--trainers", default="trl,slimgrpo", help="comma-separated, in the order they alternate")
+    p.add_argument("--steps", type=int, help="optimizer steps per run (the first is a warm-up)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per trainer, alternating")
+    p.add_argument("--completion-length", type=int, help="pinned completion length in tokens")
+    p.add_argument("--no-pin", action="store_true",
+                   help="let completions stop at EOS (the trainers then may not do the same work)")
+    p.add_argument("--generations", type=int, help="completions per prompt")
+    p.add_argument("--prompts-per-step", type=int)
+    p.add_argument("--beta", type=float)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--loss-type", choices=["grpo", "bnpo", "dr_grpo", "dapo"])
+    p.add_argument("--device", help="cpu or cuda (default: the workload's)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"])
+    p.add_argument("--shape", default="qwen2.5-0.5b", help="w-gpu: a name from shared/data/model_shapes.json")
+    p.add_argument("--lora", action="store_true", help="train LoRA adapters (r=16, alpha=32) instead of all weights")
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--num-threads", type=int, help="torch CPU threads in both children (default: torch's)")
+    p.add_argument("--mem-cap", default=None, help="memory cap per run, e.g. 8GiB (w-long default 8GiB; else none)")
+    p.add_argument("--cap-mechanism", default="auto",
+                   choices=["auto", "cgroup-v2", "cgroup-v1", "poll-rss", "rlimit-as"])
+    p.add_argument("--max-length", type=int,
+                   help="w-long: stop doubling at this length (default 32768; 64 with --quick)")
+    p.add_argument("--timeout", type=float, help="seconds per run before it is killed")
+    p.add_argument("--quick", action="store_true", help="tiny lengths and 2 steps: a smoke test of the harness")
+    p.add_argument("--out", help="also write every record and the summary to this JSON file")
+    return p.parse_args(argv)
+
+
+def workload_settings(a: argparse.Namespace) -> Settings:
+    w = a.workload
+    s = Settings(workload=w)
+    if w in ("w-cpu", "w-long"):
+        s.shape = dict(common.W_CPU_SHAPE)
+    elif w == "w-gpu":
+        # Oxen.ai's TRL measurements: 4 generations, prompt <= 256, completion 786, bf16.
+        s.shape = common.load_shape(a.shape)
+        s.device, s.dtype = "cuda", "bfloat16"
+        s.num_generations, s.completion_length, s.max_prompt_length = 4, 786, 256
+    elif w == "demo":
+        demo = _demo_settings(s)
+        if demo is None:
+            sys.exit("the demo workload needs slimgrpo.demo (MODEL_DIR, TRAIN_FILE, demo_config_dict), "
+                     "which is not available in this checkout")
+    if w == "w-long":
+        s.steps = 2
+    if a.quick:
+        s.steps = 2
+        if w != "demo":
+            s.completion_length = 16
+    if a.no_pin:
+        s.pin_length = False
+    for flag, name in (("steps", "steps"), ("completion_length", "completion_length"),
+                       ("generations", "num_generations"), ("prompts_per_step", "prompts_per_step"),
+                       ("beta", "beta"), ("lr", "learning_rate"), ("loss_type", "loss_type"),
+                       ("device", "device"), ("dtype", "dtype"), ("num_threads", "num_threads")):
+        value = getattr(a, flag)
+        if value is not None:
+            setattr(s, name, value)
+    s.lora = s.lora or a.lora
+    s.gradient_checkpointing = s.gradient_checkpointing or a.gradient_checkpointing
+    if s.steps < 2:
+        print("note: with --steps 1 there is no step after the warm-up; s/step uses the first step", file=sys.stderr)
+    return s
+
+
+def _demo_settings(s: Settings) -> Settings | None:
+    """The demo task of ``slimgrpo demo``: its tiny model, prompts, reward and settings."""
+    try:
+        from slimgrpo.demo import MODEL_DIR, TRAIN_FILE, demo_config_dict
+    except ImportError:
+        return None
+    if not (MODEL_DIR / "config.json").is_file() or not TRAIN_FILE.is_file():
+        sys.exit(f"the demo assets are not built ({MODEL_DIR}, {TRAIN_FILE}): run scripts/build_demo_model.py")
+    d = demo_config_dict()
+    s.model_path, s.prompts_path = str(MODEL_DIR), str(TRAIN_FILE)
+    s.reward = "slimgrpo.demo.task:demo_accuracy"
+    s.num_generations = d["num_generations"]
+    s.prompts_per_step = d["prompts_per_step"]
+    s.completion_length = d["max_completion_length"]
+    # Demo prompts are a handful of characters; keep prompt + completion inside the model's context.
+    max_positions = json.loads((MODEL_DIR / "config.json").read_text()).get("max_position_embeddings", 128)
+    s.max_prompt_length = min(64, max_positions - s.completion_length)
+    s.beta = d.get("beta", 0.0)
+    s.loss_type = d.get("loss_type", "dapo")
+    s.learning_rate = d["learning_rate"]
+    s.temperature = d["temperature"]
+    s.steps = 20
+    s.pin_length = False  # the demo task's answers end at EOS after 2-4 tokens; pinning would make it moot
+    return s
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@dataclass
+class RunResult:
+    trainer: str
+    repeat: int
+    completion_length: int
+    outcome: common.RunOutcome
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        return [r for r in self.outcome.records if r.get("event") == "step"]
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome.returncode == 0
+
+    def measured_steps(self) -> list[dict[str, Any]]:
+        steps = self.steps
+        return steps[1:] if len(steps) > 1 else steps
+
+    def s_per_step(self) -> float | None:
+        xs = [r["step_s"] for r in self.measured_steps() if r.get("step_s") is not None]
+        return statistics.median(xs) if xs else None
+
+    def gen_tokens_per_s(self) -> float | None:
+        xs = [r["gen_tokens"] / r["gen_s"] for r in self.measured_steps() if r.get("gen_s") and r.get("gen_tokens")]
+        return statistics.median(xs) if xs else None
+
+    def gen_share(self) -> float | None:
+        xs = [r["gen_s"] / r["step_s"] for r in self.measured_steps() if r.get("gen_s") and r.get("step_s")]
+        return statistics.median(xs) if xs else None
+
+    def peak_cuda_mib(self) -> float | None:
+        xs = [r["peak_cuda_mib"] for r in self.outcome.records if r.get("peak_cuda_mib") is not None]
+        return max(xs) if xs else None
+
+    def peak_cuda_reserved_mib(self) -> float | None:
+        xs = [r["peak_cuda_reserved_mib"] for r in self.outcome.records if r.get("peak_cuda_reserved_mib") is not None]
+        return max(xs) if xs else None
+
+    def mean_length(self) -> float | None:
+        xs = [r["completion_mean_length"] for r in self.steps if r.get("completion_mean_length") is not None]
+        return statistics.mean(xs) if xs else None
+
+    def summary(self) -> dict[str, Any]:
+        return {"trainer": self.trainer, "repeat": self.repeat, "completion_length": self.completion_length,
+                "ok": self.ok, "steps_done": len(self.steps), "s_per_step": self.s_per_step(),
+                "gen_tokens_per_s": self.gen_tokens_per_s(), "gen_share": self.gen_share(),
+                "peak_rss_mib": self.outcome.peak_rss_mib, "peak_cuda_mib": self.peak_cuda_mib(),
+                "peak_cuda_reserved_mib": self.peak_cuda_reserved_mib(),
+                "mean_completion_length": self.mean_length(), "error": self.outcome.error,
+                "killed_by_cap": self.outcome.killed_by_cap, "wall_s": self.outcome.wall_s,
+                "log": self.outcome.log_path, **self.outcome.cgroup}
+
+
+def child_env() -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", HF_DATASETS_CACHE=str(common.BENCH_DIR / "hf_datasets"),
+               PYTHONUNBUFFERED="1", TQDM_DISABLE="1")
+    src = str(common.REPO_ROOT / "src")
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def run_one(trainer: str, repeat: int, s: Settings, run_root: Path, cap: common.MemoryCap,
+            completion_length: int, timeout: float | None) -> RunResult:
+    name = f"{trainer}-L{completion_length}-r{repeat}"
+    run_dir = run_root / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = run_dir / "spec.json"
+    spec_path.write_text(json.dumps(s.spec(trainer, run_dir / "output", completion_length), indent=2))
+    print(f"[{time.strftime('%H:%M:%S')}] {name}: starting (log: {run_dir / 'child.log'})", file=sys.stderr)
+
+    def echo(rec: dict[str, Any]) -> None:
+        if rec.get("event") == "step":
+            gen = f", generate {rec['gen_s']:.2f} s" if rec.get("gen_s") else ""
+            print(f"    step {rec['step']}: {rec['step_s']:.2f} s{gen}", file=sys.stderr)
+        elif rec.get("event") == "setup":
+            print(f"    setup {rec['setup_s']:.1f} s, {rec['threads']} threads, {rec['device']}, {rec['dtype']}",
+                  file=sys.stderr)
+
+    outcome = common.run_measured([sys.executable, str(CHILDREN[trainer]), str(spec_path)], run_dir / "child.log",
+                                  cap, name, env=child_env(), timeout_s=timeout, echo=echo)
+    result = RunResult(trainer, repeat, completion_length, outcome)
+    status = "ok" if result.ok else f"FAILED: {outcome.error}"
+    print(f"    {status}; peak RSS {common.format_mib(outcome.peak_rss_mib)} MiB, wall {outcome.wall_s:.0f} s",
+          file=sys.stderr)
+    return result
+
+
+def prepare_inputs(s: Settings) -> None:
+    if not s.model_path:
+        t = time.perf_counter()
+        s.model_path = str(common.build_model_folder(s.shape, dtype=s.dtype))
+        print(f"model folder: {s.model_path} ({time.perf_counter() - t:.0f} s)", file=sys.stderr)
+    if not s.prompts_path:
+        count = max(s.steps * s.prompts_per_step, 8)
+        s.prompts_path = str(common.write_prompts(common.BENCH_DIR / "prompts" / f"gsm8k_test_{count}.jsonl", count))
+
+
+# ----------------------------------------------------------------------------- reporting
+
+
+def _fmt(value: float | None, spec: str = "{:.2f}") -> str:
+    return "-" if value is None else spec.format(value)
+
+
+def _median(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def comparison_tables(results: list[RunResult], trainers: list[str], on_gpu: bool) -> tuple[str, dict[str, Any]]:
+    mem_key, mem_name = ("peak_cuda_mib", "peak CUDA alloc MiB") if on_gpu else ("peak_rss_mib", "peak RSS MiB")
+    lines = ["| run | steps | mean len | s/step | gen tok/s | gen share | peak RSS MiB | peak CUDA MiB | status |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        lines.append(f"| {r.trainer} #{r.repeat} | {len(r.steps)} | {_fmt(r.mean_length(), '{:.0f}')} | "
+                     f"{_fmt(r.s_per_step())} | "
+                     f"{_fmt(r.gen_tokens_per_s(), '{:.1f}')} | {_fmt(r.gen_share(), '{:.0%}')} | "
+                     f"{common.format_mib(r.outcome.peak_rss_mib)} | {common.format_mib(r.peak_cuda_mib())} | "
+                     f"{'ok' if r.ok else r.outcome.error} |")
+    agg: dict[str, dict[str, float | None]] = {}
+    for t in trainers:
+        rs = [r for r in results if r.trainer == t and r.steps]
+        agg[t] = {"s_per_step": _median([r.s_per_step() for r in rs]),
+                  "gen_tokens_per_s": _median([r.gen_tokens_per_s() for r in rs]),
+                  "peak_mib": _median([r.summary()[mem_key] for r in rs]), "runs": len(rs)}
+    lines += ["", f"| trainer | runs | s/step (median) | gen tok/s | {mem_name} |", "|---|---:|---:|---:|---:|"]
+    for t in trainers:
+        a = agg[t]
+        lines.append(f"| {t} | {a['runs']} | {_fmt(a['s_per_step'])} | {_fmt(a['gen_tokens_per_s'], '{:.1f}')} | "
+                     f"{common.format_mib(a['peak_mib'])} |")
+    ratios = {}
+    if "trl" in agg and "slimgrpo" in agg:
+        s, t = agg["slimgrpo"], agg["trl"]
+        ratios = {"s_per_step": _ratio(s["s_per_step"], t["s_per_step"]),
+                  "gen_tokens_per_s": _ratio(s["gen_tokens_per_s"], t["gen_tokens_per_s"]),
+                  "peak_mib": _ratio(s["peak_mib"], t["peak_mib"])}
+        lines.append(f"| slimgrpo / trl | | {_fmt(ratios['s_per_step'], '{:.2f}x')} | "
+                     f"{_fmt(ratios['gen_tokens_per_s'], '{:.2f}x')} | {_fmt(ratios['peak_mib'], '{:.2f}x')} |")
+    return "\n".join(lines), {"per_trainer": agg, "ratios_slimgrpo_over_trl": ratios}
+
+
+def long_table(results: list[RunResult], trainers: list[str], cap: common.MemoryCap) -> tuple[str, dict[str, Any]]:
+    lengths = sorted({r.completion_length for r in results})
+    cols = " | ".join(f"{t}: steps / s/step / peak RSS MiB / cgroup peak MiB" for t in trainers)
+    head = f"| completion | {cols} |"
+    lines = [head, "|---:|" + "---|" * len(trainers)]
+    for L in lengths:
+        cells = []
+        for t in trainers:
+            r = next((r for r in results if r.trainer == t and r.completion_length == L), None)
+            if r is None:
+                cells.append("not run")
+                continue
+            status = "" if r.ok else f" ({r.outcome.error})"
+            cells.append(f"{len(r.steps)} / {_fmt(r.s_per_step())} / {common.format_mib(r.outcome.peak_rss_mib)} / "
+                         f"{common.format_mib(r.outcome.cgroup.get('cgroup_peak_mib'))}{status}")
+        lines.append(f"| {L} | " + " | ".join(cells) + " |")
+    longest = {t: max((r.completion_length for r in results if r.trainer == t and len(r.steps) >= 2), default=None)
+               for t in trainers}
+    lines.append("")
+    lines.append(f"Longest completion trained for >= 2 steps under {cap.describe()}: "
+                 + ", ".join(f"{t} {longest[t] if longest[t] else 'none'}" for t in trainers))
+    return "\n".join(lines), {"longest_completion": longest}
+
+
+def machine_header(info: dict[str, Any], s: Settings, cap: common.MemoryCap) -> str:
+    lines = [f"Machine: {info['cpu']}, {info['cpu_cores']} cores, {info['ram_gib']} GiB RAM"
+             + (f", GPU {info['gpu']}" if info.get("gpu") else "")
+             + (f", load {info['load_avg_1m']} at start" if "load_avg_1m" in info else ""),
+             "Versions: " + ", ".join(f"{k} {info[k]}" for k in ("torch", "transformers", "trl", "peft", "slimgrpo")
+                                      if info.get(k)),
+             f"Workload {s.workload}: model {Path(s.model_path).name}, {s.dtype} on {s.device}, "
+             f"{s.prompts_per_step} prompt(s) x {s.num_generations} generations, completion "
+             f"{'doubling from ' if s.workload == 'w-long' else ''}{s.completion_length} "
+             f"({'pinned' if s.pin_length else 'at most; stops at EOS'}), "
+             f"beta {s.beta}, lr {s.learning_rate}, loss {s.loss_type}, "
+             f"{'LoRA r=%d' % s.lora_r if s.lora else 'full fine-tuning'}"
+             f"{', gradient checkpointing' if s.gradient_checkpointing else ''}, {s.steps} steps per run "
+             "(s/step: median after the first)",
+             f"Memory cap per run: {cap.describe()}"]
+    if info.get("load_avg_1m") is not None and info["cpu_cores"] and info["load_avg_1m"] > 0.5 * info["cpu_cores"]:
+        lines.append("WARNING: the machine was busy when the benchmark started; time figures are indicative only.")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    s = workload_settings(a)
+    trainers = [t.strip() for t in a.trainers.split(",") if t.strip()]
+    for t in trainers:
+        if t not in CHILDREN:
+            sys.exit(f"unknown trainer {t!r} (trl, slimgrpo)")
+    mem_cap = a.mem_cap or ("8GiB" if s.workload == "w-long" else None)
+    cap = common.choose_memory_cap(common.parse_size(mem_cap) if mem_cap else None, a.cap_mechanism)
+    repeats = a.repeats or (1 if s.workload == "w-long" else 2)
+    info = common.machine_info()
+    prepare_inputs(s)
+    run_root = common.BENCH_DIR / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{s.workload}"
+    header = machine_header(info, s, cap)
+    print(header, file=sys.stderr)
+
+    results: list[RunResult] = []
+    if s.workload == "w-long":
+        lengths = []
+        L = s.completion_length
+        max_length = a.max_length or (64 if a.quick else 32768)
+        while L <= max_length:
+            lengths.append(L)
+            L *= 2
+        alive = set(trainers)
+        for L in lengths:
+            for t in trainers:
+                if t in alive:
+                    r = run_one(t, 1, s, run_root, cap, L, a.timeout)
+                    results.append(r)
+                    if len(r.steps) < 2:
+                        alive.discard(t)
+            if not alive:
+                break
+        table, summary = long_table(results, trainers, cap)
+    else:
+        for rep in range(1, repeats + 1):
+            for t in trainers:
+                results.append(run_one(t, rep, s, run_root, cap, s.completion_length, a.timeout))
+        table, summary = comparison_tables(results, trainers, on_gpu=s.device.startswith("cuda"))
+
+    print()
+    print(header)
+    print()
+    print(table)
+    failed = [r for r in results if not r.ok and s.workload != "w-long"]
+    for r in failed:
+        print(f"\n{r.trainer} #{r.repeat} failed: {r.outcome.error}\n  log: {r.outcome.log_path}")
+    if a.out:
+        payload = {"machine": info, "settings": asdict(s), "memory_cap": cap.describe(),
+                   "runs": [{**r.summary(), "records": r.outcome.records} for r in results], "summary": summary}
+        Path(a.out).write_text(json.dumps(payload, indent=2, default=str))
+        print(f"\nwrote {a.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,491 @@
+"""Log-probabilities of chosen tokens through an LM head, without ever holding the full logits.
+
+A policy-gradient loss needs, for every completion token, only ``log p(target)`` (and, for logging,
+the entropy).  The naive route materialises ``logits = hidden @ W^T`` of shape ``[N, V]``; with
+``V = 151,936`` and ``N = 8 * 4096`` tokens that is 20 GB in fp32, plus as much again for
+``log_softmax`` and for its gradient.  Here the head is applied to ``token_chunk`` tokens at a time
+(and, optionally, ``vocab_chunk`` vocabulary rows at a time with an online log-sum-exp), only the
+per-token log-sum-exp is kept, and backward recomputes each chunk's logits.
+
+Logits of one token (``h`` is ``[H]``, ``W`` is ``[V, H]``, ``b`` is ``[V]``)::
+
+    a = h W^T + b                                   raw head output        [V]
+    u = a * logit_scale                             (Cohere, Granite)
+    c = softcap * tanh(u / softcap)                 (Gemma 2/3; else c = u)
+    z = c / temperature                             tempered logits
+    log p(y) = z_y - logsumexp(z)
+    entropy  = logsumexp(z) - sum_v softmax(z)_v z_v
+
+Gradient (``g`` is the upstream gradient of ``log p(y)``)::
+
+    dL/dz = g (onehot(y) - softmax(z))
+    dL/da = dL/dz * dz/da,  dz/da = logit_scale / temperature * (1 - tanh^2)
+                            (the tanh^2 term only with softcap)
+    dL/dh = dL/da @ W,   dL/dW = dL/da^T h,   dL/db = sum over tokens of dL/da
+
+Gradients are summed over chunks in fp32 and cast to the input dtype at the end.  The entropy is
+returned without gradient (it is a logged statistic).
+
+Cost in ``[N, H] x [H, V]`` matmuls: with a trainable head, 1 forward + 3 backward (recompute,
+``dL/dh``, ``dL/dW``) against the naive path's 1 + 2, so about 4/3 of its time where matmuls
+dominate (CPU).  With a frozen head (LoRA) ``dlogp/dh`` is formed during the forward pass from
+the logits at hand, so backward recomputes nothing: 2 matmuls, as for the naive path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+CHUNK_BYTES = 256 * 2**20  # target size of one float32 [token_chunk, vocab slice] block
+MAX_TOKEN_CHUNK = 8192
+
+
+def auto_token_chunk(vocab_size: int, vocab_chunk: int | None = None) -> int:
+    """Default ``token_chunk``: the largest power of two whose float32 block
+    ``[token_chunk, min(vocab_chunk, V)]`` fits in ``CHUNK_BYTES`` (256 MiB), within [1, 8192].
+
+    E.g. 256 tokens for V = 151,936 (Qwen2), 2048 for V = 32,000 (Llama 2).  The peak working set
+    of the chunked head is two such blocks (three with softcap), whatever the batch size.
+    """
+    width = vocab_size if vocab_chunk is None else min(vocab_chunk, vocab_size)
+    fit = max(1, CHUNK_BYTES // (4 * max(width, 1)))
+    return min(MAX_TOKEN_CHUNK, 1 << (fit.bit_length() - 1))
+
+
+@dataclass(frozen=True)
+class _LogitTransform:
+    """Maps raw head outputs ``a`` to tempered logits ``z`` (see module docstring)."""
+
+    temperature: float
+    logit_scale: float
+    softcap: float | None
+
+    def apply_(self, z: Tensor) -> Tensor:
+        """Raw head outputs ``a`` [n, v] float32 -> tempered logits ``z``, in place."""
+        if self.logit_scale != 1.0:
+            z.mul_(self.logit_scale)
+        if self.softcap is not None:
+            z.div_(self.softcap).tanh_().mul_(self.softcap)
+        if self.temperature != 1.0:
+            z.div_(self.temperature)
+        return z
+
+    @property
+    def linear_factor(self) -> float:
+        """dz/da without the softcap term: ``logit_scale / temperature``."""
+        return self.logit_scale / self.temperature
+
+    def softcap_factor(self, z: Tensor) -> Tensor | None:
+        """The ``1 - tanh^2`` term of dz/da, written through ``z`` [n, v]; None without softcap."""
+        if self.softcap is None:
+            return None
+        tanh = z * (self.temperature / self.softcap)
+        return tanh.mul_(tanh).neg_().add_(1.0)
+
+
+def _vocab_slices(vocab_size: int, vocab_chunk: int | None) -> list[tuple[int, int]]:
+    step = vocab_size if vocab_chunk is None else min(vocab_chunk, vocab_size)
+    return [(a, min(a + step, vocab_size)) for a in range(0, vocab_size, step)]
+
+
+class _Workspace:
+    """One ``[token_chunk, slice]`` float32 block reused by every chunk (plus one in the input
+    dtype when that is not fp32), so that the big per-chunk buffers are allocated once per call:
+    on CPU a fresh block of that size costs page faults comparable to an elementwise pass."""
+
+    def __init__(self, rows: int, cols: int, dtype: torch.dtype, device: torch.device):
+        self.block = torch.empty(rows * cols, dtype=torch.float32, device=device)
+        self.low = None if dtype == torch.float32 else torch.empty(rows * cols, dtype=dtype,
+                                                                   device=device)
+
+    def logits(self, h: Tensor, weight: Tensor, bias: Tensor | None, a: int, b: int,
+               tf: _LogitTransform) -> Tensor:
+        """Tempered logits of rows ``h`` [n, H] over vocabulary rows ``a:b`` -> [n, b - a] fp32.
+
+        The matmul runs in the input dtype (as the model's own head would) and is then upcast.
+        """
+        n, v = h.shape[0], b - a
+        z = self.block[: n * v].view(n, v)
+        raw = z if self.low is None else self.low[: n * v].view(n, v)
+        if bias is None:
+            torch.mm(h, weight[a:b].T, out=raw)
+        else:
+            torch.addmm(bias[a:b], h, weight[a:b].T, out=raw)
+        if raw is not z:
+            z.copy_(raw)
+        return tf.apply_(z)
+
+    def in_dtype(self, x: Tensor, dtype: torch.dtype) -> Tensor:
+        """``x`` [n, v] fp32 as ``dtype`` (into the low-precision block, not a new tensor)."""
+        if dtype == torch.float32:
+            return x
+        assert self.low is not None and dtype == self.low.dtype
+        return self.low[: x.numel()].view(x.shape).copy_(x)
+
+
+def _workspace(token_chunk: int, n_tokens: int, slices: list[tuple[int, int]],
+               weight: Tensor) -> _Workspace:
+    rows = min(token_chunk, max(n_tokens, 1))
+    return _Workspace(rows, slices[0][1] - slices[0][0], weight.dtype, weight.device)
+
+
+def _target_logit(z: Tensor, targets: Tensor, a: int, b: int) -> tuple[Tensor, Tensor]:
+    """Picks ``z[i, targets[i] - a]`` from slice ``a:b`` -> (values [n], in_range [n] bool).
+
+    Rows whose target lies outside the slice get an arbitrary value and ``in_range = False``.
+    """
+    in_range = (targets >= a) & (targets < b)
+    local = (targets - a).clamp_(0, b - a - 1)
+    return z.gather(1, local[:, None]).squeeze(1), in_range
+
+
+def _softmax_stats_(
+    z: Tensor, want_entropy: bool, keep_exp: bool = False
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Log-sum-exp and entropy of logits ``z`` [n, v], in place.
+
+    With ``m = max_v z``, ``e = exp(z - m)`` and ``s = sum_v e``: ``lse = m + log s`` and
+    ``entropy = -sum_v p log p = log s - (1/s) sum_v e log e``, both terms non-negative, which
+    keeps precision when the entropy is small next to ``lse``.  ``z`` is left holding ``e`` when
+    ``keep_exp`` (else, with the entropy, ``e log e``).  Returns (lse [n], entropy [n] or None,
+    s [n]).
+    """
+    m = z.amax(dim=1)  # [n]
+    e = z.sub_(m[:, None]).exp_()
+    s = e.sum(dim=1)
+    log_s = s.log()
+    entropy = None
+    if want_entropy:
+        e_log_e = torch.special.xlogy(e, e) if keep_exp else e.xlogy_(e)
+        entropy = log_s - e_log_e.sum(dim=1) / s
+    return m + log_s, entropy, s
+
+
+def _chunk_forward(
+    ws: _Workspace,
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    tf: _LogitTransform,
+    slices: list[tuple[int, int]],
+    want_entropy: bool,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Forward statistics of one token chunk.
+
+    Walks the vocabulary slices keeping an online log-sum-exp ``l`` and entropy ``E``.  Merging a
+    slice with log-sum-exp ``l_c`` and entropy ``E_c`` (of the softmax within the slice) uses the
+    slice weights ``w = e^{l - l'}``, ``w_c = e^{l_c - l'}`` of ``l' = logaddexp(l, l_c)``::
+
+        E' = w (E + l' - l) + w_c (E_c + l' - l_c)        (all terms >= 0)
+
+    Returns (lse [n], target logit [n], entropy [n] or None), all float32.
+    """
+    lse = entropy = z_target = None
+    for a, b in slices:
+        z = ws.logits(h, weight, bias, a, b, tf)  # [n, b - a] fp32
+        picked, in_range = _target_logit(z, targets, a, b)
+        z_target = picked if z_target is None else torch.where(in_range, picked, z_target)
+        lse_c, ent_c, _ = _softmax_stats_(z, want_entropy)
+        if lse is None:  # first slice
+            lse, entropy = lse_c, ent_c
+            continue
+        new_lse = torch.logaddexp(lse, lse_c)
+        if want_entropy:
+            entropy = (torch.exp(lse - new_lse) * (entropy + new_lse - lse)
+                       + torch.exp(lse_c - new_lse) * (ent_c + new_lse - lse_c))
+        lse = new_lse
+    return lse, z_target, entropy
+
+
+@dataclass
+class _Grads:
+    """fp32 gradient accumulators; None for an input that needs no gradient."""
+
+    hidden: Tensor | None  # [n, H] the current token chunk's rows
+    weight: Tensor | None  # [V, H]
+    bias: Tensor | None  # [V]
+
+
+def _backprop_slice(
+    ws: _Workspace,
+    q: Tensor,
+    cap: Tensor | None,
+    h: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    g: Tensor,
+    tf: _LogitTransform,
+    a: int,
+    b: int,
+    grads: _Grads,
+) -> None:
+    """Adds vocabulary slice ``a:b``'s share of the gradients to ``grads``.
+
+    With ``k = dz/da`` (``k_v = linear_factor * cap_v``) and ``p = softmax(z)``::
+
+        dL/da_iv = g_i k_iv (onehot_iv - p_iv)
+        dL/dh_i  = g_i (k_iy W_y - sum_v p_iv k_iv W_v)
+        dL/dW_v  = sum_i [y_i = v] k_iv (g_i h_i) - sum_i p_iv k_iv (g_i h_i)
+        dL/db_v  = sum_i [y_i = v] k_iv g_i      - sum_i p_iv k_iv g_i
+
+    The upstream gradient scales rows of ``h`` and of ``dL/dh`` (``[n, H]``) instead of the
+    ``[n, v]`` block, and the one-hot part is a gather / index-add, so the only full-size work
+    is the softmax itself, the optional softcap product and two matmuls.
+
+    ``q`` [n, b - a] fp32 the softmax ``p`` on this slice (overwritten); ``cap`` the softcap term
+    ``1 - tanh^2`` [n, b - a] or None; ``h`` [n, H]; ``g`` [n] fp32 upstream gradient of log p(y).
+    """
+    if cap is not None:
+        q.mul_(cap)
+    g = g * tf.linear_factor  # [n]
+    # One-hot part: k at the target for tokens whose target lies in this slice, 0 for the others
+    # (a mask rather than a row selection, which would wait on the device for its size).
+    in_range = (targets >= a) & (targets < b)  # [n]
+    cols = (targets - a).clamp_(0, b - a - 1)  # [n]
+    k_y = in_range.float() if cap is None else cap.gather(1, cols[:, None]).squeeze(1) * in_range
+    q_lo = ws.in_dtype(q, weight.dtype)
+    w = weight[a:b]  # [b - a, H]
+    if grads.hidden is not None:
+        grads.hidden += g[:, None] * ((k_y[:, None] * w[cols].float()) - (q_lo @ w).float())
+    if grads.weight is not None:
+        gh = g[:, None] * h.float()  # [n, H]
+        if weight.dtype == torch.float32:  # in place: no [b - a, H] temporary
+            grads.weight[a:b].addmm_(q_lo.T, gh, alpha=-1.0)
+        else:  # low-precision matmul (tensor cores), summed in fp32
+            grads.weight[a:b] -= (q_lo.T @ gh.to(h.dtype)).float()
+        grads.weight.index_add_(0, targets, k_y[:, None] * gh)
+    if grads.bias is not None:
+        grads.bias[a:b] -= g @ q
+        grads.bias.index_add_(0, targets, k_y * g)
+
+
+def _chunk_forward_with_hidden_grad(
+    ws: _Workspace,
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    tf: _LogitTransform,
+    want_entropy: bool,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """Forward of one token chunk over the whole vocabulary, plus ``d logp / d h`` [n, H] fp32.
+
+    Used when the head is frozen: the gradient wrt ``h`` of ``log p(y)`` is formed from the same
+    logits, so backward only has to scale it by the upstream gradient.
+    """
+    vocab = weight.shape[0]
+    z = ws.logits(h, weight, bias, 0, vocab, tf)  # [n, V] fp32
+    z_target = z.gather(1, targets[:, None]).squeeze(1)
+    cap = tf.softcap_factor(z)  # [n, V] or None
+    lse, entropy, s = _softmax_stats_(z, want_entropy, keep_exp=True)
+    p = z.div_(s[:, None])
+    unit = _Grads(hidden=torch.zeros(h.shape, device=h.device, dtype=torch.float32),
+                  weight=None, bias=None)
+    _backprop_slice(ws, p, cap, h, weight, targets, torch.ones_like(lse), tf, 0, vocab, unit)
+    return lse, z_target, entropy, unit.hidden
+
+
+class _ChunkedHeadLogprob(torch.autograd.Function):
+    """Autograd wrapper; see ``chunked_token_logprobs`` for the contract."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, tf, token_chunk, vocab_chunk, want_entropy,
+                precompute_hidden_grad):
+        slices = _vocab_slices(weight.shape[0], vocab_chunk)
+        n_tokens = hidden.shape[0]
+        ws = _workspace(token_chunk, n_tokens, slices, weight)
+        logp = torch.empty(n_tokens, device=hidden.device, dtype=torch.float32)
+        lse = torch.empty_like(logp)
+        entropy = torch.empty_like(logp) if want_entropy else None
+        # With a frozen head and one vocabulary slice, dlogp/dhidden of each token does not depend
+        # on the upstream gradient (it only scales it), so it is formed here while the logits are
+        # at hand: backward then needs no recomputation at all.
+        unit_grad = torch.empty(hidden.shape, device=hidden.device, dtype=torch.float32) \
+            if precompute_hidden_grad else None  # [N, H]
+        for s in range(0, n_tokens, token_chunk):
+            e = min(s + token_chunk, n_tokens)
+            h, y = hidden[s:e], targets[s:e]
+            if unit_grad is None:
+                lse_c, z_y, ent_c = _chunk_forward(ws, h, weight, bias, y, tf, slices,
+                                                   want_entropy)
+            else:
+                lse_c, z_y, ent_c, unit_grad[s:e] = _chunk_forward_with_hidden_grad(
+                    ws, h, weight, bias, y, tf, want_entropy)
+            logp[s:e], lse[s:e] = z_y - lse_c, lse_c
+            if entropy is not None:
+                entropy[s:e] = ent_c
+        if unit_grad is not None:
+            ctx.save_for_backward(unit_grad)
+        else:
+            ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.hidden_dtype = hidden.dtype
+        ctx.settings = (tf, token_chunk, slices, precompute_hidden_grad)
+        if entropy is None:
+            return logp, None
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        tf, token_chunk, slices, precomputed = ctx.settings
+        needs = ctx.needs_input_grad
+        g_all = grad_logp.float()  # [N]
+        if precomputed:
+            (unit_grad,) = ctx.saved_tensors
+            grad_hidden = (unit_grad * g_all[:, None]).to(ctx.hidden_dtype)
+            return grad_hidden, None, None, None, None, None, None, None, None
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        ws = _workspace(token_chunk, hidden.shape[0], slices, weight)
+        f32 = dict(device=hidden.device, dtype=torch.float32)
+        grad_hidden = torch.zeros(hidden.shape, **f32) if needs[0] else None  # [N, H]
+        grads = _Grads(hidden=None,
+                       weight=torch.zeros(weight.shape, **f32) if needs[1] else None,  # [V, H]
+                       bias=torch.zeros(weight.shape[0], **f32) if needs[2] else None)  # [V]
+        for s in range(0, hidden.shape[0], token_chunk):
+            e = min(s + token_chunk, hidden.shape[0])
+            h = hidden[s:e]
+            grads.hidden = None if grad_hidden is None else grad_hidden[s:e]
+            for a, b in slices:
+                z = ws.logits(h, weight, bias, a, b, tf)  # recomputed, [n, b - a] fp32
+                cap = tf.softcap_factor(z)
+                p = z.sub_(lse[s:e, None]).exp_()  # softmax of the full vocabulary, on this slice
+                _backprop_slice(ws, p, cap, h, weight, targets[s:e], g_all[s:e], tf, a, b, grads)
+        return (
+            None if grad_hidden is None else grad_hidden.to(hidden.dtype),
+            None if grads.weight is None else grads.weight.to(weight.dtype),
+            None if grads.bias is None else grads.bias.to(bias.dtype),
+            None, None, None, None, None, None,
+        )
+
+
+def _check_inputs(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None,
+                  temperature: float, softcap: float | None, token_chunk: int,
+                  vocab_chunk: int | None) -> None:
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"expected hidden [N, H] and weight [V, H], got {tuple(hidden.shape)} "
+                         f"and {tuple(weight.shape)}")
+    if hidden.dtype != weight.dtype or (bias is not None and bias.dtype != weight.dtype):
+        raise ValueError(f"hidden, weight and bias must share a dtype, got {hidden.dtype}, "
+                         f"{weight.dtype} and {None if bias is None else bias.dtype}")
+    if targets.shape != hidden.shape[:1] or targets.dtype != torch.long:
+        raise ValueError(f"targets must be a long tensor of shape [{hidden.shape[0]}], got "
+                         f"{targets.dtype} {tuple(targets.shape)}")
+    if targets.numel() and not 0 <= int(targets.min()) <= int(targets.max()) < weight.shape[0]:
+        raise ValueError(f"targets must be token ids in [0, {weight.shape[0]}), got values in "
+                         f"[{int(targets.min())}, {int(targets.max())}]")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"bias must have shape [{weight.shape[0]}], got {tuple(bias.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be > 0 or None, got {softcap}")
+    if token_chunk < 1 or (vocab_chunk is not None and vocab_chunk < 1):
+        raise ValueError(f"chunk sizes must be >= 1, got token_chunk={token_chunk}, "
+                         f"vocab_chunk={vocab_chunk}")
+
+
+def chunked_token_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
+    token_chunk: int | None = None,
+    vocab_chunk: int | None = None,
+    return_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``log p(targets)`` under ``softmax(z)``, ``z`` as in the module docstring, chunk by chunk.
+
+    Args:
+        hidden: ``[N, H]`` final hidden states (fp32 or bf16/fp16).
+        weight: ``[V, H]`` LM-head weight (possibly tied to the input embeddings, possibly frozen).
+        targets: ``[N]`` long, the token whose log-prob is wanted.
+        bias: ``[V]`` head bias, if the model has one.
+        temperature, logit_scale, softcap: the logit transform (module docstring).
+        token_chunk: tokens per chunk (None: ``auto_token_chunk``); the working set is two or
+            three (with softcap) float32 ``[token_chunk, V]`` blocks, e.g. 1.2 GiB for 1024
+            tokens and V = 151,936.
+        vocab_chunk: vocabulary rows per chunk (None: whole vocabulary at once); the blocks are
+            then ``[token_chunk, vocab_chunk]`` (with a frozen head, backward then recomputes the
+            logits instead of reusing those of the forward pass).
+        return_entropy: also return the entropy of ``softmax(z)`` (without gradient).
+
+    Returns:
+        ``(logp [N] float32, entropy [N] float32 or None)``.  Peak memory never holds ``[N, V]``.
+        Under ``torch.no_grad()`` (or when no input needs grad) nothing is saved for backward.
+    """
+    if token_chunk is None:
+        token_chunk = auto_token_chunk(weight.shape[0], vocab_chunk)
+    _check_inputs(hidden, weight, targets, bias, temperature, softcap, token_chunk, vocab_chunk)
+    tf = _LogitTransform(float(temperature), float(logit_scale), softcap)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden, weight, bias))
+    if not needs_grad:
+        return _no_grad_logprobs(hidden, weight, bias, targets, tf, token_chunk, vocab_chunk,
+                                 return_entropy)
+    head_frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
+    precompute = head_frozen and len(_vocab_slices(weight.shape[0], vocab_chunk)) == 1
+    return _ChunkedHeadLogprob.apply(hidden, weight, bias, targets, tf, token_chunk, vocab_chunk,
+                                     return_entropy, precompute)
+
+
+@torch.no_grad()
+def _no_grad_logprobs(hidden, weight, bias, targets, tf, token_chunk, vocab_chunk, want_entropy):
+    """The inference path (reference / old log-probs): chunk by chunk, nothing kept."""
+    slices = _vocab_slices(weight.shape[0], vocab_chunk)
+    ws = _workspace(token_chunk, hidden.shape[0], slices, weight)
+    logp, entropy = [], []
+    for s in range(0, hidden.shape[0], token_chunk):
+        e = min(s + token_chunk, hidden.shape[0])
+        lse, z_y, ent = _chunk_forward(ws, hidden[s:e], weight, bias, targets[s:e], tf, slices,
+                                       want_entropy)
+        logp.append(z_y - lse)
+        if ent is not None:
+            entropy.append(ent)
+    if not logp:  # no tokens at all
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if want_entropy else None)
+    return torch.cat(logp), (torch.cat(entropy) if want_entropy else None)
+
+
+def naive_token_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
+    token_chunk: int | None = None,
+    vocab_chunk: int | None = None,
+    return_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Reference: full ``[N, V]`` logits, ``log_softmax`` and gather (tests and benchmarks only).
+
+    Same contract as ``chunked_token_logprobs``; the chunk arguments are accepted and ignored.
+    The logits are formed in the input dtype (as a model's ``lm_head`` would) and then upcast.
+    """
+    del token_chunk, vocab_chunk
+    _check_inputs(hidden, weight, targets, bias, temperature, softcap, 1, None)
+    logits = torch.nn.functional.linear(hidden, weight, bias).float()  # [N, V]
+    # Each transform below allocates another [N, V] tensor, so it is applied only when not a no-op.
+    if logit_scale != 1.0:
+        logits = logits * logit_scale
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)  # [N, V]
+    logp = logp_all.gather(1, targets[:, None]).squeeze(1)  # [N]
+    if not return_entropy:
+        return logp, None
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy.detach()

@@ -1,0 +1,205 @@
+"""Per-token log-probabilities of completions under a Hugging Face causal LM, memory-lean.
+
+``completion_logprobs`` runs the model's backbone once, keeps the final hidden states of the
+positions that predict the completion, and sends them through the LM head chunk by chunk
+(``chunked_token_logprobs``), so that the ``[rows, tokens, vocab]`` logits never exist.
+
+The LM head of a causal LM is read by ``lm_head_spec``; besides its weight (and bias) a few model
+families transform the logits, and these config fields are honoured:
+
+    ===========================  =====================  ====================================
+    config field                 families               effect on the head output ``a``
+    ===========================  =====================  ====================================
+    ``logit_scale``              Cohere, Cohere2        ``a * logit_scale``
+    ``logits_scaling``           Granite, GraniteMoE    ``a / logits_scaling``
+    ``final_logit_softcapping``  Gemma 2, Gemma 3       ``cap * tanh(a / cap)`` (after scale)
+    ===========================  =====================  ====================================
+
+Any other head-side transform a model family applies in its ``forward`` is not seen here; the
+tests compare the result against ``model(...).logits`` for the families above and for Qwen2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from slimgrpo.loss.chunked_head import (
+    auto_token_chunk,
+    chunked_token_logprobs,
+    naive_token_logprobs,
+)
+
+__all__ = [
+    "HeadSpec",
+    "auto_token_chunk",
+    "chunked_token_logprobs",
+    "completion_logprobs",
+    "completion_position_ids",
+    "lm_head_spec",
+    "naive_token_logprobs",
+    "unwrap_causal_lm",
+]
+
+
+@dataclass
+class HeadSpec:
+    """What the chunked head needs to reproduce a model's logits: ``z = T(h W^T + b)``."""
+
+    weight: Tensor  # [V, H] (the input embedding matrix itself when the head is tied)
+    bias: Tensor | None  # [V] or None
+    logit_scale: float = 1.0  # multiplies the head output (Cohere; 1 / logits_scaling for Granite)
+    softcap: float | None = None  # final logit soft-capping (Gemma 2/3)
+
+
+def unwrap_causal_lm(model: nn.Module) -> nn.Module:
+    """The Hugging Face causal LM inside ``model`` (unwraps a peft ``PeftModel``).
+
+    peft injects LoRA layers into the base model in place, so calling the unwrapped model's
+    modules still runs the adapters (and ``PeftModel.disable_adapter()`` still switches them off).
+    """
+    if hasattr(model, "get_base_model") and callable(model.get_base_model):
+        model = model.get_base_model()
+    return model
+
+
+def _text_config(model: nn.Module):
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ValueError(f"{type(model).__name__} has no .config; pass a Hugging Face causal LM")
+    get_text = getattr(config, "get_text_config", None)
+    return get_text() if callable(get_text) else config
+
+
+def _active_head(head: nn.Module) -> nn.Module:
+    """Resolves peft wrappers around the LM head to the module whose weight is in use."""
+    if hasattr(head, "modules_to_save") and hasattr(head, "original_module"):
+        # peft ModulesToSaveWrapper (``modules_to_save=["lm_head"]``): a trainable copy per adapter.
+        if getattr(head, "disable_adapters", False):
+            return head.original_module
+        active = head.active_adapters
+        return head.modules_to_save[active[0]] if active else head.original_module
+    if hasattr(head, "base_layer"):
+        raise ValueError(
+            "the LM head carries a LoRA adapter, which the chunked head cannot apply; leave "
+            "'lm_head' out of LoraConfig.target_modules (use modules_to_save=['lm_head'] to train "
+            "it fully)"
+        )
+    return head
+
+
+def lm_head_spec(model: nn.Module) -> HeadSpec:
+    """Reads the LM head of any Hugging Face causal LM (peft-wrapped or not).
+
+    Weight and bias come from ``get_output_embeddings()``; the logit transform from the (text)
+    config: ``logit_scale`` (Cohere), ``logits_scaling`` (Granite, divides) and
+    ``final_logit_softcapping`` (Gemma 2/3).  Call it each time it is needed rather than caching
+    it: with peft ``modules_to_save`` the active head changes when adapters are disabled.
+    """
+    lm = unwrap_causal_lm(model)
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    if head is None:
+        raise ValueError(f"{type(lm).__name__} has no output embeddings (LM head); pass a "
+                         "causal LM such as AutoModelForCausalLM, not a bare backbone")
+    head = _active_head(head)
+    weight = getattr(head, "weight", None)
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        raise ValueError(f"LM head {type(head).__name__} has no [vocab, hidden] weight")
+    config = _text_config(lm)
+    scale = float(getattr(config, "logit_scale", None) or 1.0)
+    granite = getattr(config, "logits_scaling", None)
+    if granite:
+        scale /= float(granite)
+    softcap = getattr(config, "final_logit_softcapping", None)
+    return HeadSpec(weight=weight, bias=getattr(head, "bias", None), logit_scale=scale,
+                    softcap=float(softcap) if softcap else None)
+
+
+def completion_position_ids(attention_mask: Tensor) -> Tensor:
+    """Position of each token counted over real tokens only: ``cumsum(mask) - 1``, clamped at 0.
+
+    ``attention_mask`` [rows, L] -> [rows, L] long.  A left-padded prompt then starts at 0.
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
+
+
+def _check_completion_inputs(input_ids: Tensor, attention_mask: Tensor, num_tokens: int,
+                             completion_ids: Tensor, completion_mask: Tensor | None) -> None:
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(f"input_ids and attention_mask must both be [rows, P + T], got "
+                         f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}")
+    if not 1 <= num_tokens < input_ids.shape[1]:
+        raise ValueError(f"num_completion_tokens must be in [1, {input_ids.shape[1] - 1}] (a "
+                         f"prompt token is needed to predict the first one), got {num_tokens}")
+    expected = (input_ids.shape[0], num_tokens)
+    if tuple(completion_ids.shape) != expected:
+        raise ValueError(f"completion_ids must be [rows, T] = {list(expected)}, got "
+                         f"{tuple(completion_ids.shape)}")
+    if completion_mask is not None and tuple(completion_mask.shape) != expected:
+        raise ValueError(f"completion_mask must be [rows, T] = {list(expected)}, got "
+                         f"{tuple(completion_mask.shape)}")
+
+
+def completion_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    num_completion_tokens: int,
+    completion_ids: Tensor,
+    *,
+    temperature: float = 1.0,
+    token_chunk: int | None = None,
+    vocab_chunk: int | None = None,
+    return_entropy: bool = False,
+    completion_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """``log pi(o_t | q, o_<t)`` for every completion token, without full logits.
+
+    Args:
+        model: a Hugging Face causal LM, optionally wrapped in a peft ``PeftModel``.  It must be
+            callable module by module (not a DDP wrapper; FSDP2 ``fully_shard`` needs the caller
+            to unshard the root-held parameters, embeddings and head).
+        input_ids: ``[rows, P + T]`` left-padded prompt followed by right-padded completion.
+        attention_mask: ``[rows, P + T]`` 1 on real tokens (prompt and completion), 0 on padding.
+        num_completion_tokens: ``T``; the completion is the last ``T`` columns of ``input_ids``.
+        completion_ids: ``[rows, T]`` the completion tokens (``input_ids[:, -T:]``), the targets.
+        temperature: divides the logits, as during sampling.
+        token_chunk, vocab_chunk: passed to ``chunked_token_logprobs``.
+        return_entropy: also return the per-token entropy (no gradient).
+        completion_mask: ``[rows, T]`` bool, the tokens to score (default:
+            ``attention_mask[:, -T:]``); other positions get 0 and are never sent through the head.
+
+    Returns:
+        ``(logp [rows, T] float32, entropy [rows, T] float32 or None)``.
+
+    The backbone (``get_decoder()``) runs once with ``position_ids = cumsum(mask) - 1`` so left
+    padding does not shift positions; the hidden state at position ``P + t - 1`` predicts
+    completion token ``t``, i.e. columns ``-T-1 .. -2`` predict the last ``T`` tokens.
+    """
+    T = num_completion_tokens
+    _check_completion_inputs(input_ids, attention_mask, T, completion_ids, completion_mask)
+    lm = unwrap_causal_lm(model)
+    decoder = lm.get_decoder()
+    out = decoder(input_ids=input_ids, attention_mask=attention_mask,
+                  position_ids=completion_position_ids(attention_mask), use_cache=False)
+    hidden = out[0][:, -T - 1 : -1]  # [rows, T, H]
+    mask = (attention_mask[:, -T:] if completion_mask is None else completion_mask).bool()
+    head = lm_head_spec(lm)
+    logp_flat, entropy_flat = chunked_token_logprobs(
+        hidden[mask],  # [n, H], only the scored tokens
+        head.weight,
+        completion_ids[mask],  # [n]
+        bias=head.bias,
+        temperature=temperature,
+        logit_scale=head.logit_scale,
+        softcap=head.softcap,
+        token_chunk=token_chunk,
+        vocab_chunk=vocab_chunk,
+        return_entropy=return_entropy,
+    )
+    zeros = torch.zeros(mask.shape, device=logp_flat.device, dtype=torch.float32)  # [rows, T]
+    logp = zeros.masked_scatter(mask, logp_flat)
+    entropy = None if entropy_flat is None else zeros.masked_scatter(mask, entropy_flat)
+    return logp, entropy

@@ -1,0 +1,216 @@
+"""Rollout engines: turn a batch of prompts into ``num_generations`` sampled completions each.
+
+``RolloutEngine`` is the interface the trainer talks to; an external server (vLLM, SGLang) can
+implement it later. ``TorchRolloutEngine`` generates with the trainer's own live model -- no weight
+copy and nothing to synchronise after an optimizer step -- and is built for the cost profile of GRPO:
+
+* each prompt is prefilled once, then its KV cache is fanned out to the G rows of its group;
+* every decode step runs the decoder on one new token per row and the LM head on that position only;
+  Llama-shaped models use a lean step with a preallocated KV buffer (``decode.LlamaStepper``),
+  others the model's own forward; on CPU the LM head weight (optionally every linear layer) is
+  packed for oneDNN once per call;
+* sampling is inverse-CDF (``sampling.sample_next``), never ``multinomial`` over the vocabulary;
+* rows stop at EOS; finished rows are fed padding until enough of them pile up, then they are dropped
+  from the batch (and from the KV cache) so later steps get cheaper; the loop ends when all are done.
+
+The code is device-agnostic (everything lives on the model's device). It has been run on CPU only; on
+a GPU it should work as written (the per-step ``.any()`` checks cost one host sync each), but it has
+not been tested there and does not yet use a static cache or CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from ..types import Rollout
+from .decode import make_stepper
+from .model_parts import CausalLMParts, eval_mode
+from .sampling import SamplingParams, SamplingWorkspace, sample_next
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Anything that can sample ``num_generations`` completions for each prompt."""
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        num_generations: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        """Sample completions; row ``r`` of the result belongs to prompt ``r // num_generations``."""
+        ...
+
+
+class TorchRolloutEngine:
+    """Batched KV-cached generation over a live Hugging Face causal LM (optionally peft-wrapped).
+
+    Args:
+        model: the trainer's model: a ``transformers`` causal LM or a ``peft.PeftModel`` (active
+            adapters are used). Its train/eval mode is restored after every call.
+        max_batch_rows: most rows decoded at once (bounds KV-cache memory); ``None`` = all rows.
+            Rows are split in group order; a chunk prefills only the prompts it needs.
+        drop_finished_fraction: finished rows stay in the batch (fed padding) until they make up this
+            fraction of it, then the batch and its KV cache are compacted. 0 drops them at once.
+        pack_weights: which float32 CPU weights to pack for oneDNN during each call: ``"auto"`` and
+            ``"head"`` the LM head, ``"all"`` also the decoder's linear layers (faster for deeper
+            models; one more copy of the decoder weights while generating), ``"none"`` nothing.
+            See ``CausalLMParts.packed_weights``.
+        lean_decode: run decode steps through ``decode.LlamaStepper`` (Llama/Qwen2/Qwen3/Mistral
+            without sliding windows) instead of the model's own forward. ``None`` = where supported,
+            ``False`` = never, ``True`` = always (ValueError if the model is not supported).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        max_batch_rows: int | None = None,
+        drop_finished_fraction: float = 0.25,
+        pack_weights: str = "auto",
+        lean_decode: bool | None = None,
+    ) -> None:
+        if max_batch_rows is not None and (not isinstance(max_batch_rows, int) or max_batch_rows < 1):
+            raise ValueError(f"max_batch_rows must be a positive int or None, got {max_batch_rows!r}")
+        if not 0.0 <= drop_finished_fraction <= 1.0:
+            raise ValueError(f"drop_finished_fraction must be in [0, 1], got {drop_finished_fraction}")
+        self.parts = CausalLMParts(model)
+        self.max_batch_rows = max_batch_rows
+        self.drop_finished_fraction = drop_finished_fraction
+        if pack_weights not in ("auto", "head", "all", "none"):
+            raise ValueError(f"pack_weights must be 'auto', 'head', 'all' or 'none', got {pack_weights!r}")
+        self.pack_weights = pack_weights
+        self.lean_decode = lean_decode
+
+    # ------------------------------------------------------------------ public API
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        num_generations: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        """Sample ``num_generations`` completions for each prompt (see ``RolloutEngine``)."""
+        _check_prompts(prompt_ids)
+        if not isinstance(num_generations, int) or num_generations < 1:
+            raise ValueError(f"num_generations must be a positive int, got {num_generations!r}")
+        G = num_generations
+        rows = len(prompt_ids) * G
+        device = self.parts.device
+        chunk_rows = rows if self.max_batch_rows is None else min(rows, self.max_batch_rows)
+
+        pieces = []
+        packed = self.parts.packed_weights(chunk_rows, self.pack_weights)
+        with torch.no_grad(), eval_mode(self.parts.root), packed:
+            # no_grad rather than inference_mode: the returned ids feed the training forward later, and
+            # inference tensors cannot be saved for backward.
+            for start in range(0, rows, chunk_rows):
+                row_prompt = torch.arange(start, min(start + chunk_rows, rows)) // G  # [chunk] prompt index
+                pieces.append(self._generate_chunk(prompt_ids, row_prompt, params, generator, device))
+
+        T = max(int(p[2].max()) for p in pieces)  # longest completion over all rows
+        completion_ids = torch.cat([p[0][:, :T] for p in pieces])  # [rows, T]
+        sampler_logprobs = torch.cat([p[1][:, :T] for p in pieces])  # [rows, T]
+        lengths = torch.cat([p[2] for p in pieces])  # [rows]
+        is_truncated = torch.cat([p[3] for p in pieces])  # [rows]
+        completion_mask = torch.arange(T, device=device)[None, :] < lengths[:, None]  # [rows, T]
+        prompt_tensor, prompt_mask = _left_pad(prompt_ids, params.pad_token_id, device)
+        return Rollout(
+            prompt_ids=prompt_tensor,
+            prompt_mask=prompt_mask,
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            is_truncated=is_truncated,
+            sampler_logprobs=sampler_logprobs,
+            num_generations=G,
+        )
+
+    # ------------------------------------------------------------------ one chunk of rows
+    def _generate_chunk(
+        self,
+        prompt_ids: list[list[int]],
+        row_prompt: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        device: torch.device,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Generate for the rows whose prompt indices are ``row_prompt`` ([n] long, non-decreasing).
+
+        Returns ``(tokens [n, max_new], logprobs [n, max_new], lengths [n], is_truncated [n])``.
+        """
+        prompt_order, row_slot = torch.unique_consecutive(row_prompt, return_inverse=True)
+        ids, mask = _left_pad([prompt_ids[i] for i in prompt_order.tolist()], params.pad_token_id, device)
+        n, P, max_new = row_prompt.numel(), ids.shape[1], params.max_new_tokens
+        row_slot = row_slot.to(device)  # [n] which prefilled prompt each row extends
+
+        # Prefill each distinct prompt once (batch = prompts), left padding handled by mask + positions.
+        cache = DynamicCache(config=self.parts.config)
+        positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)  # [p, P]
+        hidden = self.parts.decoder(
+            input_ids=ids, attention_mask=mask.long(), position_ids=positions,
+            past_key_values=cache, use_cache=True,
+        ).last_hidden_state[:, -1]  # [p, H]
+        logits = self.parts.logits(hidden)[row_slot]  # [n, V]
+        # Fan the prompt's KV cache out to its rows (rows of one prompt are adjacent).
+        cache.batch_select_indices(row_slot)
+
+        stepper = make_stepper(self.parts, cache, mask[row_slot], max_new, self.lean_decode)
+        del cache  # the stepper holds what it needs
+
+        # Step-major outputs: each step writes one contiguous row (index_copy_), transposed at the end.
+        out_tokens = torch.full((max_new, n), params.pad_token_id, dtype=torch.long, device=device)
+        out_logprobs = torch.zeros(max_new, n, dtype=torch.float32, device=device)
+        lengths = torch.full((n,), max_new, dtype=torch.long, device=device)
+        ended = torch.zeros(n, dtype=torch.bool, device=device)  # [n] produced an EOS
+        alive = torch.arange(n, device=device)  # [b] chunk row held by each batch slot
+        done = torch.zeros(n, dtype=torch.bool, device=device)  # [b] finished, still in the batch
+        eos = torch.tensor(params.eos_token_ids, dtype=torch.long, device=device)
+        pad = torch.tensor(params.pad_token_id, dtype=torch.long, device=device)
+        workspace = SamplingWorkspace()
+
+        for t in range(max_new):
+            if t < params.min_new_tokens and eos.numel():
+                logits.index_fill_(1, eos, float("-inf"))  # EOS is not allowed yet
+            tokens, logprobs = sample_next(logits, params, generator, workspace=workspace)  # [b], [b]
+            tokens = torch.where(done, pad, tokens)
+            out_tokens[t].index_copy_(0, alive, tokens)
+            out_logprobs[t].index_copy_(0, alive, logprobs.masked_fill(done, 0.0))
+            hit = torch.isin(tokens, eos) & ~done  # [b] rows that end at this token
+            if bool(hit.any()):
+                lengths[alive[hit]] = t + 1
+                ended[alive[hit]] = True
+                done = done | hit
+            if t == max_new - 1 or bool(done.all()):
+                break
+            n_done = int(done.sum())
+            if n_done and n_done >= self.drop_finished_fraction * done.numel():
+                keep = (~done).nonzero().squeeze(1)  # [b'] slots still generating
+                stepper.select(keep)
+                alive, tokens, done = alive[keep], tokens[keep], done[keep]
+            logits = self.parts.logits(stepper.step(tokens))  # [b, V]
+
+        return out_tokens.t().contiguous(), out_logprobs.t().contiguous(), lengths, ~ended
+
+
+def _check_prompts(prompt_ids: list[list[int]]) -> None:
+    if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
+        raise ValueError("prompt_ids must be a non-empty list of token-id lists")
+    for i, p in enumerate(prompt_ids):
+        if not isinstance(p, (list, tuple)) or len(p) == 0:
+            raise ValueError(f"prompt_ids[{i}] must be a non-empty list of token ids, got {p!r}")
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists: ``(ids [B, P] long, mask [B, P] bool)``."""
+    P = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), P), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), P, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, P - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
+        mask[i, P - len(s):] = True
+    return ids.to(device), mask.to(device)
