@@ -1,4 +1,4 @@
-"""``slimgrpo train | plan | eval | report | demo``."""
+"""``slimgrpo train | plan | eval | report | export | demo``."""
 
 from __future__ import annotations
 
@@ -65,6 +65,16 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("run_dir", help="the run's output_dir")
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
+    x = sub.add_parser("export", help="merge a LoRA adapter into its base, or copy the adapter alone",
+                       description="Export a run's model: SOURCE is a run folder, a checkpoint, or an adapter/model "
+                                   "folder. By default a LoRA adapter is merged into its base and saved as one "
+                                   "plain Hugging Face folder.")
+    x.add_argument("source", help="run folder (uses final/), checkpoint folder, or adapter folder")
+    x.add_argument("--out", required=True, help="folder to write (must be new or empty)")
+    x.add_argument("--adapter-only", action="store_true", help="save the adapter alone (loads with peft)")
+    x.add_argument("--base", help="base model folder (default: the one the adapter names)")
+    x.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
     d = sub.add_parser("demo", help="watch GRPO improve a bundled tiny model on CPU in minutes",
                        description="Train the bundled tiny model on the bundled arithmetic task and print "
                                    "held-out accuracy before and after.")
@@ -130,6 +140,12 @@ def cmd_report(args) -> int:
     return report_command(args)
 
 
+def cmd_export(args) -> int:
+    from slimgrpo.export import export_command
+
+    return export_command(args)
+
+
 def cmd_demo(args) -> int:
     from slimgrpo.demo.run import run_demo
 
@@ -166,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     from slimgrpo.secrets import install_log_filter, scrub_text
 
     install_log_filter()
-    handlers = {"train": cmd_train, "plan": cmd_plan, "eval": cmd_eval, "report": cmd_report, "demo": cmd_demo}
+    handlers = {"train": cmd_train, "plan": cmd_plan, "eval": cmd_eval, "report": cmd_report, "demo": cmd_demo,
+                "export": cmd_export}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:
