@@ -129,8 +129,13 @@ def test_no_grad_path(vocab_chunk):
 
 @pytest.mark.parametrize("vocab_chunk", [None, 100])
 def test_bf16_within_bound(vocab_chunk):
-    """bf16 inputs: logits are rounded to bf16 by the matmul in both paths, so they agree to
-    ~1 bf16 ulp of the logits: |dlogp| <= 0.05 and gradients within 2% of their norm."""
+    """bf16 inputs: both paths round the logits to bf16 in the matmul, then work in fp32.
+
+    Bound: |d logp| and |d entropy| <= 0.05 (one bf16 ulp of a logit of magnitude <= 8, in case
+    the two matmuls round differently; 2e-6 observed on CPU) and gradients within 1% of their
+    norm (both round the logit gradient to bf16 for the matmuls, at different points; 0.3%
+    observed).
+    """
     hidden, weight, b, targets, upstream = _inputs(dtype=torch.bfloat16)
     got = _run(chunked_token_logprobs, hidden, weight, b, targets, upstream,
                token_chunk=TOKEN_CHUNK, vocab_chunk=vocab_chunk, temperature=0.8)
@@ -141,7 +146,7 @@ def test_bf16_within_bound(vocab_chunk):
     for g_got, g_ref, leaf in zip(got[2], ref[2], (hidden, weight, b), strict=True):
         assert g_got.dtype == leaf.dtype == torch.bfloat16
         rel = (g_got.float() - g_ref.float()).norm() / g_ref.float().norm()
-        assert rel <= 0.02
+        assert rel <= 0.01
 
 
 def test_auto_token_chunk_bounds_the_block():

@@ -21,8 +21,9 @@ The per-token losses are aggregated according to ``loss_type`` (``N`` = ``Normal
     dapo      sum_it l_it m_it / N.num_tokens  (token-level, arXiv:2503.14476)
     dr_grpo   sum_it l_it m_it / (N.num_sequences * max_completion_length)  arXiv:2503.20783
 
-``bnpo`` and ``dapo`` coincide here because the normaliser always counts the whole batch; both
-names are kept for users coming from TRL.  Because the divisors are totals over the whole batch
+The trainer fills ``Normaliser.num_tokens`` with the tokens of the whole batch for ``dapo`` (all ranks)
+and with this rank's tokens times the world size for ``bnpo`` (TRL's "local batch"); in one process the
+two coincide.  Because the divisors are totals over the whole batch
 (every micro-batch, every rank), summing micro-batch losses gives the batch loss exactly.
 """
 
