@@ -19,25 +19,7 @@ T_START = time.perf_counter()
 
 import torch  # noqa: E402
 
-RECORD_MARKER = "@@bench "
-
-
-def emit(record: dict) -> None:
-    print(RECORD_MARKER + json.dumps(record), flush=True)
-
-
-def peak_cuda_mib() -> float | None:
-    """Peak memory held by tensors (what the tables compare)."""
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return None
-
-
-def peak_cuda_reserved_mib() -> float | None:
-    """Peak memory held by the caching allocator (closer to what nvidia-smi shows)."""
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_reserved() / 2**20
-    return None
+from common import emit, peak_cuda_mib, peak_cuda_reserved_mib  # noqa: E402
 
 
 # TRL times `generate` in a ProfilingContext but only reports the duration to wandb/mlflow/trackio.

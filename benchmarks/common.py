@@ -52,6 +52,28 @@ PAD_TOKEN = "<|pad|>"
 # ----------------------------------------------------------------------------- sizes
 
 
+# ----------------------------------------------------------------------------- child records
+
+
+def emit(record: dict) -> None:
+    """One record of a benchmark child, parsed by run_measured in the parent."""
+    print(RECORD_MARKER + json.dumps(record), flush=True)
+
+
+def peak_cuda_mib() -> float | None:
+    """Peak memory held by tensors (what the tables compare); None without CUDA."""
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+
+
+def peak_cuda_reserved_mib() -> float | None:
+    """Peak memory held by the caching allocator (closer to what nvidia-smi shows); None without CUDA."""
+    import torch
+
+    return torch.cuda.max_memory_reserved() / 2**20 if torch.cuda.is_available() else None
+
+
 def parse_size(text: str) -> int:
     """``"8GiB"`` -> bytes. Accepts B, KiB, MiB, GiB, TiB, their decimal forms (KB, GB...) and plain numbers."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)\s*", text, flags=re.IGNORECASE)

@@ -230,17 +230,28 @@ def save_checkpoint(
         "extra": extra or {},
     }
     (tmp / "trainer_state.json").write_text(json.dumps(state))
-    for name in ("metrics.jsonl", "config.yaml"):  # the history up to this step, and what produced it
-        if (Path(output_dir) / name).is_file():
-            shutil.copyfile(Path(output_dir) / name, tmp / name)
+    copy_history(output_dir, tmp)
     _debug_kill("state", step)
     _fsync_tree(tmp)
+    finish_save(tmp, final, step, keep)
+    return final
+
+
+def copy_history(output_dir: str | Path, folder: Path) -> None:
+    """The metric history up to this step, and the config that produced it, travel with a checkpoint."""
+    for name in ("metrics.jsonl", "config.yaml"):
+        if (Path(output_dir) / name).is_file():
+            shutil.copyfile(Path(output_dir) / name, folder / name)
+
+
+def finish_save(tmp: Path, final: Path, step: int, keep: int) -> None:
+    """Marker (written last, with the file manifest), rename into place, prune: the crash-safe end of
+    every save, single-process or distributed."""
     _write_marker(tmp, step)
     _debug_kill("marker", step)
     _install(tmp, final)
     _debug_kill("rename", step)
-    _prune(root, keep, step)
-    return final
+    _prune(final.parent, keep, step)
 
 
 def _debug_kill(stage: str, step: int) -> None:

@@ -69,7 +69,7 @@ def save_checkpoint(
 
     root = ckpt.checkpoint_dir(output_dir)
     final = root / f"{ckpt.PREFIX}{step}"
-    tmp = root / f".tmp-{ckpt.PREFIX}{step}"
+    tmp = root / f"{ckpt.TMP_PREFIX}{step}"
     if dist.is_main:
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
@@ -88,17 +88,9 @@ def save_checkpoint(
         state = {"format": FORMAT, "step": step, "sampler": sampler_state, "scheduler": scheduler.state_dict(),
                  "world_size": dist.world_size, "strategy": strategy, "extra": extra or {}}
         (tmp / "trainer_state.json").write_text(json.dumps(state))
-        for name in ("metrics.jsonl", "config.yaml"):  # as single-process checkpoints: history and config
-            if (Path(output_dir) / name).is_file():
-                shutil.copyfile(Path(output_dir) / name, tmp / name)
+        ckpt.copy_history(output_dir, tmp)
         _fsync_files([tmp / "trainer_state.json", tmp / DCP_DIR / ".metadata"])
-        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-        (tmp / ckpt.MARKER).write_text(json.dumps({"step": step, "files": files}))  # checkpoint.problem reads it
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        for old in ckpt.list_complete(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        ckpt.finish_save(tmp, final, step, keep)
     dist.barrier()
     return final
 
