@@ -24,9 +24,9 @@ def test_config_reference_is_up_to_date():
     actual = gen.DOC_PATH.read_text() if gen.DOC_PATH.is_file() else ""
     if actual != expected:
         diff = "".join(list(difflib.unified_diff(actual.splitlines(True), expected.splitlines(True),
-                                                 "docs/config.md (committed)", "docs/config.md (from config.py)"))[:40])
+                                                 "docs/config.md (committed)", "docs/config.md (from the config package)"))[:40])
         raise AssertionError(
-            f"docs/config.md is out of date with src/slimgrpo/config.py. Regenerate it with:\n\n"
+            f"docs/config.md is out of date with src/slimgrpo/config/. Regenerate it with:\n\n"
             f"    {gen.COMMAND}\n\nFirst lines of the difference:\n{diff}"
         )
 

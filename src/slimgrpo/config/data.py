@@ -1,0 +1,34 @@
+"""The prompts section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass
+class DataConfig:
+    path: str = ""
+    """Prompts: a .jsonl/.json, .parquet or .csv file, a folder saved with ``datasets.save_to_disk``,
+    or a hub dataset name when the machine is online."""
+    split: str = "train"
+    """Split to use for folders with several splits and for hub datasets."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt: plain text or a conversation ``[{"role", "content"}, ...]``."""
+    prompt_template: str | None = None
+    """Build the prompt from columns instead, e.g. ``"Question: {question}\\nAnswer:"``."""
+    system_prompt: str | None = None
+    """System message put before each prompt when a chat template is used."""
+    chat_template: str | None = None
+    """Jinja chat template overriding the tokenizer's own."""
+    use_chat_template: Literal["auto", "always", "never"] = "auto"
+    """``auto``: apply the chat template to conversational prompts, and to plain prompts when the
+    tokenizer has one; ``never``: tokenize text as is."""
+    max_prompt_length: int = 512
+    """Longest prompt in tokens after the chat template."""
+    prompt_overflow: Literal["truncate", "skip", "error"] = "truncate"
+    """Longer prompts: keep their last ``max_prompt_length`` tokens, drop them (counted), or stop."""
+    shuffle: bool = True
+    """Shuffle prompts each epoch (seeded by ``run.seed``)."""
+    max_samples: int | None = None
+    """Use only the first N rows."""

@@ -1,0 +1,23 @@
+"""Memory tricks and the budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass
+class MemoryConfig:
+    micro_batch_size: int | None = None
+    """Completions per forward/backward pass; gradients accumulate over the step. None = all of a step."""
+    gradient_checkpointing: bool = False
+    """Recompute layer activations in backward instead of keeping them."""
+    offload_activations: bool = False
+    """Keep checkpointed layer inputs in CPU memory (needs ``gradient_checkpointing``)."""
+    optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
+    """``adamw_8bit``: bitsandbytes 8-bit AdamW on CUDA, torchao elsewhere when installed."""
+    budget: str | None = None
+    """Memory budget, e.g. ``16GiB``; ``auto`` = the device's free memory. The run is refused before
+    loading the model when the plan does not fit."""
+    fit: bool = False
+    """When the plan exceeds ``budget``, apply the suggested changes instead of refusing."""

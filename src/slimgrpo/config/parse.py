@@ -1,0 +1,194 @@
+"""From YAML and ``key=value`` overrides to a typed :class:`Config`, and back to YAML/JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from slimgrpo.config.errors import ConfigError
+from slimgrpo.config.schema import iter_fields, type_name
+from slimgrpo.config.tree import Config
+from slimgrpo.config.validate import validate_config
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check/convert a YAML value to the annotated type, or raise ConfigError naming the key."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        if type(value) in args:  # "all-linear" for list[str] | str stays a string
+            return value
+        # Try non-str members first so "3" is not kept as a string when int is allowed.
+        for a in sorted((a for a in args if a is not type(None)), key=lambda a: a is str):
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: {value!r} is not a {type_name(tp)}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            hint = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            extra = f" Did you mean {hint[0]!r}?" if hint else ""
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, choices))}.{extra}")
+        return value
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML reads "1e-6" as a string
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise AssertionError(f"unsupported config type {tp} for {key}")
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in names:
+            raise ConfigError(unknown_key_message(prefix + str(key)))
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value if value is not None else {}, prefix + key + ".")
+        else:
+            kwargs[key] = _coerce(value, tp, prefix + key)
+    return cls(**kwargs)
+
+
+def all_keys() -> list[str]:
+    return [k for k, *_ in iter_fields()]
+
+
+def unknown_key_message(key: str) -> str:
+    keys = all_keys()
+    leaf = key.rsplit(".", 1)[-1]
+    close = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
+    close += [k for k in keys if k.endswith("." + leaf) and k not in close]
+    hint = f" Did you mean {' or '.join(repr(c) for c in close[:3])}?" if close else ""
+    return f"unknown config key {key!r}.{hint} (`slimgrpo train --help-config` lists every key.)"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``loss.beta=0.04`` -> (["loss", "beta"], 0.04); the value is read as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.key=value (e.g. loss.beta=0.04)")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def merge_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = data
+        for p in parts[:-1]:
+            child = node.setdefault(p, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {p!r} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def from_dict(data: dict[str, Any], base_dir: str = ".") -> Config:
+    cfg = _build(Config, data, "")
+    cfg.base_dir = base_dir
+    return cfg
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] = (), validate: bool = True) -> Config:
+    """Read a YAML config (or start from defaults when ``path`` is None) and apply overrides."""
+    data = read_yaml(path) if path else {}
+    data = merge_overrides(data, list(overrides))
+    base = str(Path(path).resolve().parent) if path else os.getcwd()
+    cfg = from_dict(data, base_dir=base)
+    if validate:
+        validate_config(cfg)
+    return cfg
+
+
+def resolve_path(cfg: Config, path: str) -> str:
+    """A path from the config, relative to the config file's folder; kept as-is when absent there
+    and present relative to the working directory (or a hub name)."""
+    if not path or os.path.isabs(path):
+        return path
+    expanded = os.path.expanduser(path)
+    if expanded != path:
+        return expanded
+    candidate = os.path.join(cfg.base_dir, path)
+    if os.path.exists(candidate) or not os.path.exists(path):
+        return os.path.normpath(candidate) if os.path.exists(candidate) else path
+    return path
+
+
+def dump_config(cfg: Config, path: str | os.PathLike) -> None:
+    """Write the resolved config as YAML (secrets scrubbed)."""
+    from slimgrpo.secrets import scrub
+
+    Path(path).write_text(yaml.safe_dump(scrub(cfg.to_dict()), sort_keys=False))
+
+
+def config_to_json(cfg: Config) -> str:
+    from slimgrpo.secrets import scrub
+
+    return json.dumps(scrub(cfg.to_dict()), indent=2)

@@ -1,0 +1,23 @@
+"""The reward-functions section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class RewardsConfig:
+    functions: list[str] = field(default_factory=list)
+    """Reward functions: built-in names (``gsm8k_accuracy``, ``boxed_accuracy``, ``format_strict``,
+    ``format_lenient``, ``length``, ``code_execution``), ``package.module:function``, or
+    ``path/to/file.py:function`` (relative to the config file)."""
+    reward_weights: list[float] | None = None
+    """One weight per function (default all 1.0). The total reward is their weighted sum."""
+    on_error: Literal["raise", "zero", "skip"] = "raise"
+    """A function that raises or returns bad values: stop, score the row 0, or ignore it (NaN)."""
+    timeout_s: float | None = None
+    """Per-call time limit of a reward function (None = none)."""
+    isolation: Literal["thread", "process"] = "thread"
+    """Run reward functions in a worker thread (a call past ``timeout_s`` is abandoned but keeps running)
+    or in a forked process that is killed on timeout."""

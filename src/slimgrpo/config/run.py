@@ -1,0 +1,68 @@
+"""Run length, batch, seed, checkpoints; logging; distributed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = "outputs/run"
+    """Run folder (relative to the working directory): metrics.jsonl, summary.json, checkpoints/, the
+    final model."""
+    max_steps: int = 100
+    """Optimizer steps to train (each generates one batch)."""
+    batch_size: int = 64
+    """Completions per step across all processes (prompts per step x num_generations); must hold whole groups."""
+    seed: int = 42
+    """Seed for data order, sampling and initialisation."""
+    device: str = "auto"
+    """``auto`` (cuda when available, else cpu), ``cpu``, ``cuda``, ``cuda:1``."""
+    num_threads: int | None = None
+    """CPU threads for torch (None = torch's default)."""
+    save_steps: int = 0
+    """Write a checkpoint every N steps (0 = only at the end)."""
+    save_checkpoints: bool = True
+    """Write resumable checkpoints (weights, optimizer, RNG, data position); false = none at all."""
+    save_total_limit: int = 2
+    """Keep the newest N checkpoints."""
+    resume: str = "auto"
+    """``auto``: continue from the newest complete checkpoint in output_dir; ``never``; or a path."""
+    save_model: bool = True
+    """Save the trained model (or adapter) in Hugging Face format at the end."""
+    max_nonfinite_steps: int = 3
+    """Stop after this many consecutive steps with a NaN/inf loss or gradient (each is skipped)."""
+
+
+@dataclass
+class LogConfig:
+    report_to: list[str] | str = "none"
+    """Extra metric sinks on top of metrics.jsonl: tensorboard, wandb, trackio, mlflow, none."""
+    logging_steps: int = 1
+    """Print a metrics line every N steps."""
+    log_completions_steps: int = 10
+    """Append sample completions (prompt, completion, rewards, advantage) every N steps (0 = never)."""
+    num_completions_to_log: int = 4
+    """How many completions each time."""
+    progress: bool = True
+    """Show a progress bar with ETA."""
+
+
+@dataclass
+class DistributedConfig:
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """How the ranks of ``torchrun --nproc_per_node N`` share the model (ignored in a single process).
+    ``ddp``: every rank holds the whole model and gradients are all-reduced (LoRA, models that fit one
+    device). ``fsdp``: FSDP2 ``fully_shard`` splits weights, gradients and optimizer state over the ranks
+    (full fine-tuning of models that do not fit one device); see ``fsdp_generation`` for sampling."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """Collective backend: ``auto`` = nccl when CUDA is available, gloo on CPU."""
+    timeout_s: float = 1800.0
+    """Longest a collective may wait for the other ranks before the job fails with a timeout error (a rank
+    that hangs or died). Must exceed the longest gap between ranks, e.g. one slow rollout plus rewards."""
+    fsdp_generation: Literal["gather", "per_layer"] = "gather"
+    """``fsdp`` only: how sampling reads sharded weights. ``gather``: all-gather the whole model once per
+    step and free it after the rollout (extra memory: one full copy of the weights). ``per_layer``: every
+    layer gathers its weights for each forward and frees them (extra memory ~ one layer plus embeddings
+    and LM head; one all-gather per layer per generated token, so much slower)."""

@@ -1,0 +1,54 @@
+"""The root of the configuration tree: one section per pipeline stage."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from slimgrpo.config.model import ModelConfig, LoraConfig
+from slimgrpo.config.data import DataConfig
+from slimgrpo.config.rollout import RolloutConfig
+from slimgrpo.config.rewards import RewardsConfig
+from slimgrpo.config.loss import LossConfig
+from slimgrpo.config.memory import MemoryConfig
+from slimgrpo.config.optim import OptimConfig
+from slimgrpo.config.run import RunConfig, LogConfig, DistributedConfig
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters (peft)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompts."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling completions."""
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    """Reward functions."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """The GRPO-family objective and advantages."""
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    """Memory tricks and the budget."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """Run length, batch, seed, checkpoints."""
+    log: LogConfig = field(default_factory=LogConfig)
+    """Logging."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Multi-process training under torchrun (DDP or FSDP2)."""
+
+    # Folder of the YAML file the config came from; relative paths resolve against it.
+    base_dir: str = field(default=".", repr=False, metadata={"internal": True})
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.run.batch_size // self.rollout.num_generations
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("base_dir", None)
+        return d
