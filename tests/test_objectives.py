@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -27,6 +28,11 @@ CASES = {
     "everything": dict(loss_type="dapo", epsilon=0.1, epsilon_high=0.3, delta=1.6, beta=0.1),
     "everything_sequence": dict(loss_type="grpo", importance_sampling_level="sequence",
                                 epsilon=0.1, epsilon_high=0.3, delta=1.6, beta=0.1),
+    "beta_no_bias_correction": dict(loss_type="dapo", beta=0.1, use_bias_correction_kl=False),
+    "beta_sequence_no_bias_correction": dict(loss_type="grpo", importance_sampling_level="sequence",
+                                             beta=0.1, use_bias_correction_kl=False),
+    "luspo": dict(loss_type="luspo"),
+    "luspo_sequence": dict(loss_type="luspo", importance_sampling_level="sequence", beta=0.05),
 }
 
 
@@ -63,6 +69,9 @@ def _naive_loss(logp, old, ref, advantages, mask, s: LossSettings, norm: Normali
             term = -min(capped * adv, clipped * adv)
             d = ref[i, t] - logp[i, t]
             kl = torch.exp(d) - d - 1
+            if s.use_bias_correction_kl:  # times the ratio; at sequence level the plain s_i
+                kl = kl * (torch.exp(logp[i, t] - old[i, t]) if s.importance_sampling_level == "token"
+                           else torch.exp(seq_log_ratio))
             if s.beta > 0:
                 term = term + s.beta * kl
             row = row + term
@@ -73,11 +82,18 @@ def _naive_loss(logp, old, ref, advantages, mask, s: LossSettings, norm: Normali
             total = total + row / len(tokens) / norm.num_sequences
         elif s.loss_type in ("bnpo", "dapo"):
             total = total + row / norm.num_tokens
+        elif s.loss_type == "luspo":
+            total = total + row / norm.num_sequences
         else:
             total = total + row / (norm.num_sequences * s.max_completion_length)
     n = len(kls)
     stats = dict(kl=sum(kls) / n, clip_ratio_low=sum(lows) / n, clip_ratio_high=sum(highs) / n,
                  clip_ratio_region=(sum(lows) + sum(highs)) / n)
+    if s.importance_sampling_level == "sequence":  # one clip flag per sequence (TRL logs them so)
+        starts = [0] + list(itertools.accumulate(int(mask[i].sum()) for i in range(logp.shape[0])))
+        per_seq = lambda flags: sum(flags[a] for a in starts[:-1]) / (len(starts) - 1)  # noqa: E731
+        stats.update(clip_ratio_low=per_seq(lows), clip_ratio_high=per_seq(highs),
+                     clip_ratio_region=per_seq([a or b for a, b in zip(lows, highs)]))
     return total, stats
 
 
@@ -110,7 +126,7 @@ def test_example_exercises_clipping():
     assert capped < plain  # some negative-advantage token has a ratio above delta
 
 
-@pytest.mark.parametrize("case", ["grpo", "dapo", "dr_grpo_sequence", "everything_sequence"])
+@pytest.mark.parametrize("case", ["grpo", "dapo", "dr_grpo_sequence", "everything_sequence", "luspo"])
 def test_micro_batches_sum_to_batch(case):
     """Two micro-batches with the whole-batch normaliser give the full batch's loss and grad."""
     settings = LossSettings(**CASES[case])

@@ -79,3 +79,5 @@ class LossStats:
     clip_ratio_high: float = 0.0  # fraction of tokens clipped at 1 + epsilon_high (positive advantage)
     clip_ratio_region: float = 0.0  # fraction of tokens whose ratio lies outside the trust region
     entropy: float = 0.0
+    clip_count: int = 0  # what the clip fractions are means over: tokens, or sequences (GSPO, VESPO)
+    extra: dict[str, float] = field(default_factory=dict)  # loss-type statistics, means over clip_count

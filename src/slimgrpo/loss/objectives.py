@@ -11,19 +11,29 @@ arXiv:2402.14740; computed by ``slimgrpo.advantages``)::
                     c_it = r_it, or min(r_it, delta) with the two-sided cap of INTELLECT-2
                            (arXiv:2505.07291), which bounds the loss of negative-advantage tokens
                     eps_high > eps is DAPO's "clip-higher" (arXiv:2503.14476)
-    KL penalty      l_it += beta * k3_it,  k3 = exp(ref - logp) - (ref - logp) - 1
+    other policy terms (cispo, sapo, vespo) and the token masks (off-policy sequences, top-entropy
+                    tokens) that multiply l_it: see ``policy_losses``
+    KL penalty      l_it += beta * w_it * k3_it,  k3 = exp(ref - logp) - (ref - logp) - 1
                            (Schulman 2020, "Approximating KL divergence"; unbiased, >= 0)
+                    w_it = r_it (token level) or s_i (sequence level, gradient through every token
+                           of the row) when ``use_bias_correction_kl`` (TRL 1.16's default, DeepSeek-V3.2,
+                           arXiv:2512.02556): the KL gradient becomes the unbiased reverse-KL gradient
+                           under off-policy samples; it changes the gradient even on-policy, where
+                           w = 1 in value but d w / d logp = w.  w_it = 1 otherwise.
 
 The per-token losses are aggregated according to ``loss_type`` (``N`` = ``Normaliser``)::
 
-    grpo      sum_i (sum_t l_it m_it / |o_i|) / N.num_sequences           arXiv:2402.03300
-    bnpo      sum_it l_it m_it / N.num_tokens
-    dapo      sum_it l_it m_it / N.num_tokens  (token-level, arXiv:2503.14476)
-    dr_grpo   sum_it l_it m_it / (N.num_sequences * max_completion_length)  arXiv:2503.20783
+    grpo, sapo       sum_i (sum_t l_it m_it / |o_i|) / N.num_sequences      arXiv:2402.03300
+    bnpo             sum_it l_it m_it / N.num_tokens
+    dapo, cispo,     sum_it l_it m_it / N.num_tokens  (token-level, arXiv:2503.14476)
+      vespo
+    dr_grpo          sum_it l_it m_it / (N.num_sequences * max_completion_length)  arXiv:2503.20783
+    luspo            sum_it l_it m_it / N.num_sequences  (each sequence weighted by its length,
+                                                          LUSPO, arXiv:2602.05261)
 
-The trainer fills ``Normaliser.num_tokens`` with the tokens of the whole batch for ``dapo`` (all ranks)
-and with this rank's tokens times the world size for ``bnpo`` (TRL's "local batch"); in one process the
-two coincide.  Because the divisors are totals over the whole batch
+The trainer fills ``Normaliser.num_tokens`` with the tokens of the whole batch for token-mean types
+(all ranks) and with this rank's tokens times the world size for ``bnpo`` (TRL's "local batch"); in
+one process the two coincide.  Because the divisors are totals over the whole batch
 (every micro-batch, every rank), summing micro-batch losses gives the batch loss exactly.
 """
 
@@ -35,23 +45,44 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from slimgrpo.loss.policy_losses import (
+    cispo_term,
+    clipped_surrogate,
+    entropy_threshold,
+    high_entropy_mask,
+    off_policy_keep,
+    sapo_term,
+    vespo_term,
+    vespo_weights,
+)
 from slimgrpo.types import LossStats
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo", "luspo")
+CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the clipped surrogate
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
 @dataclass(frozen=True)
 class LossSettings:
-    """Which member of the GRPO family to optimise (names follow TRL's ``GRPOConfig``)."""
+    """Which member of the GRPO family to optimise (names and defaults follow TRL 1.16's ``GRPOConfig``)."""
 
-    loss_type: str = "dapo"  # how per-token losses are averaged, see the module docstring
+    loss_type: str = "dapo"  # how per-token losses are formed and averaged, see the module docstring
     importance_sampling_level: str = "token"  # "token" (GRPO) or "sequence" (GSPO)
     epsilon: float = 0.2  # lower clip: ratios below 1 - epsilon stop pushing down
-    epsilon_high: float | None = None  # upper clip 1 + epsilon_high; None: epsilon (DAPO: 0.28)
+    epsilon_high: float | None = None  # upper clip 1 + epsilon_high; None: epsilon (DAPO: 0.28);
+    # for cispo the cap eps_max on the ratio itself (ScaleRL: 5.0)
     delta: float | None = None  # cap on the unclipped ratio (INTELLECT-2); None means no cap
     beta: float = 0.0  # weight of the k3 KL penalty to the reference policy; 0 needs no reference
     max_completion_length: int | None = None  # fixed divisor of dr_grpo (required for it)
+    use_bias_correction_kl: bool = True  # KL term times the importance ratio (TRL 1.16 default)
+    sapo_temperature_pos: float = 1.0  # SAPO gate temperature for A > 0
+    sapo_temperature_neg: float = 1.05  # SAPO gate temperature for A <= 0
+    vespo_k_pos: float = 2.0  # VESPO exponent k for A >= 0
+    vespo_lambda_pos: float = 3.0  # VESPO decay lambda for A >= 0
+    vespo_k_neg: float = 3.0  # VESPO exponent k for A < 0
+    vespo_lambda_neg: float = 2.0  # VESPO decay lambda for A < 0
+    off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2 sequence mask; None = off
+    top_entropy_quantile: float = 1.0  # keep the policy term on this top fraction of tokens by entropy
 
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_TYPES:
@@ -75,6 +106,19 @@ class LossSettings:
         if self.loss_type == "dr_grpo" and self.max_completion_length is None:
             raise ValueError("loss_type='dr_grpo' divides by a constant max_completion_length; "
                              "set max_completion_length")
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos",
+                     "vespo_lambda_neg"):
+            if not getattr(self, name) > 0.0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("vespo_k_pos", "vespo_k_neg"):
+            if not getattr(self, name) >= 0.0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.off_policy_mask_threshold is not None and not self.off_policy_mask_threshold > 0:
+            raise ValueError(f"off_policy_mask_threshold must be > 0 or None (DeepSeek-V3.2 uses "
+                             f"e.g. 0.5), got {self.off_policy_mask_threshold}")
+        if not 0.0 <= self.top_entropy_quantile <= 1.0:
+            raise ValueError(f"top_entropy_quantile must be in [0, 1], got "
+                             f"{self.top_entropy_quantile}")
 
     @property
     def upper_epsilon(self) -> float:
@@ -114,15 +158,21 @@ def token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     return logp - old_logp
 
 
+def _row_mean_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """``sum_t m_it (logp_it - old_it) / |o_i|`` -> [rows], with gradient."""
+    m = mask.to(logp.dtype)
+    return ((logp - old_logp) * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+
+
 def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     """GSPO-token log-ratio: ``sg(log s_i) + logp_it - sg(logp_it)`` -> [rows, T].
 
     Its value is the sequence log-ratio ``log s_i = sum_t m_it (logp_it - old_it) / |o_i|`` on
     every token, and its gradient wrt ``logp_it`` is 1, so ``d s_it / d logp_it = s_i``
-    (GSPO, arXiv:2507.18071, eq. for GSPO-token).
+    (GSPO, arXiv:2507.18071, eq. for GSPO-token).  For any term ``f(s_i)`` summed over a row's
+    tokens this gives the same gradient as the plain sequence ratio broadcast over the row (TRL).
     """
-    m = mask.to(logp.dtype)
-    seq = ((logp - old_logp) * m).sum(-1) / m.sum(-1).clamp(min=1.0)  # [rows]
+    seq = _row_mean_log_ratio(logp, old_logp, mask)  # [rows]
     return seq.detach()[:, None] + logp - logp.detach()
 
 
@@ -132,20 +182,16 @@ _LOG_RATIO: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
 }
 
 
-# --- per-token terms ----------------------------------------------------------------------------
+def kl_weight(logp: Tensor, old_logp: Tensor, mask: Tensor, level: str) -> Tensor:
+    """The bias-correction weight of the KL term: ``r_it`` [rows, T] or ``s_i`` [rows, 1].
 
-
-def clipped_surrogate(
-    ratio: Tensor, advantages: Tensor, epsilon: float, epsilon_high: float, delta: float | None
-) -> Tensor:
-    """``-min(c A, clip(r, 1 - eps, 1 + eps_high) A)``, ``c = min(r, delta)`` or ``r`` -> [rows, T].
-
-    ``ratio`` [rows, T], ``advantages`` [rows].
+    At sequence level it is the plain sequence ratio, whose gradient reaches every token of the row
+    (``d s_i / d logp_it = s_i / |o_i|``): the KL term is not a function of the ratio alone, so
+    the GSPO-token form would give another gradient than TRL's broadcast product.
     """
-    adv = advantages[:, None]  # [rows, 1]
-    unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
-    clipped = torch.clamp(ratio, 1.0 - epsilon, 1.0 + epsilon_high)
-    return -torch.minimum(unclipped * adv, clipped * adv)
+    if level == "token":
+        return torch.exp(logp - old_logp)
+    return torch.exp(_row_mean_log_ratio(logp, old_logp, mask))[:, None]
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -172,11 +218,19 @@ def _constant_length(loss: Tensor, mask: Tensor, s: LossSettings, n: Normaliser)
     return (loss * mask.to(loss.dtype)).sum() / (n.num_sequences * s.max_completion_length)
 
 
+def _sequence_sum(loss: Tensor, mask: Tensor, s: LossSettings, n: Normaliser) -> Tensor:
+    return (loss * mask.to(loss.dtype)).sum() / n.num_sequences
+
+
 _AGGREGATE: dict[str, Callable[[Tensor, Tensor, LossSettings, Normaliser], Tensor]] = {
     "grpo": _sequence_mean,
+    "sapo": _sequence_mean,
     "bnpo": _token_mean,
     "dapo": _token_mean,
+    "cispo": _token_mean,
+    "vespo": _token_mean,
     "dr_grpo": _constant_length,
+    "luspo": _sequence_sum,
 }
 assert set(_AGGREGATE) == set(LOSS_TYPES)
 
@@ -207,6 +261,20 @@ def _masked_means(values: list[Tensor], mask: Tensor) -> list[float]:
     return stacked.tolist()
 
 
+def policy_term(logp: Tensor, old: Tensor, ratio: Tensor, advantages: Tensor, mask: Tensor,
+                s: LossSettings) -> tuple[Tensor, dict[str, Tensor]]:
+    """The per-token policy loss of ``s.loss_type`` -> ([rows, T], per-type quantities for stats)."""
+    if s.loss_type == "cispo":
+        return cispo_term(logp, ratio, advantages, s.upper_epsilon), {}
+    if s.loss_type == "sapo":
+        return sapo_term(ratio, advantages, s.sapo_temperature_pos, s.sapo_temperature_neg), {}
+    if s.loss_type == "vespo":
+        phi = vespo_weights(logp, old, mask, advantages, s.vespo_k_pos, s.vespo_lambda_pos,
+                            s.vespo_k_neg, s.vespo_lambda_neg)
+        return vespo_term(logp, phi, advantages), {"phi": phi}
+    return clipped_surrogate(ratio, advantages, s.epsilon, s.upper_epsilon, s.delta), {}
+
+
 def grpo_loss(
     logp: Tensor,
     old_logp: Tensor | None,
@@ -215,6 +283,8 @@ def grpo_loss(
     mask: Tensor,
     settings: LossSettings,
     norm: Normaliser,
+    entropy: Tensor | None = None,
+    entropy_cut: Tensor | float | None = None,
 ) -> tuple[Tensor, LossStats]:
     """The GRPO-family loss of one micro-batch (module docstring for the equations).
 
@@ -227,27 +297,70 @@ def grpo_loss(
         mask: ``[rows, T]`` bool, True on completion tokens that count.
         settings: the objective.
         norm: whole-batch totals, so that micro-batch losses sum to the batch loss.
+        entropy: ``[rows, T]`` per-token entropy of the policy (no grad); needed only when
+            ``top_entropy_quantile < 1``.
+        entropy_cut: the entropy threshold of the whole batch (``policy_losses.entropy_threshold``);
+            None computes it from this micro-batch's tokens (TRL's behaviour, where it is taken per
+            micro-batch).
 
     Returns:
         ``(loss, stats)``: a scalar whose gradient flows to ``logp``, and detached ``LossStats``
-        (``kl``, ``clip_ratio_*`` as masked token means of this micro-batch; ``entropy`` left 0
-        for the trainer to fill).
+        (``kl``, ``clip_ratio_*`` as means of this micro-batch over its tokens, or over its
+        sequences at sequence level, counted in ``clip_count``; ``entropy`` left 0 for the trainer).
     """
     _check_shapes(logp, old_logp, ref_logp, advantages, mask, settings.beta)
+    s = settings
     mask = mask.bool()
     old = logp.detach() if old_logp is None else old_logp
-    ratio = torch.exp(_LOG_RATIO[settings.importance_sampling_level](logp, old, mask))  # [rows, T]
-    eps_low, eps_high = settings.epsilon, settings.upper_epsilon
-    per_token = clipped_surrogate(ratio, advantages, eps_low, eps_high, settings.delta)
+    ratio = torch.exp(_LOG_RATIO[s.importance_sampling_level](logp, old, mask))  # [rows, T]
+    per_token, parts = policy_term(logp, old, ratio, advantages, mask, s)
+    if s.off_policy_mask_threshold is not None:
+        keep = off_policy_keep(logp, old, mask, advantages, s.off_policy_mask_threshold)
+        per_token = per_token * keep[:, None].to(per_token.dtype)
+    if s.top_entropy_quantile < 1.0:
+        if entropy is None:
+            raise ValueError("top_entropy_quantile < 1 needs the per-token entropy")
+        cut = entropy_threshold(entropy, mask, s.top_entropy_quantile) if entropy_cut is None \
+            else entropy_cut
+        per_token = per_token * high_entropy_mask(entropy, mask, cut).to(per_token.dtype)
     kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
-    if settings.beta > 0.0:
-        per_token = per_token + settings.beta * kl
-    loss = _AGGREGATE[settings.loss_type](per_token, mask, settings, norm)
+    if s.use_bias_correction_kl and ref_logp is not None:
+        kl = kl * kl_weight(logp, old, mask, s.importance_sampling_level)
+    if s.beta > 0.0:
+        per_token = per_token + s.beta * kl
+    loss = _AGGREGATE[s.loss_type](per_token, mask, s, norm)
+    return loss, _stats(ratio, advantages, mask, kl, parts, s)
 
+
+def _stats(ratio: Tensor, advantages: Tensor, mask: Tensor, kl: Tensor, parts: dict[str, Tensor],
+           s: LossSettings) -> LossStats:
+    """Clip fractions per token, or per sequence at sequence level (as TRL logs them)."""
     adv = advantages[:, None]
-    low = (ratio < 1.0 - eps_low) & (adv < 0)  # [rows, T]
-    high = (ratio > 1.0 + eps_high) & (adv > 0)
-    kl_mean, low_mean, high_mean, region_mean = _masked_means([kl, low, high, low | high], mask)
-    stats = LossStats(kl=kl_mean, clip_ratio_low=low_mean, clip_ratio_high=high_mean,
-                      clip_ratio_region=region_mean)
-    return loss, stats
+    eps_low, eps_high = s.epsilon, s.upper_epsilon
+    extra_names: list[str] = []
+    if s.loss_type == "cispo":
+        flags = [(ratio > eps_high) & (adv > 0)]
+        extra_names = ["cispo_clip_ratio"]
+    elif s.loss_type in CLIPPED_LOSS_TYPES:
+        low = (ratio < 1.0 - eps_low) & (adv < 0)  # [rows, T]
+        high = (ratio > 1.0 + eps_high) & (adv > 0)
+        flags = [low, high, low | high]
+    else:
+        flags = []
+    if s.loss_type == "vespo":
+        flags = [parts["phi"][:, None].expand_as(mask)]
+        extra_names = ["vespo/phi_seq_mean"]
+    kl_mean = _masked_means([kl], mask)[0]
+    if s.importance_sampling_level == "sequence" or s.loss_type == "vespo":
+        rows = mask.any(dim=1)  # one value per sequence: the first token carries it
+        count = int(rows.sum())
+        means = [float((f[:, 0].float() * rows).sum()) / max(count, 1) for f in flags]
+    else:
+        count = int(mask.sum())
+        means = _masked_means(flags, mask) if flags else []
+    stats = LossStats(kl=kl_mean, clip_count=count)
+    if extra_names:
+        stats.extra = dict(zip(extra_names, means))
+    elif means:
+        stats.clip_ratio_low, stats.clip_ratio_high, stats.clip_ratio_region = means
+    return stats
