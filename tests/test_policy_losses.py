@@ -127,7 +127,7 @@ def test_masks_and_caps_fire_on_the_example():
     norm = Normaliser.of(mask)
 
     def value(**kw):
-        return float(grpo_loss(logp, old, ref, adv, mask, LossSettings(**kw), norm, entropy=ent)[0])
+        return float(grpo_loss(logp, old, ref, adv, mask, LossSettings(**kw), norm, entropy=ent)[0].detach())
 
     assert value(loss_type="cispo", epsilon_high=1.2) != value(loss_type="cispo", epsilon_high=50.0)
     assert value(off_policy_mask_threshold=0.05) != value()

@@ -1,15 +1,20 @@
 """Group-relative advantages: small pure functions over a [rows] reward vector.
 
 Rows are group-major: row r belongs to prompt r // G (G = ``num_generations``).
+
+A reward of NaN marks an unscorable row (every reward function returned ``None``). As in TRL 1.16,
+such a row is left out of its group's mean and std (and of the batch std), and its advantage is 0.
+A group with a single scorable row has no std (NaN): with std scaling its advantage is 0 too (TRL).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 
 EPS = 1e-4  # added to the std so groups with (almost) no spread do not explode, as in TRL
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 def group_view(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
@@ -20,8 +25,19 @@ def group_view(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
     return rewards.view(rows // num_generations, num_generations)
 
 
+def nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """Unbiased (n - 1) std over the non-NaN entries; NaN where fewer than two."""
+    d = dim if dim is not None else tuple(range(x.dim()))
+    mean = torch.nanmean(x, dim=d, keepdim=True)
+    count = (~torch.isnan(x)).sum(dim=d, keepdim=True).to(x.dtype)
+    var = torch.nansum((x - mean) ** 2, dim=d, keepdim=True) / (count - 1)
+    var = torch.where(count > 1, var, torch.full_like(var, float("nan")))
+    std = var.sqrt()
+    return std if keepdim else std.squeeze(d) if dim is not None else std.reshape(())
+
+
 def grpo_advantages(
-    rewards: torch.Tensor,  # [rows]
+    rewards: torch.Tensor,  # [rows], NaN = unscorable
     num_generations: int,
     scale_rewards: Literal["group", "batch", "none"] = "group",
     batch_std: torch.Tensor | None = None,
@@ -31,28 +47,55 @@ def grpo_advantages(
     ``scale_rewards``: ``group`` divides by the group's std, ``batch`` by the std of all rewards
     in the batch (``batch_std`` may pass the all-reduced value in distributed runs), ``none`` not at all
     (Dr. GRPO, arXiv:2503.20783, drops the std to remove a difficulty bias). The std is the unbiased
-    (n - 1) estimate, matching ``torch.std``.
+    (n - 1) estimate, matching ``torch.std``. Means and stds skip NaN rows.
     """
     grouped = group_view(rewards.float(), num_generations)
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    centred = grouped - torch.nanmean(grouped, dim=1, keepdim=True)
     if scale_rewards == "group":
-        centred = centred / (grouped.std(dim=1, keepdim=True) + EPS)
+        centred = centred / (nanstd(grouped, dim=1, keepdim=True) + EPS)
     elif scale_rewards == "batch":
-        std = batch_std if batch_std is not None else rewards.float().std()
+        std = batch_std if batch_std is not None else nanstd(rewards.float())
         centred = centred / (std + EPS)
     elif scale_rewards != "none":
         raise ValueError(f"scale_rewards must be group, batch or none, got {scale_rewards!r}")
-    return centred.reshape(-1)
+    return torch.nan_to_num(centred.reshape(-1), nan=0.0)
 
 
 def rloo_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:  # [rows]
     """Leave-one-out baseline (RLOO, Ahmadian et al., arXiv:2402.14740):
-    A_i = r_i - (sum_j r_j - r_i) / (G - 1)  =  G / (G - 1) * (r_i - mean(r))."""
+    A_i = r_i - (sum_j r_j - r_i) / (G - 1)  =  G / (G - 1) * (r_i - mean(r)).
+
+    With unscorable (NaN) rows the sum and G run over the scorable rows only (TRL's RLOOTrainer); a
+    group with a single scorable row has no baseline and gets advantage 0."""
     if num_generations < 2:
         raise ValueError("RLOO needs at least 2 completions per prompt")
     grouped = group_view(rewards.float(), num_generations)
-    others = (grouped.sum(dim=1, keepdim=True) - grouped) / (num_generations - 1)
-    return (grouped - others).reshape(-1)
+    scorable = (~torch.isnan(grouped)).sum(dim=1, keepdim=True).to(grouped.dtype)
+    others = (torch.nansum(grouped, dim=1, keepdim=True) - grouped) / (scorable - 1)
+    return torch.nan_to_num((grouped - others).reshape(-1), nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def normalize_then_sum(per_function: torch.Tensor, weights: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """GDPO (arXiv:2601.05242): each function normalised within its group, then the weighted sum -> [rows].
+
+    ``per_function`` [rows, F] (NaN = that function returned None). Rows where every function is NaN
+    stay NaN (unscorable)."""
+    rows, F = per_function.shape
+    grouped = per_function.float().view(rows // num_generations, num_generations, F)
+    mean = torch.nanmean(grouped, dim=1, keepdim=True)
+    std = nanstd(grouped, dim=1, keepdim=True)
+    normed = ((grouped - mean) / (std + EPS)).view(rows, F)
+    total = torch.nansum(normed * weights.float()[None, :], dim=1)
+    return torch.where(torch.isnan(per_function).all(dim=1), torch.full_like(total, float("nan")), total)
+
+
+def batch_normalised(rewards: torch.Tensor, mean: torch.Tensor | None = None,
+                     std: torch.Tensor | None = None) -> torch.Tensor:
+    """(r - mean(r)) / (std(r) + eps) over the whole batch, NaN rows left out and given 0."""
+    r = rewards.float()
+    mean = torch.nanmean(r) if mean is None else mean
+    std = nanstd(r) if std is None else std
+    return torch.nan_to_num((r - mean) / (std + EPS), nan=0.0)
 
 
 def compute_advantages(
@@ -68,7 +111,22 @@ def compute_advantages(
     return grpo_advantages(rewards, num_generations, scale_rewards, batch_std)
 
 
+def global_nan_moments(x: torch.Tensor, all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and unbiased std of the non-NaN entries of ``x`` over every rank (``all_reduce_sum``)."""
+    ok = ~torch.isnan(x)
+    v = torch.where(ok, x, torch.zeros_like(x)).double()
+    s = all_reduce_sum(torch.stack([v.sum(), (v * v).sum(), ok.sum().double()]))
+    n = s[2]
+    mean = s[0] / n.clamp(min=1)
+    var = (s[1] - s[0] ** 2 / n.clamp(min=1)) / (n - 1).clamp(min=1)
+    std = var.clamp(min=0).sqrt()
+    if float(n) < 2:
+        std = torch.full_like(std, float("nan"))
+    return mean.float(), std.float()
+
+
 def zero_std_fraction(rewards: torch.Tensor, num_generations: int) -> float:
-    """Fraction of groups whose rewards are all equal (they carry no learning signal)."""
+    """Fraction of groups whose scorable rewards are all equal (they carry no learning signal)."""
     grouped = group_view(rewards.float(), num_generations)
-    return float((grouped.std(dim=1) < 1e-6).float().mean())
+    return float((nanstd(grouped, dim=1) < 1e-6).float().mean())

@@ -214,5 +214,15 @@ def build_policy(cfg: Config) -> Policy:
         base_causal_lm(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if cfg.lora.enabled:
             base_causal_lm(model).enable_input_require_grads()
+    if cfg.model.disable_dropout:
+        disable_dropout(model)
     model.train()
     return Policy(model, tokenizer, device, dtype, reference_cpu)
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """p = 0 in every ``nn.Dropout`` (TRL's ``disable_dropout_in_model``); returns how many were set."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    for m in layers:
+        m.p = 0.0
+    return len(layers)

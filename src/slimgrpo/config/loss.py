@@ -8,9 +8,11 @@ from typing import Literal
 
 @dataclass
 class LossConfig:
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo", "luspo"] = "dapo"
     """Aggregation: grpo = mean per sequence then over sequences; bnpo = mean over the batch's tokens;
-    dr_grpo = sum / (sequences x max_completion_length); dapo = mean over all tokens of the global batch."""
+    dr_grpo = sum / (sequences x max_completion_length); dapo = mean over all tokens of the global batch;
+    cispo (MiniMax-M1) = capped, detached ratio times A log p; sapo = soft sigmoid gate instead of the clip;
+    vespo = gamma-weighted sequence ratio; luspo = GSPO with each sequence weighted by its length (docs/loss.md)."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """Importance ratio per token (GRPO) or per sequence (GSPO)."""
     beta: float = 0.0
@@ -21,10 +23,34 @@ class LossConfig:
     """Upper clipping bound (clip-higher, DAPO); None = epsilon."""
     delta: float | None = None
     """Two-sided clipping: cap the unclipped ratio at delta (INTELLECT-2); None = off."""
+    use_bias_correction_kl: bool = True
+    """Multiply the KL term by the importance ratio (DeepSeek-V3.2; TRL 1.16's default). Changes the KL
+    gradient whenever beta > 0, on-policy too."""
+    sapo_temperature_pos: float = 1.0
+    """sapo: gate temperature for positive advantages."""
+    sapo_temperature_neg: float = 1.05
+    """sapo: gate temperature for zero or negative advantages."""
+    vespo_k_pos: float = 2.0
+    """vespo: power k of the gamma weight for advantages >= 0."""
+    vespo_lambda_pos: float = 3.0
+    """vespo: decay lambda of the gamma weight for advantages >= 0."""
+    vespo_k_neg: float = 3.0
+    """vespo: power k of the gamma weight for negative advantages."""
+    vespo_lambda_neg: float = 2.0
+    """vespo: decay lambda of the gamma weight for negative advantages."""
+    off_policy_mask_threshold: float | None = None
+    """Drop from the policy loss sequences with a negative advantage whose mean (old - new) log-prob exceeds
+    this (DeepSeek-V3.2, e.g. 0.5); None = off."""
+    top_entropy_quantile: float = 1.0
+    """Keep the policy loss only on this top fraction of tokens by entropy (0.2 in "Beyond the 80/20 rule";
+    0 = only the highest-entropy token, 1 = all)."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """Divide advantages by the reward std of the group, of the whole batch, or not at all."""
     advantage_estimator: Literal["grpo", "rloo"] = "grpo"
     """``grpo``: reward minus group mean; ``rloo``: reward minus mean of the other completions."""
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
+    """How several reward functions combine: weighted sum then group advantages, or (GDPO) normalise each
+    function within its group, sum with the weights, then normalise over the batch."""
     mask_truncated_completions: bool = False
     """Leave completions that hit ``max_completion_length`` out of the loss."""
     num_iterations: int = 1

@@ -20,6 +20,9 @@ class ModelConfig:
     """Attention kernel passed to transformers (``sdpa``, ``eager``, ``flash_attention_2``)."""
     load_in_4bit: bool = False
     """QLoRA: load the frozen base in 4-bit NF4 through bitsandbytes (CUDA only; needs ``lora.enabled``)."""
+    disable_dropout: bool = False
+    """Set every dropout layer's p to 0 (TRL's ``disable_dropout``, default False there too): log-probs of the
+    update then match those of sampling and of the reference. Includes LoRA dropout."""
 
 
 @dataclass

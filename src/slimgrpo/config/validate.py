@@ -61,6 +61,7 @@ def validate_config(cfg: Config) -> None:
     if L.delta is not None and L.delta <= 1:
         raise ConfigError(f"loss.delta caps the ratio and must be > 1 (e.g. 2.0), got {L.delta}")
     _positive(L.beta, "loss.beta", allow_zero=True)
+    _validate_objective(L)
     _positive(L.num_iterations, "loss.num_iterations")
     if L.token_chunk is not None:
         _positive(L.token_chunk, "loss.token_chunk")
@@ -92,6 +93,47 @@ def validate_config(cfg: Config) -> None:
             "distributed.strategy=fsdp shards full fine-tuning; LoRA adapters are small, so every rank can hold "
             "the model: use distributed.strategy=ddp with lora.enabled=true"
         )
+
+
+def _validate_objective(L) -> None:
+    """The TRL 1.16 objective options (loss types, masks, reward aggregation)."""
+    if L.loss_type == "cispo" and L.epsilon_high is None:
+        raise ConfigError(
+            "loss.loss_type=cispo caps the importance ratio at loss.epsilon_high itself (not 1 + epsilon_high): "
+            "set it, e.g. loss.epsilon_high=5.0 as in ScaleRL (TRL would silently cap at epsilon=0.2)"
+        )
+    for key in ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
+        _positive(getattr(L, key), f"loss.{key}")
+    for key in ("vespo_k_pos", "vespo_k_neg"):
+        _positive(getattr(L, key), f"loss.{key}", allow_zero=True)
+    if L.off_policy_mask_threshold is not None and L.off_policy_mask_threshold <= 0:
+        raise ConfigError(f"loss.off_policy_mask_threshold must be > 0 (e.g. 0.5) or null (off), "
+                          f"got {L.off_policy_mask_threshold}")
+    if not 0 <= L.top_entropy_quantile <= 1:
+        raise ConfigError(f"loss.top_entropy_quantile must be in [0, 1] (1 = every token, 0.2 as in the paper), "
+                          f"got {L.top_entropy_quantile}")
+    if L.multi_objective_aggregation == "normalize_then_sum" and L.advantage_estimator == "rloo":
+        raise ConfigError(
+            "loss.multi_objective_aggregation=normalize_then_sum forms advantages itself (per-function group "
+            "normalisation, then the batch): it does not combine with loss.advantage_estimator=rloo"
+        )
+
+
+def loss_warnings(cfg: Config) -> list[str]:
+    """Legal but probably unintended objective settings; TRL 1.16 warns about the same ones."""
+    L, out = cfg.loss, []
+    if L.importance_sampling_level == "sequence" and L.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
+        out.append(
+            f"loss.importance_sampling_level=sequence with loss.loss_type={L.loss_type}: this loss sums per-token "
+            "contributions, which weights each sequence by its completion length instead of optimising the "
+            "per-sequence objective. To reproduce the GSPO paper's setup, set loss.loss_type=grpo."
+        )
+    if L.loss_type == "luspo" and L.importance_sampling_level != "sequence":
+        out.append("loss.loss_type=luspo: set loss.importance_sampling_level=sequence to mirror the paper's setup.")
+    if L.loss_type == "vespo" and L.importance_sampling_level != "token":
+        out.append("loss.loss_type=vespo computes sequence-level weights itself: "
+                   "loss.importance_sampling_level should stay token (the default).")
+    return out
 
 
 def auto_token_chunk(vocab_size: int, budget_bytes: int = 64 * 2**20) -> int:

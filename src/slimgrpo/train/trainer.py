@@ -17,10 +17,13 @@ from typing import Any, Callable
 
 import torch
 
-from slimgrpo.advantages import compute_advantages, zero_std_fraction
+from slimgrpo import advantages as adv
+from slimgrpo.advantages import zero_std_fraction
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
 from slimgrpo.data import PromptDataset, PromptSampler, load_prompt_dataset
-from slimgrpo.loss.objectives import LossSettings, Normaliser
+from slimgrpo.config.validate import loss_warnings
+from slimgrpo.loss.objectives import Normaliser
+from slimgrpo.loss.settings import loss_settings
 from slimgrpo.modeling import Policy, build_policy, looks_like_hub_name, max_positions, read_model_config
 from slimgrpo.rewards.loading import load_reward_functions
 from slimgrpo.rewards.runner import RewardRunner
@@ -32,7 +35,7 @@ from slimgrpo.train import launch
 from slimgrpo.train.distributed import DistContext, from_environment
 from slimgrpo.train.metrics import MetricsWriter, console_line, masked_stats, peak_memory_mib
 from slimgrpo.train.optim import build_optimizer, build_scheduler
-from slimgrpo.train.update import UpdateBatch, accumulate_gradients, batch_logprobs, make_update_batch
+from slimgrpo.train.update import UpdateBatch, accumulate_gradients, batch_logprobs, entropy_cut, make_update_batch
 from slimgrpo.types import PromptBatch, RewardOutput, Rollout
 
 log = logging.getLogger("slimgrpo")
@@ -117,11 +120,9 @@ class Trainer:
             from slimgrpo.modeling import base_causal_lm
 
             cfg.loss.token_chunk = auto_token_chunk(base_causal_lm(self.policy.model).config.vocab_size)
-        self.loss_settings = LossSettings(
-            loss_type=cfg.loss.loss_type, importance_sampling_level=cfg.loss.importance_sampling_level,
-            epsilon=cfg.loss.epsilon, epsilon_high=cfg.loss.epsilon_high, delta=cfg.loss.delta,
-            beta=cfg.loss.beta, max_completion_length=r.max_completion_length,
-        )
+        self.loss_settings = loss_settings(cfg)
+        for warning in loss_warnings(cfg) if self.dist.is_main else []:
+            log.warning(warning)
         backends = []
         if self.dist.is_main:  # one run per job in wandb / mlflow, not one per rank
             from slimgrpo.logging_backends import make_backends
@@ -209,12 +210,20 @@ class Trainer:
         return self.reward_runner.score(prompts, completions, ids, columns)
 
     def compute_advantages(self, rewards: RewardOutput) -> torch.Tensor:
-        total = torch.nan_to_num(rewards.total, nan=0.0)
+        """Unscorable rows (every function returned None) are NaN here: left out of the baselines, advantage 0."""
+        L, G = self.cfg.loss, self.cfg.rollout.num_generations
+        unscorable = torch.isnan(rewards.per_function).all(dim=1)
+        total = torch.where(unscorable, torch.full_like(rewards.total, float("nan")), rewards.total)
+        if L.multi_objective_aggregation == "normalize_then_sum":
+            weights = torch.tensor(self.reward_runner.weights, dtype=torch.float32)
+            total = adv.normalize_then_sum(rewards.per_function, weights, G)
+            mean, std = adv.global_nan_moments(total.to(self.policy.device), self.dist.all_reduce_sum)
+            return adv.batch_normalised(total.to(self.policy.device), mean, std)
         batch_std = None
-        if self.cfg.loss.scale_rewards == "batch" and self.dist.enabled:
-            batch_std = _global_std(total, self.dist)
-        return compute_advantages(total, self.cfg.rollout.num_generations, self.cfg.loss.advantage_estimator,
-                                  self.cfg.loss.scale_rewards, batch_std).to(self.policy.device)
+        if L.scale_rewards == "batch" and self.dist.enabled:
+            batch_std = adv.global_nan_moments(total.to(self.policy.device), self.dist.all_reduce_sum)[1].cpu()
+        return adv.compute_advantages(total, G, L.advantage_estimator, L.scale_rewards,
+                                      batch_std).to(self.policy.device)
 
     def prepare_update(self, rollout: Rollout, advantages: torch.Tensor) -> UpdateBatch:
         cfg = self.cfg
@@ -225,6 +234,7 @@ class Trainer:
         if cfg.loss.beta > 0:
             with self.policy.reference() as ref_model:
                 update.ref_logp = batch_logprobs(ref_model, update, *args)
+        update.entropy_cut = entropy_cut(self.model, update, cfg.loss.top_entropy_quantile, *args)
         return update
 
     def normaliser(self, update: UpdateBatch) -> Normaliser:
@@ -292,13 +302,17 @@ class Trainer:
         m["completions/max_length"] = float(all_len.max())
         m["completions/clipped_ratio"] = float(all_trunc.mean())
         # Token means of each rank, weighted by its tokens: the same numbers as one process with every row.
-        n = float(stats.tokens)
-        local = torch.tensor([stats.kl * n, stats.entropy * n, stats.clip_ratio_low * n, stats.clip_ratio_high * n,
-                              stats.clip_ratio_region * n, n, stats.loss], dtype=torch.float64)
-        *sums, tokens, loss = d.all_reduce_sum(local.to(self.policy.device)).cpu().tolist()
-        kl, ent, lo, hi, reg = (v / max(tokens, 1.0) for v in sums)
+        # Clip ratios: means over tokens, or over sequences at importance_sampling_level=sequence (as TRL).
+        n, c = float(stats.tokens), float(stats.clip_count)
+        extra = sorted(stats.extra)  # the same keys on every rank (they depend on the loss type only)
+        local = torch.tensor([stats.kl * n, stats.entropy * n, n, stats.loss, stats.clip_ratio_low * c,
+                              stats.clip_ratio_high * c, stats.clip_ratio_region * c, c]
+                             + [stats.extra[k] * c for k in extra], dtype=torch.float64)
+        kl, ent, tokens, loss, lo, hi, reg, clips, *ex = d.all_reduce_sum(local.to(self.policy.device)).cpu().tolist()
+        kl, ent = kl / max(tokens, 1.0), ent / max(tokens, 1.0)
+        lo, hi, reg, *ex = (v / max(clips, 1.0) for v in (lo, hi, reg, *ex))
         m.update({"loss": loss, "kl": kl, "entropy": ent, "clip_ratio/low_mean": lo,  # loss: the sum of the shares
-                  "clip_ratio/high_mean": hi, "clip_ratio/region_mean": reg})
+                  "clip_ratio/high_mean": hi, "clip_ratio/region_mean": reg, **dict(zip(extra, ex))})
         m["grad_norm"] = grad_norm
         m["learning_rate"] = self.scheduler.get_last_lr()[0]
         m["update_skipped"] = int(skipped)
@@ -418,10 +432,3 @@ def _generation_eos(model) -> list[int]:
         return []
     return list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
-
-def _global_std(x: torch.Tensor, dist: DistContext) -> torch.Tensor:
-    s = torch.stack([x.sum(), (x * x).sum(), torch.tensor(float(x.numel()), device=x.device)]).double()
-    s = dist.all_reduce_sum(s)
-    n = s[2]
-    var = (s[1] - s[0] ** 2 / n) / (n - 1).clamp(min=1)
-    return var.clamp(min=0).sqrt().float()

@@ -24,6 +24,7 @@ class UpdateBatch:
     advantages: torch.Tensor  # [rows]
     old_logp: torch.Tensor | None = None  # [rows, T] (num_iterations > 1)
     ref_logp: torch.Tensor | None = None  # [rows, T] (beta > 0)
+    entropy_cut: torch.Tensor | None = None  # whole-batch entropy threshold (top_entropy_quantile < 1)
 
     @property
     def rows(self) -> int:
@@ -73,17 +74,22 @@ def model_logprobs(model, *args, **kwargs):
 
 
 def batch_logprobs(model, batch: UpdateBatch, micro: int | None, temperature: float, token_chunk: int,
-                   vocab_chunk: int | None) -> torch.Tensor:
-    """[rows, T] log-probs without gradients (old / reference policy), micro-batch by micro-batch."""
+                   vocab_chunk: int | None, want_entropy: bool = False):
+    """[rows, T] log-probs without gradients (old / reference policy), micro-batch by micro-batch.
+    ``want_entropy``: return ``(logp, entropy)``, both [rows, T]."""
     out = torch.zeros(batch.rows, batch.T, dtype=torch.float32, device=batch.input_ids.device)
+    ent = torch.zeros_like(out) if want_entropy else None
     dev = next(model.parameters()).device  # the full-fine-tuning reference may live on the CPU
     with torch.no_grad():
         for sl in micro_slices(batch.rows, micro):
             ids, am, comp, ts = trimmed(batch, sl)
-            logp, _ = model_logprobs(model, ids.to(dev), am.to(dev), comp.shape[1], comp.to(dev),
-                                     temperature=temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk)
+            logp, e = model_logprobs(model, ids.to(dev), am.to(dev), comp.shape[1], comp.to(dev),
+                                     temperature=temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk,
+                                     return_entropy=want_entropy)
             out[sl, ts] = logp.float().to(out.device)
-    return out
+            if ent is not None:
+                ent[sl, ts] = e.float().to(out.device)
+    return (out, ent) if want_entropy else out
 
 
 @dataclass
@@ -95,6 +101,7 @@ class UpdateStats:
     clip_ratio_high: float = 0.0
     clip_ratio_region: float = 0.0
     tokens: int = 0
+    clip_count: int = 0  # what the clip ratios average over: tokens, or sequences at sequence level
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -125,7 +132,7 @@ def accumulate_gradients(
     essentially the checkpointed layer inputs; recomputation in backward happens outside this context,
     so it stays on the device. Gradients are unchanged (the same values make the round trip)."""
     stats = UpdateStats()
-    weight_sum = 0
+    weight_sum = clip_sum = 0
     slices = micro_slices(batch.rows, micro)
     for i, sl in enumerate(slices):
         ids, am, comp, ts = trimmed(batch, sl)
@@ -138,26 +145,46 @@ def accumulate_gradients(
                                                return_entropy=True)
             old = batch.old_logp[sl, ts] if batch.old_logp is not None else None
             ref = batch.ref_logp[sl, ts] if batch.ref_logp is not None else None
-            loss, ls = grpo_loss(logp, old, ref, batch.advantages[sl], mask, settings, norm)
+            loss, ls = grpo_loss(logp, old, ref, batch.advantages[sl], mask, settings, norm,
+                                 entropy=entropy, entropy_cut=batch.entropy_cut)
             (loss * loss_scale).backward()
         n = int(mask.sum())
         stats.loss += float(loss.detach())
         if n:
             stats.kl += ls.kl * n
-            stats.clip_ratio_low += ls.clip_ratio_low * n
-            stats.clip_ratio_high += ls.clip_ratio_high * n
-            stats.clip_ratio_region += ls.clip_ratio_region * n
+            c = ls.clip_count  # tokens, or sequences at sequence level
+            stats.clip_ratio_low += ls.clip_ratio_low * c
+            stats.clip_ratio_high += ls.clip_ratio_high * c
+            stats.clip_ratio_region += ls.clip_ratio_region * c
+            for key, value in ls.extra.items():
+                stats.extra[key] = stats.extra.get(key, 0.0) + value * c
+            clip_sum += c
             if entropy is not None:
                 stats.entropy += float((entropy.detach().float() * mask).sum())
         weight_sum += n
-    d = max(weight_sum, 1)
+    d, dc = max(weight_sum, 1), max(clip_sum, 1)
     stats.kl /= d
-    stats.clip_ratio_low /= d
-    stats.clip_ratio_high /= d
-    stats.clip_ratio_region /= d
+    stats.clip_ratio_low /= dc
+    stats.clip_ratio_high /= dc
+    stats.clip_ratio_region /= dc
+    stats.extra = {k: v / dc for k, v in stats.extra.items()}
     stats.entropy /= d
     stats.tokens = weight_sum
+    stats.clip_count = clip_sum
     return stats
+
+
+def entropy_cut(model, batch: UpdateBatch, quantile: float, micro: int | None, temperature: float,
+                token_chunk: int, vocab_chunk: int | None) -> torch.Tensor | None:
+    """The whole batch's entropy threshold for ``top_entropy_quantile``, from a no-grad pass; None when
+    the update is a single micro-batch (the loss then takes it from that micro-batch: the same value,
+    recomputed every iteration with the current policy, as TRL does)."""
+    if quantile >= 1.0 or micro is None or micro >= batch.rows:
+        return None
+    from slimgrpo.loss.policy_losses import entropy_threshold
+
+    _, ent = batch_logprobs(model, batch, micro, temperature, token_chunk, vocab_chunk, want_entropy=True)
+    return entropy_threshold(ent, batch.loss_mask, quantile)
 
 
 def offload_context(enabled: bool, device: torch.device):
