@@ -144,3 +144,65 @@ def test_micro_batched_clip_stats_equal_whole_batch(monkeypatch, level):
     for key in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_region"):
         assert getattr(st, key) == pytest.approx(getattr(whole, key)), key
     assert st.clip_ratio_region > 0
+
+
+def test_steps_per_generation_slices_the_batch(tmp_path, tiny_model_dir, monkeypatch):
+    """One generation of 8 completions, 2 slices x 2 iterations = 4 optimizer steps on 4-row slices, each
+    with its own normaliser, all against the old log-probs taken once after generation."""
+    from slimgrpo.train import trainer as trainer_mod
+
+    seen = []
+    real = trainer_mod.accumulate_gradients
+
+    def spy(model, part, settings, norm, *args, **kw):
+        seen.append((part.rows, norm.num_sequences, part.old_logp is not None,
+                     float(part.advantages.abs().sum())))
+        return real(model, part, settings, norm, *args, **kw)
+
+    monkeypatch.setattr(trainer_mod, "accumulate_gradients", spy)
+    cfg = make_config(tmp_path, tiny_model_dir, "run.max_steps=1", "run.save_model=false",
+                      "loss.steps_per_generation=2", "loss.num_iterations=2")
+    run_training(cfg)
+    assert [s[:3] for s in seen] == [(4, 4, True)] * 4
+    assert seen[0][3] == seen[2][3] and seen[1][3] == seen[3][3]  # iteration 2 revisits the same slices
+    last = _records(tmp_path)[-1]
+    assert last["grad_norm"] is not None
+    with pytest.raises(ConfigError, match="steps_per_generation"):
+        make_config(tmp_path, tiny_model_dir, "loss.steps_per_generation=3")
+
+
+def test_sync_reference_mixes_weights(tmp_path, tiny_model_dir):
+    from slimgrpo.modeling import build_policy
+
+    cfg = make_config(tmp_path, tiny_model_dir, "loss.beta=0.04", "loss.sync_ref_model=true")
+    policy = build_policy(cfg)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(0.5)
+    before = {k: v.clone() for k, v in policy.reference_cpu.named_parameters()}
+    policy.sync_reference(0.25)
+    for name, p in policy.model.named_parameters():
+        want = 0.25 * p.detach() + 0.75 * before[name]
+        torch.testing.assert_close(dict(policy.reference_cpu.named_parameters())[name], want)
+
+
+def test_sync_ref_model_every_n_optimizer_steps(tmp_path, tiny_model_dir, monkeypatch):
+    from slimgrpo.modeling import Policy
+
+    calls = []
+    monkeypatch.setattr(Policy, "sync_reference", lambda self, alpha: calls.append(alpha))
+    cfg = make_config(tmp_path, tiny_model_dir, "run.max_steps=3", "run.save_model=false", "loss.beta=0.04",
+                      "loss.sync_ref_model=true", "loss.ref_model_sync_steps=4", "loss.num_iterations=2",
+                      "loss.ref_model_mixup_alpha=0.3")
+    run_training(cfg)
+    assert calls == [0.3]  # 6 optimizer steps: a sync after the 4th
+
+
+@pytest.mark.parametrize("overrides, word", [
+    (["loss.sync_ref_model=true"], "beta"),
+    (["loss.sync_ref_model=true", "loss.beta=0.1", "lora.enabled=true"], "LoRA"),
+    (["loss.sync_ref_model=true", "loss.beta=0.1", "loss.ref_model_mixup_alpha=2"], "ref_model_mixup_alpha"),
+])
+def test_sync_ref_model_validation(tmp_path, tiny_model_dir, overrides, word):
+    with pytest.raises(ConfigError, match=word):
+        make_config(tmp_path, tiny_model_dir, *overrides)

@@ -187,6 +187,18 @@ class Policy:
         else:
             raise RuntimeError("no reference policy: loss.beta is 0")
 
+    @torch.no_grad()
+    def sync_reference(self, alpha: float) -> None:
+        """TR-DPO (arXiv:2404.09656): ``ref = alpha * policy + (1 - alpha) * ref``, parameter by parameter
+        (full fine-tuning; a sharded FSDP2 parameter is gathered first, on every rank)."""
+        if self.reference_cpu is None:
+            raise RuntimeError("sync_reference needs the full-fine-tuning reference copy (loss.beta > 0, no LoRA)")
+        ref = dict(self.reference_cpu.named_parameters())
+        for name, p in base_causal_lm(self.model).named_parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            r = ref[name]
+            r.mul_(1.0 - alpha).add_(full.detach().to(r.device, r.dtype), alpha=alpha)
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 

@@ -55,6 +55,17 @@ class LossConfig:
     """Leave completions that hit ``max_completion_length`` out of the loss."""
     num_iterations: int = 1
     """Optimizer steps per generated batch (mu in the GRPO paper); > 1 keeps old log-probs."""
+    steps_per_generation: int = 1
+    """Split each generated batch (run.batch_size completions) into this many slices, one optimizer step each
+    (TRL's steps_per_generation); old log-probs are then taken once after generation. With num_iterations,
+    every slice is revisited num_iterations times."""
+    sync_ref_model: bool = False
+    """TR-DPO reference updates: every ref_model_sync_steps optimizer steps, ref = alpha * policy +
+    (1 - alpha) * ref. Full fine-tuning with beta > 0 only (the LoRA reference is the base model itself)."""
+    ref_model_mixup_alpha: float = 0.6
+    """alpha of sync_ref_model."""
+    ref_model_sync_steps: int = 512
+    """Optimizer steps between reference updates (sync_ref_model)."""
     token_chunk: int | None = None
     """Tokens pushed through the LM head at once when computing log-probs (full logits never exist).
     None = auto: the largest power of two whose fp32 logits chunk stays under 64 MiB (64 tokens for a

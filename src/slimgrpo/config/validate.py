@@ -74,6 +74,15 @@ def validate_config(cfg: Config) -> None:
             "memory.offload_activations needs memory.gradient_checkpointing=true "
             "(only checkpointed layer inputs are offloaded)"
         )
+    if L.sync_ref_model and cfg.lora.enabled:
+        raise ConfigError(
+            "loss.sync_ref_model=true with lora.enabled=true: the LoRA reference is the base model with adapters "
+            "off, which cannot be moved towards the policy without a full copy of the weights (TRL refuses it too); "
+            "use full fine-tuning or loss.sync_ref_model=false"
+        )
+    if run.batch_size % L.steps_per_generation:
+        raise ConfigError(f"run.batch_size={run.batch_size} cannot be split into loss.steps_per_generation="
+                          f"{L.steps_per_generation} equal optimizer steps: use a multiple of it")
     if cfg.model.load_in_4bit and not cfg.lora.enabled:
         raise ConfigError("model.load_in_4bit (QLoRA) trains adapters only: also set lora.enabled=true")
     _positive(cfg.optim.learning_rate, "optim.learning_rate")
@@ -112,6 +121,16 @@ def _validate_objective(L) -> None:
     if not 0 <= L.top_entropy_quantile <= 1:
         raise ConfigError(f"loss.top_entropy_quantile must be in [0, 1] (1 = every token, 0.2 as in the paper), "
                           f"got {L.top_entropy_quantile}")
+    if L.steps_per_generation < 1:
+        raise ConfigError(f"loss.steps_per_generation must be >= 1, got {L.steps_per_generation}")
+    if L.sync_ref_model:
+        if not 0 <= L.ref_model_mixup_alpha <= 1:
+            raise ConfigError(f"loss.ref_model_mixup_alpha must be in [0, 1], got {L.ref_model_mixup_alpha}")
+        if L.ref_model_sync_steps < 1:
+            raise ConfigError(f"loss.ref_model_sync_steps must be >= 1, got {L.ref_model_sync_steps}")
+        if L.beta == 0:
+            raise ConfigError("loss.sync_ref_model=true with loss.beta=0: there is no reference model to "
+                              "synchronize; set loss.beta > 0 (e.g. 0.04) or loss.sync_ref_model=false")
     if L.multi_objective_aggregation == "normalize_then_sum" and L.advantage_estimator == "rloo":
         raise ConfigError(
             "loss.multi_objective_aggregation=normalize_then_sum forms advantages itself (per-function group "

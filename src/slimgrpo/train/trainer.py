@@ -35,7 +35,8 @@ from slimgrpo.train import launch
 from slimgrpo.train.distributed import DistContext, from_environment
 from slimgrpo.train.metrics import MetricsWriter, console_line, masked_stats, peak_memory_mib
 from slimgrpo.train.optim import build_optimizer, build_scheduler
-from slimgrpo.train.update import UpdateBatch, accumulate_gradients, batch_logprobs, entropy_cut, make_update_batch
+from slimgrpo.train.update import (UpdateBatch, accumulate_gradients, batch_logprobs, entropy_cut,
+                                   make_update_batch, merge_stats, split_update)
 from slimgrpo.types import PromptBatch, RewardOutput, Rollout
 
 log = logging.getLogger("slimgrpo")
@@ -229,7 +230,7 @@ class Trainer:
         cfg = self.cfg
         update = make_update_batch(rollout, advantages, cfg.loss.mask_truncated_completions)
         args = (cfg.memory.micro_batch_size, cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk)
-        if cfg.loss.num_iterations > 1:
+        if cfg.loss.num_iterations > 1 or cfg.loss.steps_per_generation > 1:  # the policy moves within the step
             update.old_logp = batch_logprobs(self.model, update, *args)
         if cfg.loss.beta > 0:
             with self.policy.reference() as ref_model:
@@ -247,27 +248,38 @@ class Trainer:
         return Normaliser(num_sequences=rows, num_tokens=max(tokens, 1))
 
     def optimize(self, update: UpdateBatch):
+        """num_iterations passes over the generated batch, each one optimizer step per steps_per_generation slice."""
         cfg = self.cfg
-        norm = self.normaliser(update)
+        slices = split_update(update, cfg.loss.steps_per_generation)
+        norms = [self.normaliser(part) for part in slices]
         params = self.policy.trainable_parameters()
         stats = None
         grad_norm = float("nan")
         skipped = False
+        opt_step = self.step_idx * cfg.loss.num_iterations * len(slices)  # optimizer steps before this one
         for _ in range(cfg.loss.num_iterations):
-            self.optimizer.zero_grad(set_to_none=True)
-            stats = accumulate_gradients(
-                self.model, update, self.loss_settings, norm, cfg.memory.micro_batch_size,
-                cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk,
-                loss_scale=float(self.dist.world_size), no_sync=getattr(self.model, "no_sync", None),
-                offload_activations=cfg.memory.offload_activations,
-            )
-            max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
-            grad_norm = launch.clip_grad_norm(params, max_norm)
-            if not math.isfinite(grad_norm) or not math.isfinite(stats.loss):
-                skipped = True
+            step_stats = []
+            for part, norm in zip(slices, norms):
                 self.optimizer.zero_grad(set_to_none=True)
+                step_stats.append(accumulate_gradients(
+                    self.model, part, self.loss_settings, norm, cfg.memory.micro_batch_size,
+                    cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk,
+                    loss_scale=float(self.dist.world_size), no_sync=getattr(self.model, "no_sync", None),
+                    offload_activations=cfg.memory.offload_activations,
+                ))
+                max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
+                grad_norm = launch.clip_grad_norm(params, max_norm)
+                if not math.isfinite(grad_norm) or not math.isfinite(step_stats[-1].loss):
+                    skipped = True
+                    self.optimizer.zero_grad(set_to_none=True)
+                    break
+                self.optimizer.step()
+                opt_step += 1
+                if cfg.loss.sync_ref_model and opt_step % cfg.loss.ref_model_sync_steps == 0:
+                    self.policy.sync_reference(cfg.loss.ref_model_mixup_alpha)
+            stats = merge_stats(step_stats)
+            if skipped:
                 break
-            self.optimizer.step()
         self.scheduler.step()
         self.track_nonfinite(skipped)
         return stats, grad_norm, skipped

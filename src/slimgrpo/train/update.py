@@ -199,3 +199,39 @@ class _null:
 
     def __exit__(self, *exc):
         return False
+
+
+def split_update(batch: UpdateBatch, parts: int) -> list[UpdateBatch]:
+    """``parts`` consecutive row slices of ``batch`` (``steps_per_generation``: one optimizer step each)."""
+    if parts == 1:
+        return [batch]
+    if batch.rows < parts:
+        raise ValueError(f"{batch.rows} completions on this process cannot feed loss.steps_per_generation={parts} "
+                         "optimizer steps: raise run.batch_size or lower loss.steps_per_generation")
+    bounds = torch.linspace(0, batch.rows, parts + 1).round().long().tolist()
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        sl = slice(a, b)
+        out.append(UpdateBatch(
+            batch.input_ids[sl], batch.attention_mask[sl], batch.completion_ids[sl], batch.loss_mask[sl],
+            batch.advantages[sl], None if batch.old_logp is None else batch.old_logp[sl],
+            None if batch.ref_logp is None else batch.ref_logp[sl], batch.entropy_cut))
+    return out
+
+
+def merge_stats(parts: list[UpdateStats]) -> UpdateStats:
+    """Statistics of several optimizer steps as one: the loss averaged over steps, token means
+    weighted by tokens, clip fractions by what they count."""
+    if len(parts) == 1:
+        return parts[0]
+    out = UpdateStats(loss=sum(p.loss for p in parts) / len(parts))
+    out.tokens = sum(p.tokens for p in parts)
+    out.clip_count = sum(p.clip_count for p in parts)
+    n, c = max(out.tokens, 1), max(out.clip_count, 1)
+    out.kl = sum(p.kl * p.tokens for p in parts) / n
+    out.entropy = sum(p.entropy * p.tokens for p in parts) / n
+    for key in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_region"):
+        setattr(out, key, sum(getattr(p, key) * p.clip_count for p in parts) / c)
+    for key in parts[0].extra:
+        out.extra[key] = sum(p.extra.get(key, 0.0) * p.clip_count for p in parts) / c
+    return out
