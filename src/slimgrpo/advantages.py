@@ -25,15 +25,24 @@ def group_view(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
     return rewards.view(rows // num_generations, num_generations)
 
 
-def nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
-    """Unbiased (n - 1) std over the non-NaN entries; NaN where fewer than two."""
+def nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False, single: float = float("nan")
+           ) -> torch.Tensor:
+    """Unbiased (n - 1) std over the non-NaN entries; ``single`` (NaN, as TRL's) where fewer than two.
+
+    With ``single=0`` a lone scorable reward gets advantage (r - r) / eps = 0, which is TRL's result
+    (it turns the NaN into 0 afterwards) without hiding rewards that overflow (those stay non-finite,
+    so the trainer skips the update and says why)."""
     d = dim if dim is not None else tuple(range(x.dim()))
     mean = torch.nanmean(x, dim=d, keepdim=True)
     count = (~torch.isnan(x)).sum(dim=d, keepdim=True).to(x.dtype)
     var = torch.nansum((x - mean) ** 2, dim=d, keepdim=True) / (count - 1)
-    var = torch.where(count > 1, var, torch.full_like(var, float("nan")))
+    var = torch.where(count > 1, var, torch.full_like(var, single))
     std = var.sqrt()
     return std if keepdim else std.squeeze(d) if dim is not None else std.reshape(())
+
+
+def _zero_unscorable(advantages: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isnan(rewards), torch.zeros_like(advantages), advantages)
 
 
 def grpo_advantages(
@@ -52,13 +61,13 @@ def grpo_advantages(
     grouped = group_view(rewards.float(), num_generations)
     centred = grouped - torch.nanmean(grouped, dim=1, keepdim=True)
     if scale_rewards == "group":
-        centred = centred / (nanstd(grouped, dim=1, keepdim=True) + EPS)
+        centred = centred / (nanstd(grouped, dim=1, keepdim=True, single=0.0) + EPS)
     elif scale_rewards == "batch":
-        std = batch_std if batch_std is not None else nanstd(rewards.float())
+        std = batch_std if batch_std is not None else nanstd(rewards.float(), single=0.0)
         centred = centred / (std + EPS)
     elif scale_rewards != "none":
         raise ValueError(f"scale_rewards must be group, batch or none, got {scale_rewards!r}")
-    return torch.nan_to_num(centred.reshape(-1), nan=0.0)
+    return _zero_unscorable(centred.reshape(-1), rewards)
 
 
 def rloo_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:  # [rows]
@@ -71,8 +80,9 @@ def rloo_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor
         raise ValueError("RLOO needs at least 2 completions per prompt")
     grouped = group_view(rewards.float(), num_generations)
     scorable = (~torch.isnan(grouped)).sum(dim=1, keepdim=True).to(grouped.dtype)
-    others = (torch.nansum(grouped, dim=1, keepdim=True) - grouped) / (scorable - 1)
-    return torch.nan_to_num((grouped - others).reshape(-1), nan=0.0, posinf=0.0, neginf=0.0)
+    others = (torch.nansum(grouped, dim=1, keepdim=True) - grouped) / (scorable - 1).clamp(min=1)
+    adv = torch.where(scorable > 1, grouped - others, torch.zeros_like(grouped))  # no baseline: 0
+    return _zero_unscorable(adv.reshape(-1), rewards)
 
 
 def normalize_then_sum(per_function: torch.Tensor, weights: torch.Tensor, num_generations: int) -> torch.Tensor:
@@ -83,7 +93,7 @@ def normalize_then_sum(per_function: torch.Tensor, weights: torch.Tensor, num_ge
     rows, F = per_function.shape
     grouped = per_function.float().view(rows // num_generations, num_generations, F)
     mean = torch.nanmean(grouped, dim=1, keepdim=True)
-    std = nanstd(grouped, dim=1, keepdim=True)
+    std = nanstd(grouped, dim=1, keepdim=True, single=0.0)  # TRL: NaN, then dropped by the nansum: the same
     normed = ((grouped - mean) / (std + EPS)).view(rows, F)
     total = torch.nansum(normed * weights.float()[None, :], dim=1)
     return torch.where(torch.isnan(per_function).all(dim=1), torch.full_like(total, float("nan")), total)
@@ -94,8 +104,8 @@ def batch_normalised(rewards: torch.Tensor, mean: torch.Tensor | None = None,
     """(r - mean(r)) / (std(r) + eps) over the whole batch, NaN rows left out and given 0."""
     r = rewards.float()
     mean = torch.nanmean(r) if mean is None else mean
-    std = nanstd(r) if std is None else std
-    return torch.nan_to_num((r - mean) / (std + EPS), nan=0.0)
+    std = nanstd(r, single=0.0) if std is None else std
+    return _zero_unscorable((r - mean) / (std + EPS), r)
 
 
 def compute_advantages(
@@ -120,13 +130,11 @@ def global_nan_moments(x: torch.Tensor, all_reduce_sum: Callable[[torch.Tensor],
     n = s[2]
     mean = s[0] / n.clamp(min=1)
     var = (s[1] - s[0] ** 2 / n.clamp(min=1)) / (n - 1).clamp(min=1)
-    std = var.clamp(min=0).sqrt()
-    if float(n) < 2:
-        std = torch.full_like(std, float("nan"))
+    std = var.clamp(min=0).sqrt()  # 0 with fewer than two values (see ``nanstd``'s ``single``)
     return mean.float(), std.float()
 
 
 def zero_std_fraction(rewards: torch.Tensor, num_generations: int) -> float:
     """Fraction of groups whose scorable rewards are all equal (they carry no learning signal)."""
     grouped = group_view(rewards.float(), num_generations)
-    return float((nanstd(grouped, dim=1) < 1e-6).float().mean())
+    return float((nanstd(grouped, dim=1, single=0.0) < 1e-6).float().mean())

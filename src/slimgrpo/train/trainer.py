@@ -213,8 +213,7 @@ class Trainer:
     def compute_advantages(self, rewards: RewardOutput) -> torch.Tensor:
         """Unscorable rows (every function returned None) are NaN here: left out of the baselines, advantage 0."""
         L, G = self.cfg.loss, self.cfg.rollout.num_generations
-        unscorable = torch.isnan(rewards.per_function).all(dim=1)
-        total = torch.where(unscorable, torch.full_like(rewards.total, float("nan")), rewards.total)
+        total = _scorable_total(rewards)
         if L.multi_objective_aggregation == "normalize_then_sum":
             weights = torch.tensor(self.reward_runner.weights, dtype=torch.float32)
             total = adv.normalize_then_sum(rewards.per_function, weights, G)
@@ -299,7 +298,7 @@ class Trainer:
         d = self.dist
         lengths = rollout.completion_lengths.float()
         gen_tokens = float(d.all_reduce_sum(lengths.sum().reshape(1).to(self.policy.device)).item())
-        total = torch.nan_to_num(rewards.total, nan=0.0)
+        total = _scorable_total(rewards)  # unscorable rows (NaN) are left out of the reward stats, as in TRL
         m: dict[str, Any] = {}
         all_total = d.all_gather_cat(total.to(self.policy.device)).cpu()
         m["reward"], m["reward_std"] = masked_stats(all_total)
@@ -444,3 +443,9 @@ def _generation_eos(model) -> list[int]:
         return []
     return list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
+
+
+def _scorable_total(rewards: RewardOutput) -> torch.Tensor:
+    """The weighted total, NaN on rows every reward function scored None (the runner reports 0.0 there)."""
+    unscorable = torch.isnan(rewards.per_function).all(dim=1)
+    return torch.where(unscorable, torch.full_like(rewards.total, float("nan")), rewards.total)
