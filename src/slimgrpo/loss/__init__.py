@@ -1,7 +1,8 @@
 """slimgrpo.loss: chunked LM-head log-probs and the GRPO-family objectives.
 
 Two halves kept apart: ``logprobs`` turns a model and token ids into per-token log-probs without
-materialising logits, and ``objectives`` turns log-probs and advantages into a scalar loss.
+materialising logits, and ``objectives`` turns log-probs and advantages into a scalar loss (with the
+per-token policy terms of each loss type and the token masks in ``policy_losses``).
 """
 
 from slimgrpo.loss.logprobs import (
@@ -19,11 +20,21 @@ from slimgrpo.loss.objectives import (
     LOSS_TYPES,
     LossSettings,
     Normaliser,
-    clipped_surrogate,
     grpo_loss,
     k3_kl,
+    kl_weight,
     sequence_log_ratio,
     token_log_ratio,
+)
+from slimgrpo.loss.policy_losses import (
+    cispo_term,
+    clipped_surrogate,
+    entropy_threshold,
+    high_entropy_mask,
+    off_policy_keep,
+    sapo_term,
+    vespo_term,
+    vespo_weights,
 )
 
 __all__ = [
@@ -34,14 +45,22 @@ __all__ = [
     "Normaliser",
     "auto_token_chunk",
     "chunked_token_logprobs",
+    "cispo_term",
     "clipped_surrogate",
     "completion_logprobs",
     "completion_position_ids",
+    "entropy_threshold",
     "grpo_loss",
+    "high_entropy_mask",
     "k3_kl",
+    "kl_weight",
     "lm_head_spec",
     "naive_token_logprobs",
+    "off_policy_keep",
+    "sapo_term",
     "sequence_log_ratio",
     "token_log_ratio",
     "unwrap_causal_lm",
+    "vespo_term",
+    "vespo_weights",
 ]
