@@ -59,7 +59,8 @@ def torchrun(args: list[str], tmp_path: Path, timeout: float, nproc: int = 2, en
              **popen) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "--monitor-interval=0.2", *args]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE), **(env or {})}
+    path = os.pathsep.join([str(HERE), str(HERE.parent / "src")])  # this checkout's slimgrpo, not an installed one
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **(env or {})}
     return subprocess.Popen(cmd, cwd=tmp_path, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, **popen)
 
@@ -125,6 +126,9 @@ CASES = {
     "fsdp-dapo-kl-mu2": {"distributed": {"strategy": "fsdp"},
                          "loss": {"loss_type": "dapo", "beta": 0.04, "num_iterations": 2}},
     "fsdp-grpo": {"distributed": {"strategy": "fsdp"}, "loss": {"loss_type": "grpo"}},
+    "ddp-gdpo-sequence": {"distributed": {"strategy": "ddp"},
+                          "loss": {"multi_objective_aggregation": "normalize_then_sum", "loss_type": "grpo",
+                                   "importance_sampling_level": "sequence", "num_iterations": 2}},
 }
 
 
