@@ -23,6 +23,7 @@ from slimgrpo.data import PromptDataset, PromptSampler, load_prompt_dataset
 from slimgrpo.loss.objectives import LossSettings, Normaliser
 from slimgrpo.modeling import Policy, build_policy, looks_like_hub_name, max_positions, read_model_config
 from slimgrpo.rewards.loading import load_reward_functions
+from slimgrpo.rewards.contract import make_trainer_state, step_means
 from slimgrpo.rewards.runner import RewardRunner
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
@@ -97,6 +98,9 @@ class Trainer:
                 f"{self.dist.world_size * cfg.rollout.num_generations}"
             )
         self.sampler = PromptSampler(len(self.dataset), cfg.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
+        self.trainer_state = make_trainer_state(  # what TRL passes reward functions as ``trainer_state``
+            cfg.run.max_steps, cfg.run.max_steps * cfg.prompts_per_step / max(len(self.dataset), 1),
+            cfg.run.batch_size, cfg.log.logging_steps, cfg.run.save_steps, self.dist.is_main)
         self.model = self.wrap_model(self.policy.model)
         self.optimizer = build_optimizer(self.policy.trainable_parameters(), cfg, self.policy.device)
         self.scheduler = build_scheduler(self.optimizer, cfg)
@@ -206,7 +210,10 @@ class Trainer:
         prompts = [p for p in batch.prompts for _ in range(G)]
         columns = {k: [v for v in vals for _ in range(G)] for k, vals in batch.columns.items()}
         ids = [row[: int(n)].tolist() for row, n in zip(rollout.completion_ids, rollout.completion_lengths)]
-        return self.reward_runner.score(prompts, completions, ids, columns)
+        state = self.trainer_state
+        state.global_step = self.step_idx
+        state.epoch = self.step_idx * self.cfg.prompts_per_step / max(len(self.dataset), 1)  # before this batch
+        return self.reward_runner.score(prompts, completions, ids, columns, trainer_state=state)
 
     def compute_advantages(self, rewards: RewardOutput) -> torch.Tensor:
         total = torch.nan_to_num(rewards.total, nan=0.0)
@@ -309,6 +316,7 @@ class Trainer:
                                                                   device=self.policy.device)).item())
         for key, count in rewards.fault_counts.items():
             m[f"reward_faults/{key}"] = count
+        m.update(step_means(rewards.logged_metrics, d))  # log_metric calls of the reward functions (TRL names)
         return m
 
     # ------------------------------------------------------------------------- the loop
@@ -359,6 +367,7 @@ class Trainer:
                    for j, name in enumerate(result.rewards.names)},
                 "advantage": float(result.advantages[i]),
                 "group": i // G,
+                **{column: values[i] for column, values in result.rewards.extra_columns.items()},  # log_extra
             })
         self.writer.log_completions(self.step_idx, samples)
 
