@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,6 +268,11 @@ def load_prompt_dataset(path: str, tokenizer, cfg: DataConfig) -> PromptDataset:
 
 
 # ----------------------------------------------------------------------------- order
+
+
+def steps_for_epochs(num_train_epochs: float, rows: int, prompts_per_step: int) -> int:
+    """Optimizer steps that cover ``num_train_epochs`` passes over ``rows`` prompts (at least 1)."""
+    return max(math.ceil(num_train_epochs * rows / prompts_per_step), 1)
 
 
 @dataclass

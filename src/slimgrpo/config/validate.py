@@ -35,6 +35,8 @@ def validate_config(cfg: Config) -> None:
             f"{r.num_generations}: use a multiple of it, e.g. run.batch_size={lo} or {lo + r.num_generations}"
         )
     _positive(run.max_steps, "run.max_steps")
+    if run.num_train_epochs is not None:
+        _positive(run.num_train_epochs, "run.num_train_epochs")
     _positive(r.max_completion_length, "rollout.max_completion_length")
     _positive(cfg.data.max_prompt_length, "data.max_prompt_length")
     if r.min_completion_length > r.max_completion_length:
@@ -50,6 +52,8 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError(f"rollout.top_k must be >= 0 (0 = off), got {r.top_k}")
     if not 0 <= r.min_p < 1:
         raise ConfigError(f"rollout.min_p must be in [0, 1), got {r.min_p}")
+    if not r.repetition_penalty > 0:
+        raise ConfigError(f"rollout.repetition_penalty must be > 0 (1.0 = off), got {r.repetition_penalty}")
     if cfg.rewards.reward_weights is not None and len(cfg.rewards.reward_weights) != len(cfg.rewards.functions):
         raise ConfigError(
             f"rewards.reward_weights has {len(cfg.rewards.reward_weights)} values but rewards.functions "
@@ -76,6 +80,11 @@ def validate_config(cfg: Config) -> None:
     if cfg.model.load_in_4bit and not cfg.lora.enabled:
         raise ConfigError("model.load_in_4bit (QLoRA) trains adapters only: also set lora.enabled=true")
     _positive(cfg.optim.learning_rate, "optim.learning_rate")
+    _positive(cfg.optim.warmup_steps, "optim.warmup_steps", allow_zero=True)
+    if not 0 <= cfg.optim.warmup_ratio < 1:
+        raise ConfigError(f"optim.warmup_ratio is a fraction of the steps in [0, 1), got {cfg.optim.warmup_ratio}")
+    if cfg.optim.warmup_ratio and cfg.optim.warmup_steps:
+        raise ConfigError("set optim.warmup_steps or optim.warmup_ratio, not both (warmup_steps=0.1 is a ratio too)")
     if run.save_total_limit < 1:
         raise ConfigError(f"run.save_total_limit must be >= 1, got {run.save_total_limit}")
     from slimgrpo.logging_backends import parse_report_to

@@ -19,7 +19,7 @@ import torch
 
 from slimgrpo.advantages import compute_advantages, zero_std_fraction
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
-from slimgrpo.data import PromptDataset, PromptSampler, load_prompt_dataset
+from slimgrpo.data import PromptDataset, PromptSampler, load_prompt_dataset, steps_for_epochs
 from slimgrpo.loss.objectives import LossSettings, Normaliser
 from slimgrpo.modeling import Policy, build_policy, looks_like_hub_name, max_positions, read_model_config
 from slimgrpo.rewards.loading import load_reward_functions
@@ -97,6 +97,8 @@ class Trainer:
                 f"{self.dist.world_size} processes cannot share evenly: use a multiple of "
                 f"{self.dist.world_size * cfg.rollout.num_generations}"
             )
+        if cfg.run.num_train_epochs is not None:  # TRL's num_train_epochs: the run length from the data size
+            cfg.run.max_steps = steps_for_epochs(cfg.run.num_train_epochs, len(self.dataset), cfg.prompts_per_step)
         self.sampler = PromptSampler(len(self.dataset), cfg.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
         self.trainer_state = make_trainer_state(  # what TRL passes reward functions as ``trainer_state``
             cfg.run.max_steps, cfg.run.max_steps * cfg.prompts_per_step / max(len(self.dataset), 1),
@@ -114,6 +116,7 @@ class Trainer:
         self.sampling = SamplingParams(
             max_new_tokens=r.max_completion_length, min_new_tokens=r.min_completion_length,
             temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
+            repetition_penalty=r.repetition_penalty,
             eos_token_ids=tuple(sorted(eos)), pad_token_id=tok.pad_token_id,
         )
         if cfg.loss.token_chunk is None:
