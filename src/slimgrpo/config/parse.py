@@ -98,8 +98,14 @@ def all_keys() -> list[str]:
 
 
 def unknown_key_message(key: str) -> str:
+    from slimgrpo.trl_compat import hint_for
+
     keys = all_keys()
     leaf = key.rsplit(".", 1)[-1]
+    trl_hint = hint_for(leaf)  # a TRL name (bf16, gradient_accumulation_steps): say what slimgrpo calls it
+    if trl_hint:
+        return (f"unknown config key {key!r}. {trl_hint} (`slimgrpo train --trl-config FILE` reads a TRL "
+                "grpo YAML as it is; `slimgrpo train --help-config` lists every key.)")
     close = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
     close += [k for k in keys if k.endswith("." + leaf) and k not in close]
     hint = f" Did you mean {' or '.join(repr(c) for c in close[:3])}?" if close else ""

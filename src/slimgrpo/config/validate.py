@@ -11,6 +11,25 @@ def _positive(cfg_value: float, key: str, allow_zero: bool = False) -> None:
         raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {cfg_value}")
 
 
+# attn_implementation values that need a package transformers does not ship: (package, pip name)
+_ATTENTION_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"),
+                       "flash_attention_3": ("flash_attn_interface", "flash-attn-3 (built from the hopper/ folder)")}
+
+
+def attention_problem(cfg: Config) -> str | None:
+    """Why ``model.attn_implementation`` cannot load here (a package is missing), or None."""
+    import importlib.util
+
+    need = _ATTENTION_PACKAGES.get(cfg.model.attn_implementation or "")
+    if need is None or importlib.util.find_spec(need[0]) is not None:
+        return None
+    return (
+        f"model.attn_implementation={cfg.model.attn_implementation} needs the {need[0]!r} package, which is not "
+        f"installed: pip install {need[1]} (CUDA only), or use model.attn_implementation=sdpa (the default; "
+        "PyTorch's fused attention, also memory-efficient)"
+    )
+
+
 def validate_config(cfg: Config) -> None:
     """Impossible combinations, caught before any model is loaded."""
     r, L, run, mem = cfg.rollout, cfg.loss, cfg.run, cfg.memory
@@ -77,6 +96,9 @@ def validate_config(cfg: Config) -> None:
             "memory.offload_activations needs memory.gradient_checkpointing=true "
             "(only checkpointed layer inputs are offloaded)"
         )
+    problem = attention_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
     if cfg.model.load_in_4bit and not cfg.lora.enabled:
         raise ConfigError("model.load_in_4bit (QLoRA) trains adapters only: also set lora.enabled=true")
     _positive(cfg.optim.learning_rate, "optim.learning_rate")
