@@ -151,3 +151,13 @@ def test_example_trl_yaml_trains_unchanged(tmp_path):
         assert key in records[-1], key
     samples = [json.loads(ln) for ln in (out / "completions.jsonl").read_text().splitlines()]
     assert samples and "gold" in samples[0]
+
+
+def test_migration_doc_table_is_generated_from_the_rules():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gen_trl_migration.py"
+    proc = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -66,3 +66,20 @@ def test_num_train_epochs_sets_the_run_length(tmp_path, tiny_model_dir):
     assert summary["steps"] == 4
     records = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 4
+
+
+def test_flash_attention_without_the_package_is_refused_and_plan_says_so(tmp_path, tiny_model_dir):
+    import importlib.util
+
+    from run_helpers import cli, write_run
+
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash_attn is installed here")
+    with pytest.raises(ConfigError, match="flash_attn"):
+        cfg_with(model={"attn_implementation": "flash_attention_2"})
+    cfg_path = write_run(tmp_path, tiny_model_dir)
+    plan = cli("plan", str(cfg_path), "model.attn_implementation=flash_attention_2")
+    assert "flash_attn" in plan.stdout and "refuses" in plan.stdout, plan.stdout + plan.stderr
+    train = cli("train", str(cfg_path), "model.attn_implementation=flash_attention_2")
+    assert train.returncode == 2 and "pip install flash-attn" in train.stderr + train.stdout
+    assert "internal error" not in train.stderr + train.stdout
