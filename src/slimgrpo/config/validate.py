@@ -36,7 +36,9 @@ def validate_config(cfg: Config) -> None:
     if not cfg.model.path:
         raise ConfigError("model.path is empty: set it to a local model folder (model.path=path/to/model)")
     if not cfg.data.path:
-        raise ConfigError("data.path is empty: set it to a prompts file (data.path=prompts.jsonl)")
+        raise ConfigError("data.path is empty: set it to a prompts file (data.path=prompts.jsonl); from Python, "
+                          "pass the rows instead: Trainer(cfg, train_dataset=rows) with load_config(..., "
+                          "validate=False), or cfg.data.path = rows")
     if not cfg.rewards.functions:
         raise ConfigError(
             "rewards.functions is empty: name at least one reward function, e.g. "

@@ -57,7 +57,9 @@ class StepResult:
 
 class Trainer:
     def __init__(self, cfg: Config, callbacks: list[Callback] | None = None, dist: DistContext | None = None,
-                 policy: Policy | None = None):
+                 policy: Policy | None = None, train_dataset: Any = None):
+        if train_dataset is not None:  # TRL's name: a list of row dicts or a datasets.Dataset, instead of a file
+            cfg.data.path = train_dataset
         self.cfg = cfg
         self.callbacks = list(callbacks or [])
         self.dist = dist or from_environment()
@@ -85,7 +87,7 @@ class Trainer:
             # Before any weights load: print the plan; refuse (or fit) a run over memory.budget.
             self.cfg = cfg = check_before_training(cfg, self.dist.world_size, show=self.dist.is_main)[0]
         self.reward_runner = RewardRunner(
-            load_reward_functions(cfg.rewards.functions, cfg.base_dir), cfg.rewards.reward_weights,
+            load_reward_functions(cfg.rewards.functions, cfg.base_dir, cfg.run.device), cfg.rewards.reward_weights,
             on_error=cfg.rewards.on_error, timeout_s=cfg.rewards.timeout_s, isolation=cfg.rewards.isolation,
         )
         self.policy = self._policy or build_policy(cfg)
