@@ -113,7 +113,7 @@ def _rows_in_memory(data: Any, split: str) -> list[dict[str, Any]]:
         if bad is not None:
             raise DataError(f"in-memory dataset: row {bad + 1} is a {type(data[bad]).__name__}, not a dict of columns")
         return data
-    if hasattr(data, "keys") and hasattr(data, "values") and not hasattr(data, "column_names"):  # DatasetDict
+    if isinstance(data, dict):  # a DatasetDict (a dict of splits)
         if split not in data:
             raise DataError(f"in-memory dataset has splits {sorted(data.keys())}, not {split!r}: set data.split")
         data = data[split]
