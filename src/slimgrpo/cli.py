@@ -14,6 +14,7 @@ examples:
   slimgrpo train examples/gsm8k.yaml model.path=./my-model run.max_steps=200
   slimgrpo train run.yaml loss.beta=0.04 lora.enabled=true memory.budget=16GiB
   slimgrpo train --help-config            # every key with its default and meaning
+  slimgrpo train --trl-config grpo.yaml max_steps=10   # the YAML of TRL's `trl grpo`, as it is
 """
 
 
