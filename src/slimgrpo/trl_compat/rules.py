@@ -205,7 +205,8 @@ def _reward_list(value, trl):
     specs = []
     if trl.get("reward_model_name_or_path"):
         specs.append(str(trl["reward_model_name_or_path"]))
-    for name in trl.get("reward_funcs") or []:
+    funcs = trl.get("reward_funcs") or []
+    for name in [funcs] if isinstance(funcs, str) else funcs:
         specs.append(_reward_spec(str(name), trl.get("__base_dir__", ".")))
     return specs
 
