@@ -28,8 +28,9 @@ def is_model_folder(path: str | os.PathLike) -> bool:
 
 
 def _device(spec: str | torch.device | None) -> torch.device:
-    if spec is None or str(spec) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec is None or str(spec) == "auto":  # under torchrun, this process's GPU (as the policy's)
+        rank = int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.device(f"cuda:{rank}" if torch.cuda.is_available() else "cpu")
     return torch.device(spec)
 
 
