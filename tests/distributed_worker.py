@@ -100,7 +100,7 @@ def run_case(case: dict, out: Path, ctx) -> None:
     state = full_state(trainer)
     if ctx.is_main:
         save_file({**state, **grads}, str(out / f"{case['name']}.safetensors"))
-        keep = ("loss", "grad_norm", "reward", "kl", "entropy")
+        keep = ("loss", "grad_norm", "reward", "kl", "entropy", "length_mod/mean_tokens")
         (out / f"{case['name']}.json").write_text(json.dumps([{k: m[k] for k in keep} for m in metrics]))
 
 

@@ -39,7 +39,8 @@ import os, time
 def vowel_share(prompts, completions, completion_ids=None, **kwargs):
     return [sum(ch in "aeiou" for ch in c) / max(len(c), 1) for c in completions]
 
-def length_mod(prompts, completions, completion_ids=None, **kwargs):
+def length_mod(prompts, completions, completion_ids=None, log_metric=None, **kwargs):
+    log_metric("length_mod/mean_tokens", sum(len(ids) for ids in completion_ids) / len(completion_ids))
     return [float(len(ids) % 3) for ids in completion_ids]
 
 def stalls_after_gate(prompts, completions, completion_ids=None, **kwargs):
@@ -59,7 +60,8 @@ def torchrun(args: list[str], tmp_path: Path, timeout: float, nproc: int = 2, en
              **popen) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "--monitor-interval=0.2", *args]
-    path = os.pathsep.join([str(HERE), str(HERE.parent / "src")])  # this checkout's slimgrpo, not an installed one
+    # This checkout's src first: an installed slimgrpo (e.g. another checkout, editable) must not answer.
+    path = os.pathsep.join([str(HERE), str(HERE.parent / "src")])
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **(env or {})}
     return subprocess.Popen(cmd, cwd=tmp_path, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, **popen)
@@ -173,7 +175,7 @@ def test_two_ranks_take_the_same_step_as_one_process(tmp_path, tiny_model_dir, p
         m1 = json.loads((out / f"{name}-1.json").read_text())
         m2 = json.loads((out / f"{name}-2.json").read_text())
         for a, b in zip(m1, m2):  # metrics reduced across ranks match the single process
-            for k in ("loss", "grad_norm", "reward", "kl"):
+            for k in ("loss", "grad_norm", "reward", "kl", "length_mod/mean_tokens"):  # log_metric: mean of calls
                 assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), (name, k, a, b)
 
     for i in range(2):

@@ -14,6 +14,7 @@ examples:
   slimgrpo train examples/gsm8k.yaml model.path=./my-model run.max_steps=200
   slimgrpo train run.yaml loss.beta=0.04 lora.enabled=true memory.budget=16GiB
   slimgrpo train --help-config            # every key with its default and meaning
+  slimgrpo train --trl-config grpo.yaml max_steps=10   # the YAML of TRL's `trl grpo`, as it is
 """
 
 
@@ -32,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("config", nargs="?", help="YAML config file")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, e.g. loss.beta=0.04")
     t.add_argument("--help-config", action="store_true", help="list every config key and exit")
+    t.add_argument("--trl-config", metavar="FILE", help="read FILE as the YAML of TRL's `trl grpo` CLI (GRPOConfig, "
+                   "model and script fields) and print how each key maps; key=value then takes TRL keys "
+                   "(max_steps=2) or slimgrpo keys (run.seed=1)")
     t.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     pl = sub.add_parser("plan", help="predict peak memory of a run, component by component",
@@ -105,6 +109,12 @@ def cmd_train(args) -> int:
     if args.help_config:
         _help_config()
         return 0
+    if args.trl_config:
+        from slimgrpo.trl_compat import load_trl_config
+
+        overrides = ([args.config] if args.config else []) + list(args.overrides)
+        cfg = load_trl_config(args.trl_config, overrides)
+        return _finish(run_training(cfg), cfg)
     if not args.config:
         raise SystemExit("slimgrpo train: give a CONFIG file (see slimgrpo train --help)")
     overrides = list(args.overrides)
@@ -113,7 +123,10 @@ def cmd_train(args) -> int:
         overrides.insert(0, config)
         config = None
     cfg = load_config(config, overrides)
-    summary = run_training(cfg)
+    return _finish(run_training(cfg), cfg)
+
+
+def _finish(summary: dict, cfg) -> int:
     if summary.get("preempted_by"):
         print(f"stopped by {summary['preempted_by']} at step {summary.get('steps')} of {cfg.run.max_steps}; "
               f"checkpoint saved in {cfg.run.output_dir}/checkpoints. Run the same command again to resume.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,11 +107,30 @@ def _read_hub(name: str, split: str) -> list[dict[str, Any]]:
         ) from None
 
 
+def _rows_in_memory(data: Any, split: str) -> list[dict[str, Any]]:
+    if isinstance(data, list):
+        bad = next((i for i, row in enumerate(data) if not isinstance(row, dict)), None)
+        if bad is not None:
+            raise DataError(f"in-memory dataset: row {bad + 1} is a {type(data[bad]).__name__}, not a dict of columns")
+        return data
+    if isinstance(data, dict):  # a DatasetDict (a dict of splits)
+        if split not in data:
+            raise DataError(f"in-memory dataset has splits {sorted(data.keys())}, not {split!r}: set data.split")
+        data = data[split]
+    if hasattr(data, "to_list"):
+        return data.to_list()
+    raise DataError(f"data.path: expected a file path, a list of row dicts or a datasets.Dataset, got "
+                    f"{type(data).__name__}")
+
+
 READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
 
 
-def read_rows(path: str, split: str = "train") -> list[dict[str, Any]]:
-    """All rows of a dataset as dicts."""
+def read_rows(path: Any, split: str = "train") -> list[dict[str, Any]]:
+    """All rows of a dataset as dicts. From Python, ``path`` may also be the data itself: a list of row
+    dicts, a ``datasets.Dataset`` or a ``DatasetDict`` (``split`` picks the split)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return _rows_in_memory(path, split)
     p = Path(path)
     if p.is_dir():
         return _read_datasets_folder(p, split)
@@ -139,7 +159,8 @@ def row_prompt(row: dict[str, Any], cfg: DataConfig, where: str) -> Prompt:
     """The prompt of one row: from ``prompt_template`` or ``prompt_column``."""
     if cfg.prompt_template is not None:
         try:
-            return cfg.prompt_template.format(**row)
+            text = cfg.prompt_template.format(**row)
+            return as_conversation(text, cfg) if cfg.conversational else text
         except KeyError as e:
             raise DataError(
                 f"{where}: data.prompt_template uses column {e.args[0]!r}, which the row lacks "
@@ -156,13 +177,38 @@ def row_prompt(row: dict[str, Any], cfg: DataConfig, where: str) -> Prompt:
     if isinstance(value, str):
         if not value.strip():
             raise DataError(f"{where}: column {cfg.prompt_column!r} is empty")
-        return value
+        return as_conversation(value, cfg) if cfg.conversational else value
     if is_conversation(value):
         return value
     raise DataError(
         f"{where}: column {cfg.prompt_column!r} must hold text or a list of "
         f'{{"role": ..., "content": ...}} messages, got {type(value).__name__}'
     )
+
+
+def as_conversation(text: str, cfg: DataConfig) -> list[dict[str, str]]:
+    """``data.conversational``: the system prompt (if any) and the text as the user's message."""
+    system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+    return system + [{"role": "user", "content": text}]
+
+
+def extract_answers(rows: list[dict[str, Any]], cfg: DataConfig, source: str) -> list[dict[str, Any]]:
+    """``data.answer_from=gsm8k``: ``answer`` becomes the number after ``####`` (solution kept aside)."""
+    if cfg.answer_from == "none":
+        return rows
+    from slimgrpo.rewards.answers import gold_answer
+
+    out = []
+    for i, row in enumerate(rows):
+        if "answer" not in row:
+            raise DataError(f"{source}: row {i + 1}: data.answer_from=gsm8k reads the 'answer' column, which the "
+                            f"row lacks (columns: {sorted(row)})")
+        text = row["answer"]
+        if not isinstance(text, str) or "####" not in text:
+            raise DataError(f"{source}: row {i + 1}: data.answer_from=gsm8k expects a worked solution ending in "
+                            f"'#### <number>' in 'answer', got {str(text)[:80]!r}")
+        out.append({**row, "answer": gold_answer(text), "answer_solution": text})
+    return out
 
 
 def prompt_to_text(prompt: Prompt, tokenizer, cfg: DataConfig) -> tuple[str, bool]:
@@ -219,6 +265,7 @@ def build_dataset(rows: list[dict[str, Any]], tokenizer, cfg: DataConfig, source
         limited = " within data.max_samples" if cfg.max_samples is not None else ""
         raise DataError(f"{source}: the dataset is empty (no rows{limited}): point data.path at a file with "
                         "prompts (for .jsonl, one JSON object per line)")
+    rows = extract_answers(rows, cfg, source)
     prompts, ids, kept = [], [], []
     truncated = skipped = 0
     for i, row in enumerate(rows):
@@ -253,8 +300,10 @@ def build_dataset(rows: list[dict[str, Any]], tokenizer, cfg: DataConfig, source
     return PromptDataset(prompts, ids, columns, kept, truncated, skipped, source)
 
 
-def load_prompt_dataset(path: str, tokenizer, cfg: DataConfig) -> PromptDataset:
+def load_prompt_dataset(path: Any, tokenizer, cfg: DataConfig) -> PromptDataset:
     rows = read_rows(path, cfg.split)
+    if not isinstance(path, (str, os.PathLike)):
+        path = "in-memory dataset"
     ds = build_dataset(rows, tokenizer, cfg, source=path)
     log.info("data: %d prompts from %s", len(ds), path)
     if ds.num_truncated:
@@ -267,6 +316,11 @@ def load_prompt_dataset(path: str, tokenizer, cfg: DataConfig) -> PromptDataset:
 
 
 # ----------------------------------------------------------------------------- order
+
+
+def steps_for_epochs(num_train_epochs: float, rows: int, prompts_per_step: int) -> int:
+    """Optimizer steps that cover ``num_train_epochs`` passes over ``rows`` prompts (at least 1)."""
+    return max(math.ceil(num_train_epochs * rows / prompts_per_step), 1)
 
 
 @dataclass

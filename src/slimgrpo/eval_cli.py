@@ -52,8 +52,8 @@ def run_eval(model_path: str, cfg: Config, args) -> EvalResult:
     r = cfg.rollout
     eos = {tok.eos_token_id}
     params = SamplingParams(max_new_tokens=r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
-                            top_k=r.top_k, min_p=r.min_p, eos_token_ids=tuple(sorted(eos)),
-                            pad_token_id=tok.pad_token_id)
+                            top_k=r.top_k, min_p=r.min_p, repetition_penalty=r.repetition_penalty,
+                            eos_token_ids=tuple(sorted(eos)), pad_token_id=tok.pad_token_id)
     return evaluate(model, tok, dataset, runner, params, num_samples=args.num_samples, ks=tuple(args.k),
                     seed=cfg.run.seed, success_threshold=args.threshold)
 

@@ -68,6 +68,9 @@ class RewardOutput:
     total: torch.Tensor  # [rows] float32; weighted nansum over functions
     names: list[str]  # [F]
     fault_counts: dict[str, int] = field(default_factory=dict)  # "<name>/<fault>" -> count
+    # From the functions' log_metric calls: name -> (sum of values, number of calls) on this process.
+    logged_metrics: dict[str, tuple[float, int]] = field(default_factory=dict)
+    extra_columns: dict[str, list] = field(default_factory=dict)  # log_extra: column -> [rows] values
 
 
 @dataclass

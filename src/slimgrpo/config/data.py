@@ -19,6 +19,13 @@ class DataConfig:
     """Build the prompt from columns instead, e.g. ``"Question: {question}\\nAnswer:"``."""
     system_prompt: str | None = None
     """System message put before each prompt when a chat template is used."""
+    conversational: bool = False
+    """Turn plain-text prompts (a text column or ``prompt_template``) into conversations: the
+    ``system_prompt`` as a system message, then the text as the user's. Completions then arrive as
+    ``[{"role": "assistant", "content": ...}]``, as TRL gives them for conversational datasets."""
+    answer_from: Literal["none", "gsm8k"] = "none"
+    """``gsm8k``: put the number after ``####`` of the ``answer`` column into ``answer`` (the worked
+    solution moves to ``answer_solution``), so rewards compare with the bare number."""
     chat_template: str | None = None
     """Jinja chat template overriding the tokenizer's own."""
     use_chat_template: Literal["auto", "always", "never"] = "auto"

@@ -20,7 +20,11 @@ class OptimConfig:
     """AdamW epsilon."""
     lr_scheduler_type: Literal["constant", "cosine", "linear"] = "constant"
     """Schedule after warmup."""
-    warmup_steps: int = 0
-    """Linear warmup steps (from 0 to the peak)."""
+    warmup_steps: int | float = 0
+    """Linear warmup steps (from 0 to the peak). A number below 1 is a fraction of ``run.max_steps``
+    (rounded up), as in transformers: ``0.1`` = the first 10% of the steps."""
+    warmup_ratio: float = 0.0
+    """Warmup as a fraction of ``run.max_steps`` (the transformers < 5 / older TRL name; same as a
+    ``warmup_steps`` below 1). Set one of the two."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this value (0 = no clipping)."""

@@ -70,10 +70,48 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 pass
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     if tp is str:
+        if _python_object(value) and key.startswith(_OBJECT_KEYS):
+            return value  # from Python: a reward callable or model, an in-memory dataset
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
         raise ConfigError(f"{key}: expected a string, got {value!r}")
     raise AssertionError(f"unsupported config type {tp} for {key}")
+
+
+_OBJECT_KEYS = ("rewards.functions[", "data.path")
+
+
+def _python_object(value: Any) -> bool:
+    """A value only Python code can give: a callable, a model, a dataset or a list of rows."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return False
+    return callable(value) or hasattr(value, "column_names") or (
+        isinstance(value, list) and bool(value) and all(isinstance(row, dict) for row in value))
+
+
+def describe_object(value: Any) -> str:
+    """How a Python object of the config is written to config.yaml: ``module:qualname`` for an importable
+    function, ``<...>`` otherwise (the run folder then records what it was, not how to rebuild it)."""
+    if hasattr(value, "column_names") or isinstance(value, list):
+        return f"<in-memory dataset: {len(value)} rows>"
+    config = getattr(value, "config", None)
+    if config is not None and hasattr(value, "forward"):
+        name = getattr(config, "name_or_path", "") or type(value).__name__
+        return f"<reward model {name}>"
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if module and qualname and "<" not in qualname and module != "__main__":
+        return f"{module}:{qualname}"
+    return f"<callable {getattr(value, '__name__', type(value).__name__)}>"
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if _python_object(obj):
+        return describe_object(obj)
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
@@ -98,8 +136,14 @@ def all_keys() -> list[str]:
 
 
 def unknown_key_message(key: str) -> str:
+    from slimgrpo.trl_compat import hint_for
+
     keys = all_keys()
     leaf = key.rsplit(".", 1)[-1]
+    trl_hint = hint_for(leaf)  # a TRL name (bf16, gradient_accumulation_steps): say what slimgrpo calls it
+    if trl_hint:
+        return (f"unknown config key {key!r}. {trl_hint} (`slimgrpo train --trl-config FILE` reads a TRL "
+                "grpo YAML as it is; `slimgrpo train --help-config` lists every key.)")
     close = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
     close += [k for k in keys if k.endswith("." + leaf) and k not in close]
     hint = f" Did you mean {' or '.join(repr(c) for c in close[:3])}?" if close else ""
@@ -170,8 +214,8 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = (), valid
 def resolve_path(cfg: Config, path: str) -> str:
     """A path from the config, relative to the config file's folder; kept as-is when absent there
     and present relative to the working directory (or a hub name)."""
-    if not path or os.path.isabs(path):
-        return path
+    if not isinstance(path, str) or not path or os.path.isabs(path):
+        return path  # an in-memory dataset from Python stays as it is
     expanded = os.path.expanduser(path)
     if expanded != path:
         return expanded
@@ -185,10 +229,10 @@ def dump_config(cfg: Config, path: str | os.PathLike) -> None:
     """Write the resolved config as YAML (secrets scrubbed)."""
     from slimgrpo.secrets import scrub
 
-    Path(path).write_text(yaml.safe_dump(scrub(cfg.to_dict()), sort_keys=False))
+    Path(path).write_text(yaml.safe_dump(scrub(_plain(cfg.to_dict())), sort_keys=False))
 
 
 def config_to_json(cfg: Config) -> str:
     from slimgrpo.secrets import scrub
 
-    return json.dumps(scrub(cfg.to_dict()), indent=2)
+    return json.dumps(scrub(_plain(cfg.to_dict())), indent=2)

@@ -21,5 +21,8 @@ class RolloutConfig:
     """Keep the k most likely tokens (0 = off)."""
     min_p: float = 0.0
     """Drop tokens below min_p times the top probability (0 = off)."""
+    repetition_penalty: float = 1.0
+    """Hugging Face's repetition penalty on tokens already in the prompt or completion (> 1 discourages
+    repeats; 1.0 = off). Sampling only: the loss scores tokens under the model at ``temperature``, as TRL."""
     max_batch_rows: int | None = None
     """Generate at most this many completions at once (bounds KV-cache memory); None = all."""

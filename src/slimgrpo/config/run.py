@@ -13,6 +13,9 @@ class RunConfig:
     final model."""
     max_steps: int = 100
     """Optimizer steps to train (each generates one batch)."""
+    num_train_epochs: float | None = None
+    """Train for this many passes over the prompts instead: when set, ``max_steps`` becomes
+    ceil(epochs x prompts in the dataset / prompts per step) once the data is loaded (TRL's name)."""
     batch_size: int = 64
     """Completions per step across all processes (prompts per step x num_generations); must hold whole groups."""
     seed: int = 42

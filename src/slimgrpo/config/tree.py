@@ -49,6 +49,13 @@ class Config:
         return self.run.batch_size // self.rollout.num_generations
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("base_dir", None)
-        return d
+        """Sections as plain dicts. Python objects set from code (reward callables, an in-memory dataset)
+        are kept as they are, not copied; ``dump_config`` writes them as names."""
+        return _as_dict(self)
+
+
+def _as_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _as_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not f.metadata.get("internal")}
+    return list(obj) if isinstance(obj, list) else obj

@@ -11,13 +11,34 @@ def _positive(cfg_value: float, key: str, allow_zero: bool = False) -> None:
         raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {cfg_value}")
 
 
+# attn_implementation values that need a package transformers does not ship: (package, pip name)
+_ATTENTION_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"),
+                       "flash_attention_3": ("flash_attn_interface", "flash-attn-3 (built from the hopper/ folder)")}
+
+
+def attention_problem(cfg: Config) -> str | None:
+    """Why ``model.attn_implementation`` cannot load here (a package is missing), or None."""
+    import importlib.util
+
+    need = _ATTENTION_PACKAGES.get(cfg.model.attn_implementation or "")
+    if need is None or importlib.util.find_spec(need[0]) is not None:
+        return None
+    return (
+        f"model.attn_implementation={cfg.model.attn_implementation} needs the {need[0]!r} package, which is not "
+        f"installed: pip install {need[1]} (CUDA only), or use model.attn_implementation=sdpa (the default; "
+        "PyTorch's fused attention, also memory-efficient)"
+    )
+
+
 def validate_config(cfg: Config) -> None:
     """Impossible combinations, caught before any model is loaded."""
     r, L, run, mem = cfg.rollout, cfg.loss, cfg.run, cfg.memory
     if not cfg.model.path:
         raise ConfigError("model.path is empty: set it to a local model folder (model.path=path/to/model)")
     if not cfg.data.path:
-        raise ConfigError("data.path is empty: set it to a prompts file (data.path=prompts.jsonl)")
+        raise ConfigError("data.path is empty: set it to a prompts file (data.path=prompts.jsonl); from Python, "
+                          "pass the rows instead: Trainer(cfg, train_dataset=rows) with load_config(..., "
+                          "validate=False), or cfg.data.path = rows")
     if not cfg.rewards.functions:
         raise ConfigError(
             "rewards.functions is empty: name at least one reward function, e.g. "
@@ -35,6 +56,8 @@ def validate_config(cfg: Config) -> None:
             f"{r.num_generations}: use a multiple of it, e.g. run.batch_size={lo} or {lo + r.num_generations}"
         )
     _positive(run.max_steps, "run.max_steps")
+    if run.num_train_epochs is not None:
+        _positive(run.num_train_epochs, "run.num_train_epochs")
     _positive(r.max_completion_length, "rollout.max_completion_length")
     _positive(cfg.data.max_prompt_length, "data.max_prompt_length")
     if r.min_completion_length > r.max_completion_length:
@@ -50,6 +73,8 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError(f"rollout.top_k must be >= 0 (0 = off), got {r.top_k}")
     if not 0 <= r.min_p < 1:
         raise ConfigError(f"rollout.min_p must be in [0, 1), got {r.min_p}")
+    if not r.repetition_penalty > 0:
+        raise ConfigError(f"rollout.repetition_penalty must be > 0 (1.0 = off), got {r.repetition_penalty}")
     if cfg.rewards.reward_weights is not None and len(cfg.rewards.reward_weights) != len(cfg.rewards.functions):
         raise ConfigError(
             f"rewards.reward_weights has {len(cfg.rewards.reward_weights)} values but rewards.functions "
@@ -83,9 +108,17 @@ def validate_config(cfg: Config) -> None:
     if run.batch_size % L.steps_per_generation:
         raise ConfigError(f"run.batch_size={run.batch_size} cannot be split into loss.steps_per_generation="
                           f"{L.steps_per_generation} equal optimizer steps: use a multiple of it")
+    problem = attention_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
     if cfg.model.load_in_4bit and not cfg.lora.enabled:
         raise ConfigError("model.load_in_4bit (QLoRA) trains adapters only: also set lora.enabled=true")
     _positive(cfg.optim.learning_rate, "optim.learning_rate")
+    _positive(cfg.optim.warmup_steps, "optim.warmup_steps", allow_zero=True)
+    if not 0 <= cfg.optim.warmup_ratio < 1:
+        raise ConfigError(f"optim.warmup_ratio is a fraction of the steps in [0, 1), got {cfg.optim.warmup_ratio}")
+    if cfg.optim.warmup_ratio and cfg.optim.warmup_steps:
+        raise ConfigError("set optim.warmup_steps or optim.warmup_ratio, not both (warmup_steps=0.1 is a ratio too)")
     if run.save_total_limit < 1:
         raise ConfigError(f"run.save_total_limit must be >= 1, got {run.save_total_limit}")
     from slimgrpo.logging_backends import parse_report_to

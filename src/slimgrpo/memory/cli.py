@@ -164,6 +164,10 @@ def plan_command(args) -> int:
         cfg = from_dict(merge_overrides({}, list(args.overrides)))
     else:
         raise ConfigError("slimgrpo plan: give a CONFIG file or --model SHAPE (see slimgrpo plan --help)")
+    from slimgrpo.config.validate import attention_problem
+
+    if cfg.model.attn_implementation and attention_problem(cfg):  # the run would stop at validation
+        console.print(f"[yellow]warning[/yellow]: {attention_problem(cfg)}; `slimgrpo train` refuses this config")
     device = plan_device(cfg, args.device or ("cuda" if not args.config and cfg.run.device == "auto" else None))
     shape = shape_of(cfg, args.model)
     inputs = plan_inputs(cfg, device, vocab=shape.vocab)

@@ -6,7 +6,9 @@ A spec is one of:
 * an importable module and a function: ``my_package.rewards:correctness`` (``Class.method`` works too);
 * a Python file and a function: ``rewards.py:correctness`` or ``../shared/rewards.py:correctness``;
   a relative path is taken from ``base_dir`` (pass the folder of the config file), else the
-  current directory.
+  current directory;
+* a model folder (``config.json`` inside) of a sequence-classification reward model, as TRL takes one
+  (see ``slimgrpo.rewards.reward_model``); from Python also a model object or any callable.
 
 Loading a file or module **executes its code** in this process, with your permissions: that is the
 point (it is your reward code), so only point specs at code you trust. The file's folder is put on
@@ -40,7 +42,7 @@ class RewardFileNotFoundError(RewardSpecError, FileNotFoundError):
 
 
 def load_reward_function(
-    spec: str | Callable, base_dir: str | os.PathLike | None = None
+    spec: str | Callable, base_dir: str | os.PathLike | None = None, device: str | None = "auto"
 ) -> tuple[str, Callable]:
     """Resolve ``spec`` to ``(display_name, function)``; the display name is used for metrics.
 
@@ -49,11 +51,22 @@ def load_reward_function(
     (display name: its ``__name__``). Raises ``RewardSpecError`` (a ``ValueError``) with a hint for
     unknown names, and ``RewardFileNotFoundError`` for a missing file.
     """
+    from slimgrpo.rewards.reward_model import RewardModel, is_model_folder
+
+    if hasattr(spec, "config") and hasattr(spec, "forward"):  # a model object (TRL: PreTrainedModel)
+        model = RewardModel(spec, device=device)
+        return model.__name__, model
     if callable(spec):
         return getattr(spec, "__name__", type(spec).__name__), spec
     if not isinstance(spec, str) or not spec.strip():
         raise RewardSpecError(f"load_reward_function: expected a name or 'module:function', got {spec!r}")
     spec = spec.strip()
+    if ":" not in spec or os.path.isdir(spec):
+        folder = spec if os.path.isabs(spec) or base_dir is None else os.path.join(base_dir, spec)
+        for candidate in (folder, spec):
+            if is_model_folder(candidate):
+                model = RewardModel(candidate, device=device)
+                return model.__name__, model
     if ":" not in spec:
         return spec, _builtin(spec)
     target, attribute = spec.rsplit(":", 1)
@@ -70,13 +83,13 @@ def load_reward_function(
 
 
 def load_reward_functions(
-    specs: Sequence[str | Callable], base_dir: str | os.PathLike | None = None
+    specs: Sequence[str | Callable], base_dir: str | os.PathLike | None = None, device: str | None = "auto"
 ) -> list[tuple[str, Callable]]:
     """Load several specs; repeated display names get a suffix (``correctness``, ``correctness_2``)."""
     loaded: list[tuple[str, Callable]] = []
     seen: dict[str, int] = {}
     for spec in specs:
-        name, function = load_reward_function(spec, base_dir)
+        name, function = load_reward_function(spec, base_dir, device)
         seen[name] = seen.get(name, 0) + 1
         loaded.append((name if seen[name] == 1 else f"{name}_{seen[name]}", function))
     return loaded

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from slimgrpo.rewards.answers import completion_text
+from slimgrpo.rewards.contract import CONTRACT_KWARGS, RewardLogs, accepted_kwargs, logs_in
 from slimgrpo.types import RewardOutput
 
 __all__ = ["RewardRunner", "RewardFunctionError", "FAULT_KINDS"]
@@ -51,7 +52,7 @@ __all__ = ["RewardRunner", "RewardFunctionError", "FAULT_KINDS"]
 FAULT_KINDS = ("exception", "timeout", "wrong_length", "not_a_number", "non_finite")
 ON_ERROR_MODES = ("raise", "zero", "skip")
 ISOLATION_MODES = ("thread", "process")
-_RESERVED = ("prompts", "completions", "completion_ids")
+_RESERVED = ("prompts", "completions", "completion_ids", *CONTRACT_KWARGS)
 
 
 class RewardFunctionError(RuntimeError):
@@ -168,7 +169,9 @@ def _call_in_thread(fn: Callable, kwargs: dict, timeout_s: float | None) -> Any:
 
 def _child_main(conn, fn: Callable, kwargs: dict) -> None:
     try:
-        conn.send(("ok", _coerce(_invoke(fn, kwargs))))
+        value = _coerce(_invoke(fn, kwargs))
+        logs = logs_in(kwargs)  # log_metric/log_extra calls made in this forked copy go back with the value
+        conn.send(("ok", (value, logs.records() if logs else None)))
     except BaseException:
         conn.send(("error", traceback.format_exc(limit=-3)))
     finally:
@@ -196,7 +199,11 @@ def _call_in_process(fn: Callable, kwargs: dict, timeout_s: float | None) -> Any
         child.join()
     if status == "error":
         raise _CallFailed(payload)
-    return payload
+    value, records = payload
+    logs = logs_in(kwargs)
+    if logs is not None and records is not None:
+        logs.merge(records)
+    return value
 
 
 class RewardRunner:
@@ -261,8 +268,13 @@ class RewardRunner:
         completions: Sequence,
         completion_ids: Sequence[Sequence[int]] | None,
         columns: dict[str, Sequence] | None = None,
+        trainer_state: Any = None,
     ) -> RewardOutput:
         """Score ``rows = len(completions)`` completions with every function.
+
+        Like TRL, functions also get ``trainer_state`` (as given), ``log_metric`` and ``log_extra`` (see
+        ``slimgrpo.rewards.contract``); each only when the function accepts it. What they log comes back
+        in ``RewardOutput.logged_metrics`` / ``extra_columns``.
 
         ``prompts`` and each column may hold one value per row, or one per prompt (``groups`` values,
         with ``rows % groups == 0``): then row ``r`` gets value ``r // (rows // groups)``.
@@ -282,10 +294,13 @@ class RewardRunner:
             "completion_ids": None if completion_ids is None else [list(ids) for ids in completion_ids],
             **columns,
         }
+        logs = RewardLogs(rows)
+        contract = {"trainer_state": trainer_state, "log_metric": logs.log_metric, "log_extra": logs.log_extra}
         per_function = torch.full((rows, len(self.functions)), float("nan"), dtype=torch.float32)
         faults: dict[str, int] = {}
         for f, (name, fn) in enumerate(self.functions):
-            values = self._run_one(name, fn, kwargs, rows, faults)
+            fn_kwargs = {**kwargs, **{k: contract[k] for k in accepted_kwargs(fn)}}
+            values = self._run_one(name, fn, fn_kwargs, rows, faults)
             per_function[:, f] = torch.tensor(values, dtype=torch.float32)
         weights = torch.tensor(self.weights, dtype=torch.float32)
         weighted = per_function * weights
@@ -294,7 +309,8 @@ class RewardRunner:
         if rows and bool(no_reward.any()):
             faults["total/all_nan"] = int(no_reward.sum())
         total = torch.where(no_reward, torch.zeros_like(total), total)
-        return RewardOutput(per_function=per_function, total=total, names=list(self.names), fault_counts=faults)
+        return RewardOutput(per_function=per_function, total=total, names=list(self.names), fault_counts=faults,
+                            logged_metrics=logs.metric_sums(), extra_columns=logs.extra_columns())
 
     def _run_one(self, name: str, fn: Callable, kwargs: dict, rows: int, faults: dict[str, int]) -> list[float]:
         """Call one function and turn its answer into ``rows`` floats (NaN for None/skipped)."""
@@ -346,10 +362,26 @@ class RewardRunner:
             f"reward function {name!r} failed ({fault}) on {where}: {detail}\n"
             f"  prompt[{index}]: {_short(prompt)}\n"
             f"  completion[{index}]: {_short(completion)}\n"
+            f"{_plain_text_hint(kwargs['completions'], detail)}"
             f"Fix the function, or set rewards.on_error (RewardRunner's on_error) to 'zero' or 'skip' to score "
             f"such rows 0.0 or leave them out."
         )
         return RewardFunctionError(message, function=name, fault=fault, index=index, traceback_text=traceback_text)
+
+
+_STRING_INDEXING = ("string indices must be integers", "'str' object has no attribute", "KeyError: 'content'")
+
+
+def _plain_text_hint(completions: Sequence, detail: str) -> str:
+    """A hint when a TRL-style function indexes ``completion[0]["content"]`` but completions are strings."""
+    if not completions or not isinstance(completions[0], str) or not any(s in detail for s in _STRING_INDEXING):
+        return ""
+    return (
+        "  hint: the prompts are plain text, so each completion is a plain string (TRL does the same); "
+        "a function that reads completion[0]['content'] needs conversational prompts: use a prompt column "
+        "of [{'role': ..., 'content': ...}] messages, or set data.conversational=true (with data.system_prompt) "
+        "to build them from a text column.\n"
+    )
 
 
 def _per_row(what: str, values: Sequence | None, rows: int) -> list:

@@ -29,7 +29,7 @@ from transformers import DynamicCache
 from ..types import Rollout
 from .decode import make_stepper
 from .model_parts import CausalLMParts, eval_mode
-from .sampling import SamplingParams, SamplingWorkspace, sample_next
+from .sampling import SamplingParams, SamplingWorkspace, apply_repetition_penalty, sample_next
 
 
 @runtime_checkable
@@ -172,14 +172,23 @@ class TorchRolloutEngine:
         eos = torch.tensor(params.eos_token_ids, dtype=torch.long, device=device)
         pad = torch.tensor(params.pad_token_id, dtype=torch.long, device=device)
         workspace = SamplingWorkspace()
+        seen = None  # [b, V] bool: tokens in each row so far (repetition_penalty only)
+        if params.repetition_penalty != 1.0:
+            seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)
+            r, c = mask[row_slot].bool().nonzero(as_tuple=True)  # left padding is not a token of the row
+            seen[r, ids[row_slot][r, c]] = True
 
         for t in range(max_new):
+            if seen is not None:
+                logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
             if t < params.min_new_tokens and eos.numel():
                 logits.index_fill_(1, eos, float("-inf"))  # EOS is not allowed yet
             tokens, logprobs = sample_next(logits, params, generator, workspace=workspace)  # [b], [b]
             tokens = torch.where(done, pad, tokens)
             out_tokens[t].index_copy_(0, alive, tokens)
             out_logprobs[t].index_copy_(0, alive, logprobs.masked_fill(done, 0.0))
+            if seen is not None:
+                seen.scatter_(1, tokens[:, None], True)
             hit = torch.isin(tokens, eos) & ~done  # [b] rows that end at this token
             if bool(hit.any()):
                 lengths[alive[hit]] = t + 1
@@ -192,6 +201,7 @@ class TorchRolloutEngine:
                 keep = (~done).nonzero().squeeze(1)  # [b'] slots still generating
                 stepper.select(keep)
                 alive, tokens, done = alive[keep], tokens[keep], done[keep]
+                seen = seen[keep] if seen is not None else None
             logits = self.parts.logits(stepper.step(tokens))  # [b, V]
 
         return out_tokens.t().contiguous(), out_logprobs.t().contiguous(), lengths, ~ended

@@ -55,6 +55,8 @@ class SamplingParams:
     """Keep only the k most likely tokens; 0 or None disables it."""
     min_p: float | None = 0.0
     """Drop tokens less likely than ``min_p`` x the most likely one; 0 or None disables it."""
+    repetition_penalty: float = 1.0
+    """Hugging Face's repetition penalty on every token already in the prompt or the completion (1 = off)."""
     eos_token_ids: tuple[int, ...]
     """Token ids that end a completion (the EOS itself is part of the completion)."""
     pad_token_id: int
@@ -87,6 +89,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
         if not all(isinstance(t, int) and t >= 0 for t in self.eos_token_ids):
             raise ValueError(f"eos_token_ids must be non-negative ints, got {self.eos_token_ids!r}")
         if not isinstance(self.pad_token_id, int) or self.pad_token_id < 0:
@@ -95,6 +99,24 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """Hugging Face's ``RepetitionPenaltyLogitsProcessor`` (CTRL, Keskar et al. 2019) on raw logits.
+
+    For every token already present in the row (``seen[n, v]``; prompt and completion so far), a positive
+    logit is divided by ``penalty`` and a negative one multiplied by it, so ``penalty > 1`` makes
+    repeats less likely. Applied before temperature, as ``generate`` does. Returns a new tensor.
+
+    Args:
+        logits: ``[N, V]`` next-token scores.
+        seen: ``[N, V]`` bool, True where the token occurred in the row.
+        penalty: > 0; 1 returns the logits unchanged.
+    """
+    if penalty == 1.0:
+        return logits
+    scaled = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, scaled, logits)
 
 
 def sample_next(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -73,6 +73,14 @@ class DistContext:
         parts = [torch.empty_like(t) for _ in range(self.world_size)]
         self._run("all_gather", lambda: dist.all_gather(parts, t.contiguous()))
         return torch.cat(parts, dim=0)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable ``obj``, in rank order (small control data only)."""
+        if not self.enabled:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        self._run("all_gather_object", lambda: dist.all_gather_object(out, obj))
+        return out
 
     def any_true(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is True on any rank."""

@@ -40,15 +40,24 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: Config, device: torch
     return AdamW8bit(params, **kwargs)
 
 
+def warmup_steps(cfg: Config) -> int:
+    """Warmup in optimizer steps: ``optim.warmup_steps`` when >= 1, else that fraction (or
+    ``optim.warmup_ratio``) of ``run.max_steps`` rounded up, as transformers' ``get_warmup_steps``."""
+    o, total = cfg.optim, cfg.run.max_steps
+    if o.warmup_steps >= 1:
+        return int(o.warmup_steps)
+    return math.ceil(total * (o.warmup_steps or o.warmup_ratio))
+
+
 def lr_lambda(step: int, cfg: Config) -> float:
     """Multiplier of the peak learning rate at optimizer step ``step`` (0-based)."""
-    o, total = cfg.optim, cfg.run.max_steps
-    if o.warmup_steps and step < o.warmup_steps:
-        return (step + 1) / o.warmup_steps
+    o, total, warmup = cfg.optim, cfg.run.max_steps, warmup_steps(cfg)
+    if warmup and step < warmup:
+        return (step + 1) / warmup
     if o.lr_scheduler_type == "constant":
         return 1.0
-    span = max(total - o.warmup_steps, 1)
-    progress = min(max(step - o.warmup_steps, 0) / span, 1.0)
+    span = max(total - warmup, 1)
+    progress = min(max(step - warmup, 0) / span, 1.0)
     if o.lr_scheduler_type == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * progress))
     return 1.0 - progress  # linear

@@ -57,14 +57,14 @@ def resume_hint() -> str:
     return "run the same command again: " + scrub_text(" ".join(shlex.quote(a) for a in argv))
 
 
-def run_training(cfg: Config, callbacks=None) -> dict[str, Any]:
+def run_training(cfg: Config, callbacks=None, train_dataset=None) -> dict[str, Any]:
     install_log_filter(logging.getLogger("slimgrpo"), on_logger=True)  # no secret in our own log lines
     dist_ctx = from_environment()
     if dist_ctx.enabled:
         from slimgrpo.train.launch import init_process_group
 
         init_process_group(cfg, dist_ctx)
-    trainer = Trainer(cfg, callbacks=callbacks, dist=dist_ctx)
+    trainer = Trainer(cfg, callbacks=callbacks, dist=dist_ctx, train_dataset=train_dataset)
     restore_handlers = install_preemption_handlers(trainer)
     try:
         summary = trainer.train()

@@ -20,12 +20,13 @@ import torch
 from slimgrpo import advantages as adv
 from slimgrpo.advantages import zero_std_fraction
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
-from slimgrpo.data import PromptDataset, PromptSampler, load_prompt_dataset
+from slimgrpo.data import PromptDataset, PromptSampler, load_prompt_dataset, steps_for_epochs
 from slimgrpo.config.validate import loss_warnings
 from slimgrpo.loss.objectives import Normaliser
 from slimgrpo.loss.settings import loss_settings
 from slimgrpo.modeling import Policy, build_policy, looks_like_hub_name, max_positions, read_model_config
 from slimgrpo.rewards.loading import load_reward_functions
+from slimgrpo.rewards.contract import make_trainer_state, step_means
 from slimgrpo.rewards.runner import RewardRunner
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
@@ -60,7 +61,9 @@ class StepResult:
 
 class Trainer:
     def __init__(self, cfg: Config, callbacks: list[Callback] | None = None, dist: DistContext | None = None,
-                 policy: Policy | None = None):
+                 policy: Policy | None = None, train_dataset: Any = None):
+        if train_dataset is not None:  # TRL's name: a list of row dicts or a datasets.Dataset, instead of a file
+            cfg.data.path = train_dataset
         self.cfg = cfg
         self.callbacks = list(callbacks or [])
         self.dist = dist or from_environment()
@@ -88,7 +91,7 @@ class Trainer:
             # Before any weights load: print the plan; refuse (or fit) a run over memory.budget.
             self.cfg = cfg = check_before_training(cfg, self.dist.world_size, show=self.dist.is_main)[0]
         self.reward_runner = RewardRunner(
-            load_reward_functions(cfg.rewards.functions, cfg.base_dir), cfg.rewards.reward_weights,
+            load_reward_functions(cfg.rewards.functions, cfg.base_dir, cfg.run.device), cfg.rewards.reward_weights,
             on_error=cfg.rewards.on_error, timeout_s=cfg.rewards.timeout_s, isolation=cfg.rewards.isolation,
         )
         self.policy = self._policy or build_policy(cfg)
@@ -100,7 +103,12 @@ class Trainer:
                 f"{self.dist.world_size} processes cannot share evenly: use a multiple of "
                 f"{self.dist.world_size * cfg.rollout.num_generations}"
             )
+        if cfg.run.num_train_epochs is not None:  # TRL's num_train_epochs: the run length from the data size
+            cfg.run.max_steps = steps_for_epochs(cfg.run.num_train_epochs, len(self.dataset), cfg.prompts_per_step)
         self.sampler = PromptSampler(len(self.dataset), cfg.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
+        self.trainer_state = make_trainer_state(  # what TRL passes reward functions as ``trainer_state``
+            cfg.run.max_steps, cfg.run.max_steps * cfg.prompts_per_step / max(len(self.dataset), 1),
+            cfg.run.batch_size, cfg.log.logging_steps, cfg.run.save_steps, self.dist.is_main)
         self.model = self.wrap_model(self.policy.model)
         self.optimizer = build_optimizer(self.policy.trainable_parameters(), cfg, self.policy.device)
         self.scheduler = build_scheduler(self.optimizer, cfg)
@@ -114,6 +122,7 @@ class Trainer:
         self.sampling = SamplingParams(
             max_new_tokens=r.max_completion_length, min_new_tokens=r.min_completion_length,
             temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
+            repetition_penalty=r.repetition_penalty,
             eos_token_ids=tuple(sorted(eos)), pad_token_id=tok.pad_token_id,
         )
         if cfg.loss.token_chunk is None:
@@ -208,7 +217,10 @@ class Trainer:
         prompts = [p for p in batch.prompts for _ in range(G)]
         columns = {k: [v for v in vals for _ in range(G)] for k, vals in batch.columns.items()}
         ids = [row[: int(n)].tolist() for row, n in zip(rollout.completion_ids, rollout.completion_lengths)]
-        return self.reward_runner.score(prompts, completions, ids, columns)
+        state = self.trainer_state
+        state.global_step = self.step_idx
+        state.epoch = self.step_idx * self.cfg.prompts_per_step / max(len(self.dataset), 1)  # before this batch
+        return self.reward_runner.score(prompts, completions, ids, columns, trainer_state=state)
 
     def compute_advantages(self, rewards: RewardOutput) -> torch.Tensor:
         """Unscorable rows (every function returned None) are NaN here: left out of the baselines, advantage 0."""
@@ -334,6 +346,7 @@ class Trainer:
                                                                   device=self.policy.device)).item())
         for key, count in rewards.fault_counts.items():
             m[f"reward_faults/{key}"] = count
+        m.update(step_means(rewards.logged_metrics, d))  # log_metric calls of the reward functions (TRL names)
         return m
 
     # ------------------------------------------------------------------------- the loop
@@ -384,6 +397,7 @@ class Trainer:
                    for j, name in enumerate(result.rewards.names)},
                 "advantage": float(result.advantages[i]),
                 "group": i // G,
+                **{column: values[i] for column, values in result.rewards.extra_columns.items()},  # log_extra
             })
         self.writer.log_completions(self.step_idx, samples)
 

@@ -1,0 +1,277 @@
+"""The table: every key of TRL 1.16's ``trl grpo`` YAML and what slimgrpo does with it (see rules.py)."""
+
+from __future__ import annotations
+
+from slimgrpo.trl_compat import rules as r
+from slimgrpo.trl_compat.rules import I, M, R
+
+_VLLM = "slimgrpo generates with its own engine on the trainer's weights (no vLLM, no second copy)"
+_HUB = "slimgrpo never uploads; push the run's final/ folder yourself"
+_EVAL = "slimgrpo's evaluation is eval.data / eval.steps / eval.num_samples; this knob has no counterpart"
+_LOADER = "prompts are read and tokenized up front; there is no DataLoader to tune"
+_LOG = "slimgrpo writes every step to metrics.jsonl and the log.report_to backends"
+_DDP = "slimgrpo's DDP wrapper chooses this itself"
+_LOSS_NEW = "same name and meaning as TRL"
+_ENTROPY = ("the entropy bonus is not implemented yet: it needs the entropy's gradient through the chunked LM "
+            "head, which it does not have")
+_ENTROPY_OFF = "tunes the entropy bonus, which is not implemented yet (see entropy_coef)"
+
+RULES: list[r.Rule] = [
+    # ------------------------------------------------------------- model (ModelConfig, model_init_kwargs)
+    M("model_name_or_path", "model.path", "a local folder, or a hub name when online", source="ModelConfig"),
+    R("model_revision", "slimgrpo loads a folder as it is; download the revision first", ok=("main", None),
+      source="ModelConfig"),
+    M("dtype", "model.dtype", "TRL's ModelConfig default float32; slimgrpo's auto = bfloat16 on GPUs that have "
+      "it, float32 on CPU", r._dtype, source="ModelConfig"),
+    M("torch_dtype", "model.dtype", "older name of dtype", r._dtype, source="legacy"),
+    M("attn_implementation", "model.attn_implementation", "TRL default None (transformers picks); slimgrpo "
+      "sdpa. flash_attention_2 needs the flash-attn package (checked before loading)", source="ModelConfig"),
+    M("use_peft", "lora.enabled", source="ModelConfig"),
+    M("lora_r", "lora.r", source="ModelConfig"),
+    M("lora_alpha", "lora.alpha", source="ModelConfig"),
+    M("lora_dropout", "lora.dropout", "TRL default 0.05, slimgrpo 0.0", source="ModelConfig"),
+    M("lora_target_modules", "lora.target_modules", "TRL's None = peft's per-architecture default "
+      "(attention projections); slimgrpo's default is all-linear", r._lora_targets, source="ModelConfig"),
+    R("lora_target_parameters", "LoRA on parameters (MoE experts) is not supported", source="ModelConfig"),
+    R("lora_modules_to_save", "extra fully-trained modules are not supported with LoRA", source="ModelConfig"),
+    R("lora_task_type", "slimgrpo trains causal LMs only", ok=("CAUSAL_LM", None), source="ModelConfig"),
+    R("use_rslora", "rank-stabilised LoRA is not supported", ok=(False, None), source="ModelConfig"),
+    R("use_dora", "DoRA is not supported", ok=(False, None), source="ModelConfig"),
+    R("load_in_8bit", "8-bit base weights are not supported; use load_in_4bit (QLoRA)", ok=(False, None),
+      source="ModelConfig"),
+    M("load_in_4bit", "model.load_in_4bit", "QLoRA, CUDA only, needs use_peft", source="ModelConfig"),
+    M("bnb_4bit_quant_type", "model.load_in_4bit", "NF4 only", r._quant_type, source="ModelConfig"),
+    R("use_bnb_nested_quant", "nested (double) quantisation is not configurable", ok=(False, None),
+      source="ModelConfig"),
+    R("bnb_4bit_quant_storage", "the storage dtype of 4-bit weights is not configurable", source="ModelConfig"),
+    M("model_init_kwargs", "model.dtype", "dtype/torch_dtype, attn_implementation, trust_remote_code are read; "
+      "other keys refused", r._model_init_kwargs,
+      targets=("model.attn_implementation", "model.trust_remote_code")),
+    M("trust_remote_code", "model.trust_remote_code", "off by default in both"),
+    R("router_aux_loss_coef", "the MoE router auxiliary loss is not added"),
+    M("disable_dropout", "model.disable_dropout", _LOSS_NEW),
+    I("cast_lm_head_to_fp32", "always on in effect: the chunked LM head accumulates log-probs in float32",
+      source="GRPOConfig"),
+    # ------------------------------------------------------------- data (ScriptArguments, dataset mixture)
+    M("dataset_name", "data.path", "a .jsonl/.json/.parquet/.csv file, a save_to_disk folder, or a hub name "
+      "when online; the prompt column is data.prompt_column (prompt, as in TRL)", source="ScriptArguments"),
+    R("dataset_config", "pick the dataset configuration when you download it (save_to_disk), then point "
+      "dataset_name at the folder", source="ScriptArguments"),
+    M("dataset_train_split", "data.split", source="ScriptArguments"),
+    I("dataset_test_split", "evaluation prompts are eval.data (a file), not a split", source="ScriptArguments"),
+    R("dataset_streaming", "prompts are read up front; streaming is not supported", ok=(False, None),
+      source="ScriptArguments"),
+    I("ignore_bias_buffers", "a DDP workaround TRL's scripts use; not needed", source="ScriptArguments"),
+    R("datasets", "dataset mixtures are not supported: concatenate the files", source="DatasetMixtureConfig"),
+    R("streaming", "prompts are read up front; streaming is not supported", ok=(False, None),
+      source="DatasetMixtureConfig"),
+    I("test_split_size", "evaluation prompts are eval.data (a file)", source="DatasetMixtureConfig"),
+    M("max_prompt_length", "data.max_prompt_length", "gone from TRL 1.16 (prompts are not cut there); "
+      "slimgrpo keeps the last data.max_prompt_length tokens (512), see data.prompt_overflow",
+      r._max_prompt_length, source="legacy"),
+    M("shuffle_dataset", "data.shuffle"),
+    M("train_sampling_strategy", "data.shuffle", "random = shuffle, sequential = dataset order", r._sampling_order,
+      source="TrainingArguments"),
+    R("chat_template_kwargs", "not passed to the chat template: set data.chat_template to a template that "
+      "renders what you need (e.g. without thinking)"),
+    # ------------------------------------------------------------- rewards (GRPOScriptArguments)
+    M("reward_funcs", "rewards.functions", "TRL's registry names (accuracy_reward, think_format_reward, "
+      "reasoning_accuracy_reward, get_soft_overlong_punishment) load from trl.rewards; module.function loads "
+      "that function (a module file beside the YAML or in the working directory first)", r._reward_list,
+      source="GRPOScriptArguments"),
+    M("reward_model_name_or_path", "rewards.functions", "a sequence-classification model folder, scored first",
+      r._reward_list, source="GRPOScriptArguments"),
+    M("reward_weights", "rewards.reward_weights"),
+    M("multi_objective_aggregation", "loss.multi_objective_aggregation", _LOSS_NEW),
+    # ------------------------------------------------------------- batch and run length
+    M("per_device_train_batch_size", "memory.micro_batch_size", "run.batch_size = per_device_train_batch_size x "
+      "gradient_accumulation_steps (completions per optimizer step, one process); memory.micro_batch_size = "
+      "completions per forward/backward (a memory knob: the update does not depend on it)", r._batch,
+      targets=("run.batch_size",), source="TrainingArguments"),
+    M("gradient_accumulation_steps", "run.batch_size", "run.batch_size = per_device_train_batch_size x "
+      "gradient_accumulation_steps; the micro-batch is memory.micro_batch_size", r._batch,
+      targets=("memory.micro_batch_size",), source="TrainingArguments"),
+    M("generation_batch_size", "", "accepted when it equals per_device_train_batch_size x "
+      "gradient_accumulation_steps; otherwise use steps_per_generation", r._generation_batch_size),
+    M("steps_per_generation", "loss.steps_per_generation", _LOSS_NEW),
+    M("max_steps", "run.max_steps", "TRL -1 = from num_train_epochs", r._max_steps, source="TrainingArguments"),
+    M("num_train_epochs", "run.num_train_epochs", "used when max_steps is not set (TRL default 3 epochs, "
+      "applied when the YAML gives neither)", r._epochs, source="TrainingArguments"),
+    M("seed", "run.seed", source="TrainingArguments"),
+    I("data_seed", "the prompt order is seeded by seed (run.seed)"),
+    I("full_determinism", "slimgrpo seeds torch, Python, NumPy and its sampler from run.seed; no "
+      "deterministic-kernels switch"),
+    M("output_dir", "run.output_dir", "TRL default trainer_output, slimgrpo outputs/run",
+      source="TrainingArguments"),
+    M("use_cpu", "run.device", "true = cpu", r._use_cpu, source="TrainingArguments"),
+    # ------------------------------------------------------------- sampling
+    M("num_generations", "rollout.num_generations"),
+    M("num_generations_eval", "eval.num_samples", "completions per evaluation prompt"),
+    M("max_completion_length", "rollout.max_completion_length", "TRL default 512, slimgrpo 256 (a shorter "
+      "first run that shows the plan; raise it for reasoning)"),
+    M("temperature", "rollout.temperature"),
+    M("top_p", "rollout.top_p"),
+    M("top_k", "rollout.top_k"),
+    M("min_p", "rollout.min_p", "None = 0.0 (off)", r._min_p),
+    M("repetition_penalty", "rollout.repetition_penalty", "Hugging Face semantics, prompt tokens included"),
+    R("generation_kwargs", "extra generate() arguments are not passed; temperature, top_p, top_k, min_p, "
+      "repetition_penalty have their own keys (min_new_tokens: rollout.min_completion_length)"),
+    I("cache_implementation", "the rollout engine manages its KV cache"),
+    I("use_vllm", _VLLM), I("vllm_mode", _VLLM), I("vllm_model_impl", _VLLM), I("vllm_enable_sleep_mode", _VLLM),
+    R("vllm_structured_outputs_regex", "constrained decoding is not supported"),
+    I("vllm_server_base_url", _VLLM), I("vllm_server_host", _VLLM), I("vllm_server_port", _VLLM),
+    I("vllm_server_timeout", _VLLM), I("vllm_group_port", _VLLM), I("vllm_gpu_memory_utilization", _VLLM),
+    I("vllm_max_model_length", _VLLM), I("vllm_tensor_parallel_size", _VLLM),
+    I("vllm_importance_sampling_correction", "samples come from the trained weights themselves, so there is "
+      "no sampler/trainer mismatch to correct"),
+    I("vllm_importance_sampling_mode", "no vLLM mismatch to correct"),
+    I("vllm_importance_sampling_clip_max", "no vLLM mismatch to correct"),
+    I("vllm_importance_sampling_clip_min", "no vLLM mismatch to correct"),
+    I("vllm_importance_sampling_cap", "no vLLM mismatch to correct"),
+    I("use_transformers_continuous_batching", "the rollout engine batches itself"),
+    I("transformers_continuous_batching_config", "the rollout engine batches itself"),
+    I("use_transformers_paged", "the rollout engine batches itself"),
+    I("ds3_gather_for_generation", "no DeepSpeed; FSDP2 gathering is distributed.fsdp_generation"),
+    R("max_tool_calling_iterations", "tool calling is not supported"),
+    I("pad_to_multiple_of", "padding is internal"),
+    # ------------------------------------------------------------- objective
+    M("beta", "loss.beta"),
+    M("num_iterations", "loss.num_iterations"),
+    M("epsilon", "loss.epsilon"),
+    M("epsilon_high", "loss.epsilon_high"),
+    M("delta", "loss.delta"),
+    M("loss_type", "loss.loss_type"),
+    M("importance_sampling_level", "loss.importance_sampling_level"),
+    M("scale_rewards", "loss.scale_rewards", "true = group, false = none", r._scale_rewards),
+    M("mask_truncated_completions", "loss.mask_truncated_completions"),
+    M("use_bias_correction_kl", "loss.use_bias_correction_kl", _LOSS_NEW),
+    M("sapo_temperature_neg", "loss.sapo_temperature_neg", _LOSS_NEW),
+    M("sapo_temperature_pos", "loss.sapo_temperature_pos", _LOSS_NEW),
+    M("vespo_k_pos", "loss.vespo_k_pos", _LOSS_NEW),
+    M("vespo_lambda_pos", "loss.vespo_lambda_pos", _LOSS_NEW),
+    M("vespo_k_neg", "loss.vespo_k_neg", _LOSS_NEW),
+    M("vespo_lambda_neg", "loss.vespo_lambda_neg", _LOSS_NEW),
+    M("sync_ref_model", "loss.sync_ref_model", _LOSS_NEW),
+    M("ref_model_mixup_alpha", "loss.ref_model_mixup_alpha", _LOSS_NEW),
+    M("ref_model_sync_steps", "loss.ref_model_sync_steps", _LOSS_NEW),
+    M("top_entropy_quantile", "loss.top_entropy_quantile", _LOSS_NEW),
+    R("entropy_coef", _ENTROPY, ok=(0.0, 0, None), source="GRPOConfig"),
+    R("use_adaptive_entropy", _ENTROPY, ok=(False, None), source="GRPOConfig"),
+    R("entropy_coef_min", _ENTROPY_OFF, ok=(0.0, 0, None), source="GRPOConfig"),
+    R("entropy_coef_max", _ENTROPY_OFF, ok=(1.0, 1, None), source="GRPOConfig"),
+    R("entropy_coef_delta", _ENTROPY_OFF, ok=(0.005, None), source="GRPOConfig"),
+    R("entropy_target", _ENTROPY_OFF, ok=(0.2, None), source="GRPOConfig"),
+    M("off_policy_mask_threshold", "loss.off_policy_mask_threshold", _LOSS_NEW),
+    I("use_liger_kernel", "always on in effect: log-probs go through the chunked LM head, full logits never "
+      "exist (loss.token_chunk, loss.vocab_chunk)"),
+    I("liger_kernel_config", "see use_liger_kernel"),
+    I("label_smoothing_factor", "not used by GRPO's loss (nor by TRL's)"),
+    I("average_tokens_across_devices", "the loss normaliser follows loss.loss_type over the whole step, all "
+      "processes included"),
+    R("neftune_noise_alpha", "NEFTune embedding noise is not supported"),
+    # ------------------------------------------------------------- optimizer and schedule
+    M("learning_rate", "optim.learning_rate", source="TrainingArguments"),
+    M("lr_scheduler_type", "optim.lr_scheduler_type", "TRL default linear, slimgrpo constant; "
+      "constant_with_warmup = constant", r._scheduler, source="TrainingArguments"),
+    R("lr_scheduler_kwargs", "scheduler arguments are not configurable"),
+    M("warmup_steps", "optim.warmup_steps", "below 1 = a fraction of the steps, as in transformers",
+      source="TrainingArguments"),
+    M("warmup_ratio", "optim.warmup_ratio", "transformers < 5 name; same as warmup_steps below 1",
+      source="legacy"),
+    M("optim", "memory.optimizer", "adamw_torch(_fused) = adamw; adamw_8bit / adamw_bnb_8bit / "
+      "paged_adamw_8bit = adamw_8bit", r._optimizer, source="TrainingArguments"),
+    R("optim_args", "optimizer arguments beyond the optim.* keys are not configurable"),
+    M("weight_decay", "optim.weight_decay", source="TrainingArguments"),
+    M("adam_beta1", "optim.adam_beta1", source="TrainingArguments"),
+    M("adam_beta2", "optim.adam_beta2", "TRL default 0.999, slimgrpo 0.99", source="TrainingArguments"),
+    M("adam_epsilon", "optim.adam_epsilon", source="TrainingArguments"),
+    R("optim_target_modules", "GaLore-style optimizers are not supported"),
+    M("max_grad_norm", "optim.max_grad_norm", source="TrainingArguments"),
+    # ------------------------------------------------------------- memory and precision
+    M("gradient_checkpointing", "memory.gradient_checkpointing", "TRL default true, slimgrpo false: "
+      "`slimgrpo plan` says when it is needed and small runs are faster without", source="TrainingArguments"),
+    M("activation_checkpointing", "memory.gradient_checkpointing", "transformers 5 name",
+      lambda v, t: r.SKIP if v is None else bool(v), source="TrainingArguments"),
+    I("gradient_checkpointing_kwargs", "slimgrpo chooses the checkpointing flavour itself"),
+    I("activation_checkpointing_kwargs", "slimgrpo chooses the checkpointing flavour itself"),
+    M("bf16", "model.dtype", "true = weights in bfloat16 (slimgrpo has no fp32-master autocast)",
+      r._precision("bfloat16"), source="TrainingArguments"),
+    M("fp16", "model.dtype", "true = weights in float16", r._precision("float16"), source="TrainingArguments"),
+    I("bf16_full_eval", _EVAL), I("fp16_full_eval", _EVAL),
+    I("tf32", "slimgrpo leaves torch's TF32 setting as it is"),
+    R("torch_compile", "torch.compile of the model is not supported", ok=(False, None)),
+    R("torch_compile_backend", "torch.compile of the model is not supported"),
+    R("torch_compile_mode", "torch.compile of the model is not supported"),
+    I("use_cache", "generation always uses a KV cache, training never"),
+    I("torch_empty_cache_steps", "slimgrpo frees memory between stages itself"),
+    R("auto_find_batch_size", "TRL rejects it for GRPO too; slimgrpo's answer is memory.budget with "
+      "memory.fit=true", ok=(False, None)),
+    # ------------------------------------------------------------- logging
+    M("logging_steps", "log.logging_steps", "TRL default 10, slimgrpo 1: a console line every step; "
+      "metrics.jsonl has every step either way", source="TrainingArguments"),
+    I("logging_strategy", _LOG), I("logging_first_step", _LOG), I("log_on_each_node", _LOG),
+    I("logging_nan_inf_filter", _LOG), I("include_num_input_tokens_seen", _LOG),
+    I("log_level", "use slimgrpo --debug for more detail"), I("log_level_replica", _LOG),
+    M("disable_tqdm", "log.progress", "true = no progress bar", lambda v, t: r.SKIP if v is None else not v,
+      source="TrainingArguments"),
+    M("report_to", "log.report_to", source="TrainingArguments"),
+    I("run_name", "the run is named after run.output_dir"),
+    I("project", _LOG), I("trackio_space_id", _HUB), I("trackio_bucket_id", _HUB),
+    I("trackio_static_space_id", _HUB),
+    M("log_completions", "log.log_completions_steps", "true = every logging_steps, false = never",
+      r._log_completions),
+    M("num_completions_to_print", "log.num_completions_to_log", "None = keep slimgrpo's 4",
+      lambda v, t: r.SKIP if v is None else int(v)),
+    I("log_multimodal", "text only"),
+    I("log_unique_prompts", "completions.jsonl keeps every logged row"),
+    I("log_completions_hub_repo", _HUB),
+    # ------------------------------------------------------------- evaluation
+    M("eval_strategy", "eval.steps", "steps = evaluate every eval_steps (default logging_steps)",
+      r._eval_strategy, source="TrainingArguments"),
+    M("eval_steps", "eval.steps", "used with eval_strategy=steps", r._eval_steps, source="TrainingArguments"),
+    I("eval_delay", _EVAL), I("per_device_eval_batch_size", _EVAL), I("prediction_loss_only", _EVAL),
+    I("eval_on_start", _EVAL), I("eval_do_concat_batches", _EVAL), I("eval_use_gather_object", _EVAL),
+    I("eval_accumulation_steps", _EVAL), I("include_for_metrics", _EVAL), I("batch_eval_metrics", _EVAL),
+    I("do_train", "slimgrpo train always trains"), I("do_eval", _EVAL), I("do_predict", _EVAL),
+    R("load_best_model_at_end", "the final model is the last step's", ok=(False, None)),
+    I("metric_for_best_model", "the final model is the last step's"),
+    I("greater_is_better", "the final model is the last step's"),
+    # ------------------------------------------------------------- checkpoints
+    M("save_strategy", "run.save_checkpoints", "steps = every save_steps; no = no checkpoints",
+      r._save_strategy, source="TrainingArguments"),
+    M("save_steps", "run.save_steps", "TRL default 500; slimgrpo 0 = only at the end", r._save_steps,
+      source="TrainingArguments"),
+    M("save_total_limit", "run.save_total_limit", "None (TRL: keep all) keeps slimgrpo's 2", r._save_total_limit,
+      source="TrainingArguments"),
+    I("save_only_model", "checkpoints always hold what an exact resume needs; the final/ folder is the model"),
+    I("save_on_each_node", "rank 0 writes checkpoints"),
+    I("enable_jit_checkpoint", "slimgrpo checkpoints on SIGTERM/SIGINT by itself"),
+    M("resume_from_checkpoint", "run.resume", "a path, or true = the newest checkpoint; TRL starts fresh "
+      "by default while slimgrpo's run.resume=auto continues a run folder that has checkpoints", r._resume,
+      source="TrainingArguments"),
+    I("ignore_data_skip", "resume restores the exact prompt position"),
+    I("restore_callback_states_from_checkpoint", "no callback state to restore"),
+    R("push_to_hub", _HUB, ok=(False, None)),
+    I("hub_token", _HUB), I("hub_private_repo", _HUB), I("hub_model_id", _HUB), I("hub_strategy", _HUB),
+    I("hub_always_push", _HUB), I("hub_revision", _HUB),
+    # ------------------------------------------------------------- processes
+    M("fsdp", "distributed.strategy", "any FSDP setting = fsdp (FSDP2 fully_shard)", r._fsdp,
+      source="TrainingArguments"),
+    I("fsdp_config", "FSDP2 is configured by distributed.*"),
+    R("deepspeed", "DeepSpeed is not supported: use distributed.strategy=fsdp"),
+    R("accelerator_config", "no Accelerate: torchrun + distributed.*"),
+    R("parallelism_config", "only data parallelism (DDP) and FSDP2 are supported"),
+    M("ddp_backend", "distributed.backend", transform=r._backend, source="TrainingArguments"),
+    M("ddp_timeout", "distributed.timeout_s", source="TrainingArguments"),
+    I("ddp_find_unused_parameters", _DDP), I("ddp_bucket_cap_mb", _DDP), I("ddp_broadcast_buffers", _DDP),
+    I("ddp_static_graph", _DDP), I("local_rank", "set by torchrun"),
+    I("dataloader_drop_last", _LOADER), I("dataloader_num_workers", _LOADER), I("dataloader_pin_memory", _LOADER),
+    I("dataloader_persistent_workers", _LOADER), I("dataloader_prefetch_factor", _LOADER),
+    I("dataloader_multiprocessing_context", _LOADER), I("dataloader_in_order", _LOADER),
+    I("remove_unused_columns", "every dataset column reaches the reward functions, as in TRL's GRPO"),
+    I("label_names", "GRPO has no labels"), I("length_column_name", "no length-grouped sampling"),
+    I("debug", "use slimgrpo --debug"), I("skip_memory_metrics", "memory/peak_mib is always logged"),
+]
+
+BY_KEY: dict[str, r.Rule] = {rule.key: rule for rule in RULES}
+assert len(BY_KEY) == len(RULES), "a TRL key has two rules"
