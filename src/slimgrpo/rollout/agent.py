@@ -102,7 +102,8 @@ class AgentRollout:
 
     def __init__(self, engine, tokenizer, toolbox: Toolbox, runner: ToolRunner | None = None,
                  max_iterations: int | None = None, tool_call_format: str = "auto",
-                 chat_template: str | None = None, system_prompt: str | None = None) -> None:
+                 chat_template: str | None = None, system_prompt: str | None = None,
+                 max_prompt_length: int | None = None) -> None:
         self.engine, self.parts, self.tok = engine, engine.parts, tokenizer
         self.toolbox = toolbox
         self.runner = runner or ToolRunner()
@@ -110,6 +111,7 @@ class AgentRollout:
         self.fmt = tool_call_format
         self.chat_template = chat_template
         self.system_prompt = system_prompt
+        self.max_prompt_length = max_prompt_length
         parse_tool_calls("", tool_call_format)  # validates the format name
 
     # ------------------------------------------------------------------ rendering
@@ -153,6 +155,10 @@ class AgentRollout:
         tables = [split_tools(t) for t in tools]
         prompt_ids = [self._render(self.prompt_messages(row["prompt"], obs), t, add_generation_prompt=True)
                       for row, obs, t in zip(rows_in, observations, tools)]
+        longest = max(len(p) for p in prompt_ids)
+        if self.max_prompt_length is not None and longest > self.max_prompt_length:
+            raise ValueError(f"a prompt rendered with its tools has {longest} tokens > data.max_prompt_length="
+                             f"{self.max_prompt_length}: raise data.max_prompt_length (the tool schemas count)")
         device = self.parts.device
         with torch.no_grad(), eval_mode(self.parts.root), self.parts.packed_weights(len(rows_in), "auto"):
             states = self._run(prompt_ids, tables, params, generator, device)
