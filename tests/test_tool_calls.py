@@ -66,7 +66,7 @@ TABLE = {f.__name__: f for f in (boom, sleepy, as_dict, huge, async_add)}
     (ToolCall("boom", {"x": 1}), "{'error': 'kaput'}", True, "exception"),
     (ToolCall("nope", {}), "{'error': 'Tool nope not found.'}", True, "not_found"),
     (ToolCall("as_dict", {"x": 2}), "{'x': 2}", False, "non_string"),
-    (ToolCall("async_add", {"a": 2, "b": 5}), "7", False, "non_string"),  # str(result), as TRL
+    (ToolCall("async_add", {"a": 2, "b": 5}), "7", False, None),  # str(result), as TRL
     (ToolCall("unknown", error="Malformed tool call: invalid JSON"), "{'error': 'Malformed tool call: invalid JSON'}",
      True, "malformed"),
 ])

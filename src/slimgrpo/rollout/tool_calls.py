@@ -184,7 +184,8 @@ class ToolRunner:
             return ToolResult(call.name, str({"error": str(e)}), True, "exception")
         fault = None
         if not isinstance(result, str):
-            fault = "non_string"
+            # str(result) as in TRL; numbers are ordinary results, anything else is counted.
+            fault = None if isinstance(result, (int, float, bool)) else "non_string"
             try:
                 content = str(result)
             except Exception as e:  # noqa: BLE001 - a result whose __str__ raises
