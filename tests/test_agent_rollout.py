@@ -53,8 +53,8 @@ def _scripts(tok, G):
     return (scripts * ((2 * G + 3) // 4))[: 2 * G]
 
 
-def _run(model, tok, monkeypatch, G=3, max_new=200, max_iterations=None, lean=None):
-    engine = TorchRolloutEngine(model, lean_decode=lean)
+def _run(model, tok, monkeypatch, G=3, max_new=200, max_iterations=None):
+    engine = TorchRolloutEngine(model)
     agent = AgentRollout(engine, tok, Toolbox([add]), ToolRunner(timeout_s=5), max_iterations=max_iterations)
     scripts = _scripts(tok, G)
     if max_iterations is not None:  # the sampler must know which rows stop early
@@ -103,12 +103,11 @@ def test_tool_tokens_are_masked_and_model_tokens_are_not(model_and_tok, monkeypa
         sum(len(s) - 1 for s in scripts) / len(scripts))
 
 
-@pytest.mark.parametrize("lean", [None, False])
-def test_sampler_logprobs_equal_update_recomputation(model_and_tok, monkeypatch, lean):
+def test_sampler_logprobs_equal_update_recomputation(model_and_tok, monkeypatch):
     """KV continuation (holes for waiting rows, tool tokens prefilled on the kept cache) gives the same
     log-probs as one full forward over the final sequence, which is what the update computes."""
     model, tok = model_and_tok
-    _, rollout, _ = _run(model, tok, monkeypatch, lean=lean)
+    _, rollout, _ = _run(model, tok, monkeypatch)
     update = make_update_batch(rollout, torch.zeros(rollout.rows), mask_truncated=False)
     recomputed = batch_logprobs(model, update, micro=None, temperature=1.0, token_chunk=7, vocab_chunk=None)
     m = update.loss_mask
@@ -142,3 +141,17 @@ def test_length_limit_and_iteration_limit(model_and_tok, monkeypatch):
     assert [m["role"] for m in rollout.conversations[2]] == ["assistant", "tool", "assistant"]
     assert "tool_calls" in rollout.conversations[2][-1]
     assert int(rollout.completion_lengths.max()) <= 200
+
+
+def test_max_batch_rows_chunks_give_the_same_greedy_rollout(model_and_tok):
+    model, tok = model_and_tok
+    batch = PromptBatch(prompts=["What is 2 plus 3?", "Add 10 and 200", "7 + 8"], prompt_ids=[[1]] * 3,
+                        columns={})
+    params = SamplingParams(max_new_tokens=12, temperature=0.0, eos_token_ids=(tok.eos_token_id,),
+                            pad_token_id=tok.pad_token_id)
+    outs = []
+    for rows in (None, 4):
+        agent = AgentRollout(TorchRolloutEngine(model, max_batch_rows=rows), tok, Toolbox([add]))
+        outs.append(agent.generate(batch, 2, params))
+    assert torch.equal(outs[0].completion_ids, outs[1].completion_ids)
+    assert torch.equal(outs[0].completion_mask, outs[1].completion_mask)

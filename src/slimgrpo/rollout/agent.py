@@ -160,8 +160,14 @@ class AgentRollout:
             raise ValueError(f"a prompt rendered with its tools has {longest} tokens > data.max_prompt_length="
                              f"{self.max_prompt_length}: raise data.max_prompt_length (the tool schemas count)")
         device = self.parts.device
-        with torch.no_grad(), eval_mode(self.parts.root), self.parts.packed_weights(len(rows_in), "auto"):
-            states = self._run(prompt_ids, tables, params, generator, device)
+        n = len(rows_in)
+        limit = getattr(self.engine, "max_batch_rows", None)
+        chunk = n if limit is None else min(n, limit)
+        states: list[RowState] = []
+        with torch.no_grad(), eval_mode(self.parts.root), self.parts.packed_weights(chunk, "auto"):
+            for start in range(0, n, chunk):  # rollout.max_batch_rows bounds the rows decoded at once
+                rows = slice(start, min(start + chunk, n))
+                states += self._run(prompt_ids[rows], tables[rows], params, generator, device)
         return self._to_rollout(prompt_ids, states, G, params, device)
 
     def _run(self, prompt_ids, tables, params: SamplingParams, generator, device) -> list[RowState]:
