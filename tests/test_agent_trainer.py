@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import yaml
 
 from agent_helpers import TOOL_TEMPLATE, ScriptedSampler
@@ -184,3 +185,35 @@ def test_bad_tool_spec_names_the_key(tmp_path, tiny_model_dir):
     cfg = load_config(path, ["rewards.functions=[length]"])
     with pytest.raises(ConfigError, match=r"rollout.tools\[0\]"):
         Trainer(cfg).setup()
+
+
+def test_trl_rollout_func_contract(tmp_path, tiny_model_dir):
+    """TRL's rollout_func(prompts, trainer) -> {prompt_ids, completion_ids, logprobs, env_mask, extra...}."""
+    seen = {}
+
+    def rollout_func(prompts, trainer):
+        tok = trainer.policy.tokenizer
+        seen["prompts"] = prompts
+        G = trainer.cfg.rollout.num_generations
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "judge": []}
+        for i, p in enumerate(prompts):
+            ids = tok(p[0]["content"], add_special_tokens=False)["input_ids"]
+            for g in range(G):
+                comp = tok(" 15" if g == 0 else " 7", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                out["prompt_ids"].append(ids)
+                out["completion_ids"].append(comp)
+                out["logprobs"].append([-1.0] * len(comp))
+                out["env_mask"].append([1] * (len(comp) - 1) + [0])
+                out["judge"].append(float(g == 0))
+        return out
+
+    (tmp_path / "rew.py").write_text("def judged(completions, judge, **kw):\n    return judge\n")
+    cfg = load_config(_config(tmp_path, tiny_model_dir), ["rewards.functions=[rew.py:judged]"])
+    trainer = Trainer(cfg, rollout_func=rollout_func)
+    trainer.setup()
+    result = trainer.step()
+    assert len(seen["prompts"]) == 2  # one per prompt, no duplication
+    assert result.rewards.per_function[:, 0].tolist() == [1.0, 0.0, 1.0, 0.0]
+    r = result.rollout
+    assert torch.equal(r.model_lengths, r.completion_lengths - 1)  # env_mask=0 token left out
+    assert result.completions[0] == [{"role": "assistant", "content": " 15"}]  # conversational prompts
