@@ -20,7 +20,8 @@ def test_hermes_calls_with_text_around_and_several_blocks():
 
 
 def test_hermes_malformed_json_and_missing_name_are_error_calls():
-    calls = parse_tool_calls('<tool_call>{"name": "add", "arguments": {"a": 1</tool_call><tool_call>{"x": 1}</tool_call>')
+    calls = parse_tool_calls('<tool_call>{"name": "add", "arguments": {"a": 1</tool_call>'
+                             '<tool_call>{"x": 1}</tool_call>')
     assert [c.error is not None for c in calls] == [True, True]
     assert "invalid JSON" in calls[0].error and "'name'" in calls[1].error
 

@@ -75,11 +75,15 @@ def run_tool_demo(output_dir: str = "outputs/demo-tools", overrides: list[str] |
     eval_file = Path(cfg.data.path).parent / "eval.jsonl"  # beside the training prompts
     eval_set = load_prompt_dataset(str(eval_file), trainer.policy.tokenizer, cfg.data)
     T = cfg.rollout.temperature
-    before = {"sampled": measure(trainer, eval_set, T, EVAL_SAMPLES, 7), "greedy": measure(trainer, eval_set, 0.0, 1, 7)}
+    def both() -> dict[str, dict[str, float]]:
+        return {"sampled": measure(trainer, eval_set, T, EVAL_SAMPLES, 7),
+                "greedy": measure(trainer, eval_set, 0.0, 1, 7)}
+
+    before = both()
     console.print(f"held-out accuracy before: sampled {before['sampled']['accuracy']:.1%}, "
                   f"greedy {before['greedy']['accuracy']:.1%} ({len(eval_set)} prompts)")
     summary = trainer.train()
-    after = {"sampled": measure(trainer, eval_set, T, EVAL_SAMPLES, 7), "greedy": measure(trainer, eval_set, 0.0, 1, 7)}
+    after = both()
     table = Table(title=f"held-out, {len(eval_set)} prompts")
     for col in ("measure", "before", "after", "change"):
         table.add_column(col, justify="left" if col == "measure" else "right")
