@@ -10,9 +10,19 @@ import torch
 import yaml
 
 from agent_helpers import TOOL_TEMPLATE, ScriptedSampler
+from conftest import build_tiny_model, build_tokenizer
 from slimgrpo.config import ConfigError, load_config
 from slimgrpo.rollout import agent as agent_mod
 from slimgrpo.train.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny Qwen2 with room for tool schemas in the prompt (1024 positions)."""
+    folder = tmp_path_factory.mktemp("tiny_agent_model")
+    tok = build_tokenizer(folder)
+    build_tiny_model(folder, vocab_size=len(tok), max_positions=1024)
+    return folder
 
 
 # In the style of TRL's documentation: a plain function, type hints, a Google-style docstring.
@@ -73,7 +83,7 @@ def _config(tmp_path, model_dir, **rollout):
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
     data = {
         "model": {"path": str(model_dir)},
-        "data": {"path": "prompts.jsonl", "max_prompt_length": 200, "chat_template": TOOL_TEMPLATE,
+        "data": {"path": "prompts.jsonl", "max_prompt_length": 600, "chat_template": TOOL_TEMPLATE,
                  "shuffle": False},
         "rollout": {"num_generations": 2, "max_completion_length": 300, **rollout},
         "rewards": {"functions": []},

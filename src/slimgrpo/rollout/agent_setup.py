@@ -153,6 +153,9 @@ def setup_agent(trainer) -> tuple[Any, list[tuple[str, Callable]]]:
     agent = build_agent(cfg, trainer.engine, trainer.policy.tokenizer, args.get("tools"), args.get("environment"))
     if agent is None:
         return None, []
+    if trainer.dist.enabled:  # the agent decodes with the local module: FSDP2 shards would not be gathered
+        raise ConfigError("rollout.tools / rollout.environment run in a single process for now: launch without "
+                          "torchrun")
     rewards = agent.toolbox.reward_functions()
     if not cfg.rewards.functions and not rewards:
         raise ConfigError("rewards.functions is empty and the environment has no get_reward(): name a reward "
