@@ -171,7 +171,7 @@ class AgentRollout:
         return self._to_rollout(prompt_ids, states, G, params, device)
 
     def _run(self, prompt_ids, tables, params: SamplingParams, generator, device) -> list[RowState]:
-        n, max_new = len(prompt_ids), params.max_new_tokens
+        n = len(prompt_ids)
         distinct: dict[tuple[int, ...], int] = {}
         slot = [distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids]
         ids, mask = _left_pad([list(p) for p in distinct], params.pad_token_id, device)
