@@ -83,7 +83,9 @@ def _parser() -> argparse.ArgumentParser:
                        description="Train the bundled tiny model on the bundled arithmetic task and print "
                                    "held-out accuracy before and after.")
     d.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-    d.add_argument("--output-dir", default="outputs/demo", help="run folder (default outputs/demo)")
+    d.add_argument("--output-dir", default=None, help="run folder (default outputs/demo, outputs/demo-tools)")
+    d.add_argument("--task", choices=("addition", "tools"), default="addition",
+                   help="addition: two-digit sums (default); tools: learn when to call a calculator tool")
     d.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 
@@ -160,9 +162,13 @@ def cmd_export(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    if getattr(args, "task", "addition") == "tools":
+        from slimgrpo.demo.tools_run import run_tool_demo
+
+        return run_tool_demo(args.output_dir or "outputs/demo-tools", list(args.overrides))
     from slimgrpo.demo.run import run_demo
 
-    return run_demo(args.output_dir, list(args.overrides))
+    return run_demo(args.output_dir or "outputs/demo", list(args.overrides))
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -42,6 +42,12 @@ class Rollout:
     is_truncated: torch.Tensor  # [rows] bool, True when no EOS within max_completion_length
     sampler_logprobs: torch.Tensor  # [rows, T] float32, log-prob under the sampling distribution
     num_generations: int  # G
+    # Multi-turn (tool-calling) rollouts; see slimgrpo.rollout.agent.
+    tool_mask: torch.Tensor | None = None  # [rows, T] bool, True on tokens the model wrote (None: all)
+    prompts_per_row: bool = False  # prompt_ids/prompt_mask hold one row per completion ([rows, P])
+    conversations: list[Any] | None = None  # [rows] whole conversations (messages after the prompt)
+    reward_columns: dict[str, list[Any]] = field(default_factory=dict)  # extra per-row reward kwargs
+    metrics: dict[str, float] = field(default_factory=dict)  # rollout metrics (tools/...)
 
     @property
     def rows(self) -> int:
@@ -51,8 +57,18 @@ class Rollout:
     def completion_lengths(self) -> torch.Tensor:  # [rows] long
         return self.completion_mask.sum(-1)
 
+    @property
+    def model_mask(self) -> torch.Tensor:  # [rows, T] bool: completion tokens the model wrote
+        return self.completion_mask if self.tool_mask is None else self.completion_mask & self.tool_mask
+
+    @property
+    def model_lengths(self) -> torch.Tensor:  # [rows] long: tokens the model wrote (tool results left out)
+        return self.model_mask.sum(-1)
+
     def row_prompt_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompt ids and mask repeated per row: ([rows, P], [rows, P])."""
+        if self.prompts_per_row:
+            return self.prompt_ids, self.prompt_mask
         G = self.num_generations
         return (
             self.prompt_ids.repeat_interleave(G, dim=0),

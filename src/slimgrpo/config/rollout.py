@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass
@@ -26,3 +27,28 @@ class RolloutConfig:
     repeats; 1.0 = off). Sampling only: the loss scores tokens under the model at ``temperature``, as TRL."""
     max_batch_rows: int | None = None
     """Generate at most this many completions at once (bounds KV-cache memory); None = all."""
+    tools: list[str] = field(default_factory=list)
+    """Tools the model may call (TRL's ``tools``): ``package.module:function`` or ``file.py:function``
+    (relative to the config file); type hints and a Google-style docstring give each its schema. Sync or
+    async. The Python API also takes callables. See docs/agents.md."""
+    environment: str | dict[str, str] | None = None
+    """Environment factory (TRL's ``environment_factory``), ``module:Class`` or ``file.py:Class``: one
+    instance per rollout, its public methods are tools, ``reset(**row)`` may add to the prompt,
+    ``get_reward()`` is a reward named after the class. A mapping ``name: spec`` picks the factory by
+    each row's ``environment`` column."""
+    max_tool_calling_iterations: int | None = None
+    """Most tool-calling rounds per completion (None = until the length limit), as in TRL."""
+    rollout_function: str | None = None
+    """Custom rollout (TRL's ``rollout_func``), ``module:function`` called as ``fn(prompts, trainer)``;
+    it returns ``prompt_ids``, ``completion_ids``, ``logprobs`` (one list per completion), optionally
+    ``env_mask``; other keys go to the reward functions."""
+    tool_timeout_s: float | None = 10.0
+    """Wall-clock limit per tool call; a call past it returns an error message to the model."""
+    tool_sandbox: bool = False
+    """Run each tool call in the code sandbox (a limited child process, rewards/sandbox.py) instead of
+    this process; the tool's module source is sent there, so it must be self-contained."""
+    max_tool_output_chars: int = 4000
+    """Longer tool results are cut to this many characters (with a note) before the model sees them."""
+    tool_call_format: Literal["auto", "hermes", "llama3"] = "auto"
+    """How tool calls are written: ``hermes`` (``<tool_call>{json}</tool_call>``, Qwen2.5/Qwen3),
+    ``llama3`` (a JSON-only turn), ``auto`` (Hermes blocks if present, else a JSON-only turn)."""

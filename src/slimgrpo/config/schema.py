@@ -53,6 +53,9 @@ def type_name(tp: Any) -> str:
         return " | ".join(type_name(a) for a in typing.get_args(tp))
     if origin is list:
         return f"list[{type_name(typing.get_args(tp)[0])}]"
+    if origin is dict:
+        k, v = typing.get_args(tp)
+        return f"dict[{type_name(k)}, {type_name(v)}]"
     if tp is type(None):
         return "null"
     return getattr(tp, "__name__", str(tp))

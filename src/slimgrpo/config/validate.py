@@ -39,7 +39,7 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError("data.path is empty: set it to a prompts file (data.path=prompts.jsonl); from Python, "
                           "pass the rows instead: Trainer(cfg, train_dataset=rows) with load_config(..., "
                           "validate=False), or cfg.data.path = rows")
-    if not cfg.rewards.functions:
+    if not cfg.rewards.functions and not cfg.rollout.environment:
         raise ConfigError(
             "rewards.functions is empty: name at least one reward function, e.g. "
             "rewards.functions=[gsm8k_accuracy] or rewards.functions=[my_rewards.py:score]"
@@ -65,6 +65,15 @@ def validate_config(cfg: Config) -> None:
             f"rollout.min_completion_length={r.min_completion_length} exceeds "
             f"rollout.max_completion_length={r.max_completion_length}"
         )
+    if r.max_tool_calling_iterations is not None and r.max_tool_calling_iterations < 0:
+        raise ConfigError(f"rollout.max_tool_calling_iterations must be >= 0 or null, got "
+                          f"{r.max_tool_calling_iterations}")
+    if r.tool_timeout_s is not None and not r.tool_timeout_s > 0:
+        raise ConfigError(f"rollout.tool_timeout_s must be > 0 or null, got {r.tool_timeout_s}")
+    _positive(r.max_tool_output_chars, "rollout.max_tool_output_chars")
+    if r.rollout_function and (r.tools or r.environment):
+        raise ConfigError("rollout.rollout_function replaces the built-in rollout: it cannot be combined with "
+                          "rollout.tools or rollout.environment (call your tools inside the function)")
     if r.temperature < 0:
         raise ConfigError(f"rollout.temperature must be >= 0, got {r.temperature}")
     if not 0 < r.top_p <= 1:

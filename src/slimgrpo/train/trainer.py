@@ -61,10 +61,14 @@ class StepResult:
 
 class Trainer:
     def __init__(self, cfg: Config, callbacks: list[Callback] | None = None, dist: DistContext | None = None,
-                 policy: Policy | None = None, train_dataset: Any = None):
+                 policy: Policy | None = None, train_dataset: Any = None, tools: list[Callable] | None = None,
+                 environment_factory: Callable | dict[str, Callable] | None = None,
+                 rollout_func: Callable | None = None):
         if train_dataset is not None:  # TRL's name: a list of row dicts or a datasets.Dataset, instead of a file
             cfg.data.path = train_dataset
         self.cfg = cfg
+        # TRL's GRPOTrainer arguments; callables in place of rollout.tools / environment / rollout_function.
+        self.agent_args = {"tools": tools, "environment": environment_factory, "rollout_func": rollout_func}
         self.callbacks = list(callbacks or [])
         self.dist = dist or from_environment()
         # Like TRL's output_dir: relative to the working directory, whether or not it exists yet.
@@ -90,10 +94,7 @@ class Trainer:
 
             # Before any weights load: print the plan; refuse (or fit) a run over memory.budget.
             self.cfg = cfg = check_before_training(cfg, self.dist.world_size, show=self.dist.is_main)[0]
-        self.reward_runner = RewardRunner(
-            load_reward_functions(cfg.rewards.functions, cfg.base_dir, cfg.run.device), cfg.rewards.reward_weights,
-            on_error=cfg.rewards.on_error, timeout_s=cfg.rewards.timeout_s, isolation=cfg.rewards.isolation,
-        )
+        reward_functions = load_reward_functions(cfg.rewards.functions, cfg.base_dir, cfg.run.device)
         self.policy = self._policy or build_policy(cfg)
         self.dataset: PromptDataset = load_prompt_dataset(resolve_path(cfg, cfg.data.path), self.policy.tokenizer,
                                                           cfg.data)
@@ -116,6 +117,14 @@ class Trainer:
         self.engine = TorchRolloutEngine(self.policy.model, max_batch_rows=cfg.rollout.max_batch_rows)
         if self.dist.enabled:  # FSDP2: generation gathers the sharded weights; DDP: a failure stops every rank
             self.engine = launch.wrap_engine(self.engine, self.model, cfg, self.dist)
+        from slimgrpo.rollout.agent_setup import setup_agent
+
+        self.agent, agent_rewards = setup_agent(self)  # tools / environments / rollout_function, or None
+        self.reward_runner = RewardRunner(
+            reward_functions + agent_rewards,
+            None if cfg.rewards.reward_weights is None else [*cfg.rewards.reward_weights, *[1.0] * len(agent_rewards)],
+            on_error=cfg.rewards.on_error, timeout_s=cfg.rewards.timeout_s, isolation=cfg.rewards.isolation,
+        )
         tok = self.policy.tokenizer
         eos = {tok.eos_token_id} | set(_generation_eos(self.policy.model))
         r = cfg.rollout
@@ -196,11 +205,16 @@ class Trainer:
 
     def generate(self, batch: PromptBatch) -> tuple[Rollout, float]:
         t = time.perf_counter()
+        if self.agent is not None:  # multi-turn with tools, or a custom rollout function
+            return self.agent.generate(batch, self.cfg.rollout.num_generations, self.sampling,
+                                       self.generator), time.perf_counter() - t
         rollout = self.engine.generate(batch.prompt_ids, self.cfg.rollout.num_generations, self.sampling,
                                        self.generator)
         return rollout, time.perf_counter() - t
 
     def decode(self, batch: PromptBatch, rollout: Rollout) -> list[Any]:
+        if rollout.conversations is not None:  # multi-turn: the messages after the prompt, as in TRL
+            return rollout.conversations
         tok = self.policy.tokenizer
         texts = [
             tok.decode(ids[: int(n)].tolist(), skip_special_tokens=True)
@@ -216,6 +230,7 @@ class Trainer:
         G = rollout.num_generations
         prompts = [p for p in batch.prompts for _ in range(G)]
         columns = {k: [v for v in vals for _ in range(G)] for k, vals in batch.columns.items()}
+        columns.update(rollout.reward_columns)  # e.g. TRL's `environments` for get_reward
         ids = [row[: int(n)].tolist() for row, n in zip(rollout.completion_ids, rollout.completion_lengths)]
         state = self.trainer_state
         state.global_step = self.step_idx
@@ -308,7 +323,7 @@ class Trainer:
 
     def step_metrics(self, rollout, rewards, advantages, stats, grad_norm, skipped, gen_s, step_s) -> dict[str, Any]:
         d = self.dist
-        lengths = rollout.completion_lengths.float()
+        lengths = rollout.model_lengths.float()  # tokens the model wrote (tool results left out)
         gen_tokens = float(d.all_reduce_sum(lengths.sum().reshape(1).to(self.policy.device)).item())
         total = _scorable_total(rewards)  # unscorable rows (NaN) are left out of the reward stats, as in TRL
         m: dict[str, Any] = {}
@@ -344,6 +359,7 @@ class Trainer:
         m["time/step_s"] = step_s
         m["memory/peak_mib"] = float(d.all_reduce_max(torch.tensor([peak_memory_mib(self.policy.device)],
                                                                   device=self.policy.device)).item())
+        m.update(rollout.metrics)  # tools/... of a multi-turn rollout (this rank's rows)
         for key, count in rewards.fault_counts.items():
             m[f"reward_faults/{key}"] = count
         m.update(step_means(rewards.logged_metrics, d))  # log_metric calls of the reward functions (TRL names)

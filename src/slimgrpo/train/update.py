@@ -39,7 +39,7 @@ def make_update_batch(rollout: Rollout, advantages: torch.Tensor, mask_truncated
     prompt_ids, prompt_mask = rollout.row_prompt_ids()
     input_ids = torch.cat([prompt_ids, rollout.completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, rollout.completion_mask], dim=1).long()
-    loss_mask = rollout.completion_mask.clone()
+    loss_mask = rollout.model_mask.clone()  # tool results stay in the context, out of the loss and KL
     if mask_truncated:
         loss_mask &= ~rollout.is_truncated.unsqueeze(1)
     return UpdateBatch(input_ids, attention_mask, rollout.completion_ids, loss_mask, advantages.float())

@@ -132,7 +132,8 @@ RULES: list[r.Rule] = [
     I("transformers_continuous_batching_config", "the rollout engine batches itself"),
     I("use_transformers_paged", "the rollout engine batches itself"),
     I("ds3_gather_for_generation", "no DeepSpeed; FSDP2 gathering is distributed.fsdp_generation"),
-    R("max_tool_calling_iterations", "tool calling is not supported"),
+    M("max_tool_calling_iterations", "rollout.max_tool_calling_iterations", "tools come from rollout.tools or "
+      "Trainer(cfg, tools=...), see docs/agents.md"),
     I("pad_to_multiple_of", "padding is internal"),
     # ------------------------------------------------------------- objective
     M("beta", "loss.beta"),
