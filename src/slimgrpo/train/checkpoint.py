@@ -213,6 +213,17 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    try:
+        _write_checkpoint(tmp, output_dir, step, model, optimizer, scheduler, sampler_state, generator, extra)
+    except OSError:  # disk full, quota, read-only: free what this save took; earlier checkpoints stay
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finish_save(tmp, final, step, keep)
+    return final
+
+
+def _write_checkpoint(tmp: Path, output_dir, step, model, optimizer, scheduler, sampler_state, generator,
+                      extra) -> None:
     model.save_pretrained(str(tmp / "model"), safe_serialization=True)
     _debug_kill("model", step)
     opt_skel = save_nested(optimizer.state_dict(), tmp / "optimizer.safetensors")
@@ -233,8 +244,6 @@ def save_checkpoint(
     copy_history(output_dir, tmp)
     _debug_kill("state", step)
     _fsync_tree(tmp)
-    finish_save(tmp, final, step, keep)
-    return final
 
 
 def copy_history(output_dir: str | Path, folder: Path) -> None:
@@ -329,6 +338,17 @@ def _step_of(path: Path) -> int:
         return int(path.name[len(PREFIX):])
     except ValueError:
         return -1
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step of a ``checkpoint-<step>`` folder (from its trainer_state.json when the name says nothing)."""
+    step = _step_of(path)
+    if step < 0:
+        try:
+            step = int(json.loads((path / "trainer_state.json").read_text())["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return -1
+    return step
 
 
 def list_complete(root: Path) -> list[Path]:
