@@ -19,7 +19,7 @@ import torch
 
 from slimgrpo.advantages import compute_advantages, zero_std_fraction
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
-from slimgrpo.data import PromptDataset, PromptSampler, load_prompt_dataset
+from slimgrpo.data import PromptDataset, PromptSampler, check_enough_prompts, load_prompt_dataset
 from slimgrpo.loss.objectives import LossSettings, Normaliser
 from slimgrpo.modeling import Policy, build_policy, looks_like_hub_name, max_positions, read_model_config
 from slimgrpo.rewards.loading import load_reward_functions
@@ -97,6 +97,7 @@ class Trainer:
         self.policy = self._policy or build_policy(cfg)
         self.dataset: PromptDataset = load_prompt_dataset(resolve_path(cfg, cfg.data.path), self.policy.tokenizer,
                                                           cfg.data)
+        check_enough_prompts(len(self.dataset), cfg.prompts_per_step, cfg.run.batch_size, cfg.rollout.num_generations)
         if cfg.prompts_per_step % self.dist.world_size:
             raise ValueError(
                 f"run.batch_size={cfg.run.batch_size} gives {cfg.prompts_per_step} prompts per step, which "
