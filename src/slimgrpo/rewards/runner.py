@@ -30,6 +30,8 @@ the function instead of killing the process). Code that ends the process at C le
 extension) is only contained by ``isolation="process"``, where a child that dies without an answer is
 an ``exception`` fault. Every function gets its own copy of the inputs: in-place edits by one never
 reach the next. A real Ctrl-C reaches the main thread, not the reward thread, and stops the run as usual.
+Because calls run in a worker thread, code that needs the main thread (``signal.alarm`` timeouts,
+``signal.signal``) must use ``isolation="process"``, where the forked child runs it in its main thread.
 
 Timeouts work from any thread (no ``signal.alarm``). With ``isolation="thread"`` (default) every call
 runs in a daemon worker thread; a call still running after ``HEARTBEAT_S`` seconds logs a line every
@@ -198,20 +200,13 @@ def _call_in_thread(fn: Callable, kwargs: dict, timeout_s: float | None, name: s
 
     label = name or getattr(fn, "__name__", "fn")
     worker = threading.Thread(target=target, daemon=True, name=f"slimgrpo-reward-{label}")
-    t0 = time.monotonic()
     worker.start()
-    while True:
-        waited = time.monotonic() - t0
-        left = None if timeout_s is None else timeout_s - waited
-        if left is not None and left <= 0:
-            break
-        worker.join(HEARTBEAT_S if left is None else min(HEARTBEAT_S, left))
-        if not worker.is_alive():
-            break
-        waited = time.monotonic() - t0
-        if timeout_s is None or waited < timeout_s:
-            limit = "no limit" if timeout_s is None else f"rewards.timeout_s={timeout_s:g}"
-            log.warning("reward function %r still running after %.0f s (%s)", label, waited, limit)
+
+    def finished(seconds: float | None) -> bool:
+        worker.join(seconds)
+        return not worker.is_alive()
+
+    _wait_with_heartbeat(finished, timeout_s, label)
     if worker.is_alive():
         raise _Timeout()
     if "error" in box:
@@ -236,14 +231,30 @@ def _child_main(conn, fn: Callable, kwargs: dict) -> None:
         conn.close()
 
 
-def _call_in_process(fn: Callable, kwargs: dict, timeout_s: float | None) -> Any:
+def _wait_with_heartbeat(ready: Callable[[float | None], bool], timeout_s: float | None, label: str) -> bool:
+    """Wait until ``ready(seconds)`` is true or ``timeout_s`` passes, logging a line every ``HEARTBEAT_S``."""
+    t0 = time.monotonic()
+    while True:
+        waited = time.monotonic() - t0
+        left = None if timeout_s is None else timeout_s - waited
+        if left is not None and left <= 0:
+            return False
+        if ready(HEARTBEAT_S if left is None else min(HEARTBEAT_S, left)):
+            return True
+        waited = time.monotonic() - t0
+        if timeout_s is None or waited < timeout_s:
+            limit = "no limit" if timeout_s is None else f"rewards.timeout_s={timeout_s:g}"
+            log.warning("reward function %r still running after %.0f s (%s)", label, waited, limit)
+
+
+def _call_in_process(fn: Callable, kwargs: dict, timeout_s: float | None, name: str = "") -> Any:
     context = multiprocessing.get_context("fork")
     parent_conn, child_conn = context.Pipe(duplex=False)
     child = context.Process(target=_child_main, args=(child_conn, fn, kwargs), daemon=True)
     child.start()
     child_conn.close()
     try:
-        if not parent_conn.poll(timeout_s):
+        if not _wait_with_heartbeat(parent_conn.poll, timeout_s, name or getattr(fn, "__name__", "fn")):
             raise _Timeout()
         try:
             status, payload = parent_conn.recv()
@@ -370,7 +381,7 @@ class RewardRunner:
         """Call one function and turn its answer into ``rows`` floats (NaN for None/skipped)."""
         try:
             if self.isolation == "process":
-                values = _call_in_process(fn, kwargs, self.timeout_s)
+                values = _call_in_process(fn, kwargs, self.timeout_s, name)
             else:
                 values = _call_in_thread(fn, kwargs, self.timeout_s, name)
         except _Timeout:
