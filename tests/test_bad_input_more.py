@@ -104,6 +104,17 @@ def test_resume_with_a_changed_config_is_refused_with_the_keys(finished, capsys)
     assert run_hashes(run) == before
 
 
+def test_a_named_checkpoint_may_resume_with_changes_on_purpose(finished, caplog, capsys):
+    cfg, run = finished
+    first = run / "checkpoints" / "checkpoint-1"
+    assert train(cfg, "optim.learning_rate=0.02") == 2
+    assert f"name the checkpoint: run.resume={run / 'checkpoints' / 'checkpoint-2'}" in one_line_error(capsys)
+    with caplog.at_level(logging.WARNING, logger="slimgrpo"):
+        assert train(cfg, f"run.resume={first}", "optim.learning_rate=0.02") == 0
+    assert f"resuming from {first}, named by run.resume, with a changed config: optim.learning_rate: 0.01 -> 0.02" \
+        in caplog.text
+
+
 def test_python_api_raises_the_same_config_errors(finished, caplog):
     cfg, run = finished
     with pytest.raises(ResumeConfigError) as e:

@@ -505,17 +505,25 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, generator: torch.Ge
                       num_threads=threads)
 
 
-def nonfinite_diagnosis(streak: int, step: int, output_dir: str | Path) -> str:
+def nonfinite_diagnosis(streak: int, step: int, output_dir: str | Path, at_end: bool = False) -> str:
     """The message that stops a run after ``streak`` consecutive non-finite steps (the last one ``step``)."""
     complete = [p for p in list_complete(checkpoint_dir(output_dir)) if is_valid(p)]
     if complete:
         where = (f"The last good checkpoint, {complete[-1]} (step {_step_of(complete[-1])}), is untouched: "
-                 "fix the cause and run the same command to resume from it.")
+                 "fix the cause and run the same command to resume from it (to change optim.* or other keys that "
+                 f"cannot change on resume, name it: run.resume={complete[-1]}).")
     else:
         where = "No checkpoint had been saved yet (run.save_steps sets how often one is)."
+    if at_end:
+        what = (f"the run reached step {step} with its last {streak} update(s) skipped for a NaN/inf loss or "
+                "gradient (update_skipped=1 in metrics.jsonl): the model now gives NaN/inf, so no final model "
+                "was saved. ")
+    else:
+        what = (f"stopped at step {step}: {streak} consecutive steps had a NaN/inf loss or gradient, so their "
+                "updates were skipped (update_skipped=1 in metrics.jsonl) and the run stopped "
+                "(run.max_nonfinite_steps). ")
     return (
-        f"stopped at step {step}: {streak} consecutive steps had a NaN/inf loss or gradient, so their updates "
-        "were skipped (update_skipped=1 in metrics.jsonl) and the run stopped (run.max_nonfinite_steps). "
+        what +
         "Likely causes: a learning rate too high (optim.learning_rate), float16 overflow (use "
         "model.dtype=bfloat16), or reward values so large that their sum or spread overflows (check the "
         f"rewards/* metrics). {where}"

@@ -139,7 +139,9 @@ def _fresh_hint(output_dir: Path) -> str:
             f"{output_dir}.old-<time>, deleting nothing) or give a new run.output_dir")
 
 
-def check_config(cfg, saved_config: Path, where: str, output_dir: Path) -> None:
+def check_config(cfg, saved_config: Path, where: str, output_dir: Path, explicit: bool = False) -> None:
+    """Refuse a resume whose config differs in non-resumable keys; a checkpoint named explicitly
+    (``run.resume=PATH``) is a deliberate choice: the differences are only logged."""
     saved = _read_yaml(saved_config)
     if saved is None:
         return  # old checkpoints without config.yaml: the weight/optimizer checks still apply
@@ -147,9 +149,16 @@ def check_config(cfg, saved_config: Path, where: str, output_dir: Path) -> None:
     if not diff:
         return
     listed = "; ".join(f"{k}: {_show(a)} -> {_show(b)}" for k, a, b in diff)
+    if explicit:
+        log.warning("resuming %s, named by run.resume, with a changed config: %s", where, listed)
+        return
+    named = ""
+    if where.startswith("from "):
+        named = (" (or, to continue it with these changes on purpose, name the checkpoint: "
+                 f"run.resume={where[len('from '):]})")
     raise ResumeConfigError(
         f"cannot resume {where}: this config differs from the one it was trained with in {listed}. "
-        f"To continue that run, set these back; {_fresh_hint(output_dir)}. Keys that may change on resume: "
+        f"To continue that run, set these back{named}; {_fresh_hint(output_dir)}. Keys that may change on resume: "
         "run.max_steps, run.save_*, log.*, timeouts and memory-only settings (docs/checkpoints.md).", diff)
 
 
@@ -174,7 +183,7 @@ def plan(cfg, output_dir: Path, base_path) -> Plan:
             raise RunFolderError(f"run.resume={spec!r}: {path} is not a usable slimgrpo checkpoint "
                                  f"({ckpt.problem(path)}); point it at a checkpoints/checkpoint-<step> folder, "
                                  "or use run.resume=auto")
-        check_config(cfg, path / "config.yaml", f"from {path}", output_dir)
+        check_config(cfg, path / "config.yaml", f"from {path}", output_dir, explicit=True)
         return Plan(resume_from=path)
     path = ckpt.find_resume_checkpoint(output_dir)
     summary = _read_summary(output_dir)

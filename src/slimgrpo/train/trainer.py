@@ -294,7 +294,8 @@ class Trainer:
         """The run ends while its last updates were skipped as non-finite: the model as it stands gives
         NaN/inf (e.g. a learning rate that blew the weights up), so stop without a final model."""
         if self.nonfinite_streak and not self.stop_requested:
-            raise NonFiniteError(ckpt.nonfinite_diagnosis(self.nonfinite_streak, self.step_idx, self.output_dir))
+            raise NonFiniteError(ckpt.nonfinite_diagnosis(self.nonfinite_streak, self.step_idx, self.output_dir,
+                                                          at_end=True))
 
     def step_metrics(self, rollout, rewards, advantages, stats, grad_norm, skipped, gen_s, step_s) -> dict[str, Any]:
         d = self.dist
