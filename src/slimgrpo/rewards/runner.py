@@ -215,8 +215,10 @@ def _call_in_thread(fn: Callable, kwargs: dict, timeout_s: float | None, name: s
 
 
 def _copy_inputs(kwargs: dict) -> dict:
-    """A private copy of the inputs for one function (token ids copied the fast way)."""
-    out = {k: copy.deepcopy(v) for k, v in kwargs.items() if k != "completion_ids"}
+    """A private copy of the inputs for one function (token ids copied the fast way). Only plain data
+    (lists, tuples, dicts) is copied; callables and other objects passed along are shared."""
+    out = {k: copy.deepcopy(v) if isinstance(v, (list, tuple, dict)) else v
+           for k, v in kwargs.items() if k != "completion_ids"}
     ids = kwargs.get("completion_ids")
     out["completion_ids"] = None if ids is None else [list(row) for row in ids]
     return out

@@ -155,9 +155,8 @@ class Trainer:
         with self.dist.agree("checking the run folder"):
             if self.dist.is_main:
                 plan, self.run_lock = run_folder.prepare(self.cfg, self.output_dir, self.run_lock, resolve)
-        self.dist.barrier()
-        if plan is None:
-            with self.dist.agree("checking the run folder"):
+        with self.dist.agree("checking the run folder"):  # rank 0 writes nothing until every rank has read
+            if plan is None:
                 plan = run_folder.plan(self.cfg, self.output_dir, resolve)
         return plan
 
