@@ -59,7 +59,8 @@ def torchrun(args: list[str], tmp_path: Path, timeout: float, nproc: int = 2, en
              **popen) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "--monitor-interval=0.2", *args]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)]),  # this checkout's code **(env or {})}
+    src = os.pathsep.join([str(HERE.parent / "src"), str(HERE)])  # this checkout's code, then the test helpers
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": src, **(env or {})}
     return subprocess.Popen(cmd, cwd=tmp_path, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, **popen)
 
