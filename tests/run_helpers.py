@@ -18,6 +18,7 @@ import yaml
 REWARD_FILE = '''
 import os
 import signal
+import time
 
 _state = {"spec": None, "calls": 0}  # calls counted since TEST_SIGNAL_AT_CALL last changed
 
@@ -31,6 +32,7 @@ def vowels(prompts, completions, completion_ids=None, **kwargs):
         name, _, at = action.partition(":")
         if _state["calls"] == int(at):
             os.kill(os.getpid(), getattr(signal, "SIG" + name))
+            time.sleep(0.2)  # rewards run in a worker thread: let the main thread handle this signal first
     return [sum(ch in "aeiou" for ch in c) / max(len(c), 1) for c in completions]
 '''
 

@@ -183,14 +183,16 @@ def test_resume_with_another_model_or_dataset(tmp_path, good_run, capsys):
     tok = build_tokenizer(other)
     build_tiny_model(other, vocab_size=len(tok), hidden=48)
     err = bad_run(tmp_path, good_run, capsys, f"model.path={other}")
-    assert "checkpoint-2 was saved from a different model" in err and "run.output_dir" in err
+    # The config check comes first: the checkpoint's config.yaml names the keys that changed.
+    assert "cannot resume from" in err and "checkpoint-2" in err and f"model.path: '{good_run['config']['model']['path']}' -> '{other}'" in err
+    assert "run.resume=never run.overwrite=true" in err and "run.output_dir" in err
 
     def edit(c):
         (tmp_path / "three.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PROMPTS[:3]))
         c["data"]["path"] = "three.jsonl"
 
     err = bad_run(tmp_path, good_run, capsys, edit=edit)
-    assert "dataset of 5 prompts, this one has 3" in err
+    assert "data.path: 'prompts.jsonl' -> 'three.jsonl'" in err
 
 
 def test_debug_shows_the_traceback(tmp_path, good_run, capsys):

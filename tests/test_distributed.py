@@ -185,8 +185,8 @@ def test_two_ranks_take_the_same_step_as_one_process(tmp_path, tiny_model_dir, p
             assert g["sharded"] == g["plain"], (i, rank)
 
 
-def _train_command(config: Path) -> list[str]:
-    return ["-m", "slimgrpo", "train", str(config)]
+def _train_command(config: Path, *overrides: str) -> list[str]:
+    return ["-m", "slimgrpo", "train", str(config), *overrides]
 
 
 def _final_weights(run: Path) -> dict[str, torch.Tensor]:
@@ -285,3 +285,22 @@ def test_collective_that_waits_too_long_fails_with_a_clear_timeout(tmp_path):
     assert code != 0
     assert "waited longer than distributed.timeout_s=3" in log, log[-4000:]
     assert elapsed < 45, f"took {elapsed:.0f}s"
+
+
+def test_run_folder_lock_and_finished_run_under_torchrun(tmp_path, tiny_model_dir, prompts):
+    """Rank 0 holds the run folder's lock; a folder held by another process stops every rank at once
+    (exit 2, naming the holder, no rank left waiting); a finished run started again says so on every rank."""
+    from slimgrpo.train.run_lock import RunLock
+
+    cfg = write_config(tmp_path / "cfg.yaml", tiny_model_dir, prompts, tmp_path / "run",
+                       ["my_rewards.py:vowel_share"], distributed={"strategy": "ddp"}, run={"max_steps": 1})
+    code, log = finish(torchrun(_train_command(cfg), tmp_path, timeout=150), timeout=150)
+    assert code == 0, log[-6000:]
+    code, log = finish(torchrun(_train_command(cfg), tmp_path, timeout=150), timeout=150)
+    assert code == 0 and "already finished at step 1; nothing to do" in log, log[-6000:]
+    with RunLock(tmp_path / "run"):
+        start = time.monotonic()
+        code, log = finish(torchrun(_train_command(cfg, "run.max_steps=2"), tmp_path, timeout=150), timeout=150)
+    assert code != 0 and f"is in use by pid {os.getpid()}" in log, log[-6000:]
+    assert time.monotonic() - start < 120
+    assert [json.loads(ln)["step"] for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1]

@@ -148,9 +148,9 @@ def test_consecutive_nonfinite_steps_stop_with_last_checkpoint_intact(tmp_path, 
     before = file_hashes(run / "checkpoints")
 
     monkeypatch.setenv("TEST_HUGE_REWARDS", "1")
-    assert main(["train", str(cfg), "run.max_steps=6", "run.save_steps=3"]) == 2
+    assert main(["train", str(cfg), "run.max_steps=6", "run.save_steps=3"]) == 3  # diverged: exit 3
     err = capsys.readouterr().err
-    assert "stopped at step 4: 2 consecutive steps had a NaN/inf loss or gradient" in err
+    assert "training diverged: stopped at step 4: 2 consecutive steps had a NaN/inf loss or gradient" in err
     assert "checkpoint-2 (step 2), is untouched" in err and "reward values so large" in err
     assert "Traceback" not in err
     # Resumed at 2; step 3 skipped (logged, and its periodic save left out: no checkpoint in the middle of

@@ -129,6 +129,9 @@ def cmd_train(args) -> int:
 
 
 def _finish(summary: dict, cfg) -> int:
+    if summary.get("already_finished"):
+        print(f"already finished at step {summary.get('steps')}; nothing to do (run folder {cfg.run.output_dir})")
+        return 0
     if summary.get("preempted_by"):
         print(f"stopped by {summary['preempted_by']} at step {summary.get('steps')} of {cfg.run.max_steps}; "
               f"checkpoint saved in {cfg.run.output_dir}/checkpoints. Run the same command again to resume.")
@@ -185,10 +188,33 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         pass
     from slimgrpo.train.distributed import CollectiveError, RankFailure
     from slimgrpo.train.optim import OptimizerUnavailable
-    from slimgrpo.train.trainer import NonFiniteError
-
-    errors += [OptimizerUnavailable, NonFiniteError, RankFailure, CollectiveError, ValueError, FileNotFoundError]
+    errors += [OptimizerUnavailable, RankFailure, CollectiveError, ValueError, FileNotFoundError]
     return tuple(errors)
+
+
+# Exit codes: 0 done, 1 internal error, 2 bad input (config, data, model, reward, run folder, storage),
+# 3 training diverged (non-finite updates), 130 interrupted.
+EXIT_DIVERGED = 3
+
+
+def _storage_error(e: BaseException) -> str | None:
+    """A one-paragraph message for full disks, read-only or forbidden paths; None for other errors."""
+    import errno
+
+    if not isinstance(e, OSError) or e.errno is None:
+        return None
+    fixes = {errno.ENOSPC: "free disk space (or point run.output_dir at a larger disk)",
+             errno.EDQUOT: "free space within your disk quota",
+             errno.EROFS: "write to a writable folder (run.output_dir=PATH)",
+             errno.EACCES: "fix the permissions or choose another path",
+             errno.EPERM: "fix the permissions or choose another path",
+             errno.EISDIR: "give a file path, not a folder",
+             errno.ENOTDIR: "a part of the path is a file, not a folder: fix the path"}
+    if e.errno not in fixes:
+        return None
+    where = f" ({e.filename})" if e.filename else ""
+    return (f"{e.strerror or e}{where}: {fixes[e.errno]}. Checkpoints saved before this point are intact; "
+            "run the same command again to resume from the newest one.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,8 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     install_log_filter()
     handlers = {"train": cmd_train, "plan": cmd_plan, "eval": cmd_eval, "report": cmd_report, "demo": cmd_demo,
                 "export": cmd_export}
+    from slimgrpo.train.trainer import NonFiniteError
+
     try:
         return handlers[args.command](args)
+    except NonFiniteError as e:  # diverged: an error, never "done"
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: training diverged: {scrub_text(str(e))}", file=sys.stderr)
+        return EXIT_DIVERGED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -214,8 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             inner = getattr(e, "traceback_text", None)  # e.g. a reward function's own traceback
             if inner:
                 print(f"\n{inner.rstrip()}", file=sys.stderr)
-        if isinstance(e, _user_errors()):
-            print(f"error: {scrub_text(str(e))}", file=sys.stderr)
+        storage = _storage_error(e)
+        if storage or isinstance(e, _user_errors()):
+            print(f"error: {scrub_text(storage or str(e))}", file=sys.stderr)
             if not args.debug:
                 print("(run with --debug for the traceback)", file=sys.stderr)
             return 2

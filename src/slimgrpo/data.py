@@ -68,8 +68,29 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_csv(path: Path) -> list[dict[str, Any]]:
+    rows = []
     with path.open(encoding="utf-8", newline="") as f:
-        return [dict(r) for r in csv.DictReader(f)]
+        reader = csv.DictReader(f)
+        for i, r in enumerate(reader, start=1):
+            if None in r or any(v is None for v in r.values()):  # more / fewer fields than the header
+                fields = sum(1 for k, v in r.items() if k is not None and v is not None) + len(r.get(None) or [])
+                raise DataError(
+                    f"{path}: row {i} (line {reader.line_num}) has {fields} fields, the header has "
+                    f"{len(reader.fieldnames or [])}: quote values that hold commas (\"a, b\"), or fix that row")
+            rows.append(dict(r))
+    return rows
+
+
+def _utf8_error(path: Path) -> DataError:
+    """Name the first line that is not UTF-8."""
+    for lineno, line in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return DataError(
+                f"{path}: line {lineno} is not valid UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1}): "
+                "save the file as UTF-8, e.g. iconv -f latin1 -t utf-8 IN > OUT")
+    return DataError(f"{path}: not valid UTF-8: save the file as UTF-8")
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
@@ -138,7 +159,10 @@ def read_rows(path: Any, split: str = "train") -> list[dict[str, Any]]:
         reader = READERS.get(p.suffix.lower())
         if reader is None:
             raise DataError(f"{p}: unsupported file type {p.suffix!r}; use .jsonl, .json, .csv or .parquet")
-        return reader(p)
+        try:
+            return reader(p)
+        except UnicodeDecodeError:
+            raise _utf8_error(p) from None
     if "/" in path and not path.startswith((".", "/")) and path.count("/") == 1 and not p.suffix:
         return _read_hub(path, split)  # looks like "org/name"
     raise DataError(f"data file {path!r} does not exist (looked in {os.path.abspath(path)})")
@@ -321,6 +345,16 @@ def load_prompt_dataset(path: Any, tokenizer, cfg: DataConfig) -> PromptDataset:
 def steps_for_epochs(num_train_epochs: float, rows: int, prompts_per_step: int) -> int:
     """Optimizer steps that cover ``num_train_epochs`` passes over ``rows`` prompts (at least 1)."""
     return max(math.ceil(num_train_epochs * rows / prompts_per_step), 1)
+
+
+def check_enough_prompts(num_prompts: int, prompts_per_step: int, batch_size: int, num_generations: int) -> None:
+    """A step draws distinct prompts: fewer than one step needs would repeat prompts within a step."""
+    if num_prompts < prompts_per_step:
+        fit = num_prompts * num_generations
+        raise DataError(
+            f"the dataset has {num_prompts} prompt{'s' if num_prompts != 1 else ''}, but each step needs "
+            f"{prompts_per_step} (run.batch_size={batch_size} / rollout.num_generations={num_generations}): "
+            f"add prompts, or lower run.batch_size to {fit} or less")
 
 
 @dataclass

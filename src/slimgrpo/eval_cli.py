@@ -20,7 +20,7 @@ from slimgrpo.rollout.sampling import SamplingParams
 
 def load_for_eval(path: str, cfg: Config):
     """A model folder, a training checkpoint folder, or a peft adapter folder (base read from it)."""
-    p = Path(path)
+    p = given = Path(path)
     if (p / "model").is_dir() and (p / "trainer_state.json").is_file():
         p = p / "model"  # a slimgrpo checkpoint
     device = resolve_device(cfg.run.device)
@@ -36,9 +36,42 @@ def load_for_eval(path: str, cfg: Config):
         model = PeftModel.from_pretrained(base, str(p)).to(device)
         return model.eval(), load_tokenizer(str(tok_dir))
     model = load_model(cfg.model.__class__(**{**cfg.model.__dict__, "path": str(p)}), device, dtype)
-    tok_dir = p if ((p / "tokenizer.json").is_file() or (p / "tokenizer_config.json").is_file()) else \
-        Path(resolve_path(cfg, cfg.model.tokenizer_path or cfg.model.path))
-    return model.eval(), load_tokenizer(str(tok_dir))
+    return model.eval(), load_tokenizer(str(find_tokenizer(p, given, cfg)))
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
+
+
+def find_tokenizer(model_dir: Path, given: Path, cfg: Config) -> Path:
+    """The tokenizer for a model folder: beside the weights, the config's model.tokenizer_path / model.path,
+    or, for a checkpoint without a config, the run's final/ folder and the model named by the run's
+    config.yaml."""
+    import yaml
+
+    if _has_tokenizer(model_dir):
+        return model_dir
+    if cfg.model.tokenizer_path or cfg.model.path:
+        return Path(resolve_path(cfg, cfg.model.tokenizer_path or cfg.model.path))
+    looked = [model_dir]
+    for run in (given, given.parent.parent):  # a checkpoint folder, or checkpoints/checkpoint-N in a run folder
+        if _has_tokenizer(run / "final"):
+            return run / "final"
+        looked.append(run / "final")
+        for saved in (given / "config.yaml", run / "config.yaml"):
+            try:
+                model = (yaml.safe_load(saved.read_text()) or {}).get("model", {})
+            except (OSError, yaml.YAMLError, AttributeError):
+                continue
+            for key in ("tokenizer_path", "path"):
+                candidate = Path(str(model.get(key) or ""))
+                if model.get(key) and _has_tokenizer(candidate):
+                    return candidate
+                if model.get(key):
+                    looked.append(candidate)
+    shown = ", ".join(dict.fromkeys(str(x) for x in looked))
+    raise ModelLoadError(f"no tokenizer found for {given} (looked in {shown}): pass the training config "
+                         f"(slimgrpo eval CONFIG --model {given}) or model.tokenizer_path=PATH")
 
 
 def run_eval(model_path: str, cfg: Config, args) -> EvalResult:

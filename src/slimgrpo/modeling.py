@@ -34,7 +34,11 @@ def read_model_config(path: str) -> dict[str, Any]:
             f"model folder {path!r} does not exist. model.path must be a local folder holding "
             "config.json and the weights (e.g. saved with save_pretrained)."
         )
-    cfg_file = p / "config.json" if p.is_dir() else p
+    if p.is_file():
+        raise ModelLoadError(
+            f"model.path {path!r} is a file; point it at the model folder that holds config.json and the "
+            f"weights (perhaps model.path={str(p.parent)!r})")
+    cfg_file = p / "config.json"
     if not cfg_file.is_file():
         raise ModelLoadError(f"model folder {path!r} has no config.json; is it a Hugging Face model folder?")
     try:
@@ -65,6 +69,22 @@ def check_weights_present(path: str) -> None:
         raise ModelLoadError(
             f"model folder {path!r} has a config.json but no weights (*.safetensors or pytorch_model.bin)"
         )
+    check_weights_readable(p)
+
+
+def check_weights_readable(folder: Path) -> None:
+    """Every safetensors file's header and size read correctly (a truncated or corrupt download names
+    its file instead of failing deep inside transformers)."""
+    from safetensors import safe_open
+
+    for f in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except Exception as e:  # SafetensorError (header/size), OSError
+            raise ModelLoadError(
+                f"{f} cannot be read ({type(e).__name__}: {e}): the file is truncated or corrupt. Copy or "
+                "download the model again, or re-save it with save_pretrained.") from None
 
 
 def resolve_device(name: str) -> torch.device:

@@ -183,12 +183,49 @@ def merge_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last silently)."""
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    loader.flatten_mapping(node)
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            first = seen.get(key)
+        except TypeError:  # unhashable key: let the base constructor report it
+            continue
+        if first is not None:
+            raise ConfigError(f"{loader.name}: key {key!r} appears twice (lines {first} and "
+                              f"{key_node.start_mark.line + 1}); the second would silently replace the first. "
+                              "Merge them into one.")
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
 def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
+    if p.is_dir():
+        inside = sorted(x.name for x in p.glob("*.y*ml"))
+        hint = f" (YAML files there: {', '.join(inside[:5])})" if inside else ""
+        raise ConfigError(f"config {str(p)!r} is a folder, not a YAML file: give the file itself{hint}")
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
+    try:
+        loader = _UniqueKeyLoader(text)
+        loader.name = str(p)
+        try:
+            data = loader.get_single_data() or {}
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -23,7 +23,7 @@ class RunConfig:
     device: str = "auto"
     """``auto`` (cuda when available, else cpu), ``cpu``, ``cuda``, ``cuda:1``."""
     num_threads: int | None = None
-    """CPU threads for torch (None = torch's default)."""
+    """CPU threads for torch (None = torch's default; otherwise >= 1)."""
     save_steps: int = 0
     """Write a checkpoint every N steps (0 = only at the end)."""
     save_checkpoints: bool = True
@@ -31,11 +31,16 @@ class RunConfig:
     save_total_limit: int = 2
     """Keep the newest N checkpoints."""
     resume: str = "auto"
-    """``auto``: continue from the newest complete checkpoint in output_dir; ``never``; or a path."""
+    """``auto``: continue from the newest complete checkpoint in output_dir (refused when the config differs
+    in keys that cannot change mid-run, see docs/checkpoints.md); ``never``: start afresh; or a checkpoint path."""
+    overwrite: bool = False
+    """Let a fresh start use a folder that holds an earlier run: that run is moved aside to
+    ``<output_dir>.old-<YYYYmmdd-HHMMSS>`` (nothing is deleted). False: such a start is refused."""
     save_model: bool = True
     """Save the trained model (or adapter) in Hugging Face format at the end."""
     max_nonfinite_steps: int = 3
-    """Stop after this many consecutive steps with a NaN/inf loss or gradient (each is skipped)."""
+    """Stop (exit code 3) after this many consecutive steps with a NaN/inf loss or gradient (each update is
+    skipped); a run whose last update was skipped also ends with exit 3 and no final model."""
 
 
 @dataclass
@@ -49,7 +54,7 @@ class LogConfig:
     num_completions_to_log: int = 4
     """How many completions each time."""
     progress: bool = True
-    """Show a progress bar with ETA."""
+    """Show a progress bar with ETA (false: plain metric lines only, every ``logging_steps``)."""
 
 
 @dataclass

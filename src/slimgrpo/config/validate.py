@@ -58,6 +58,18 @@ def validate_config(cfg: Config) -> None:
     _positive(run.max_steps, "run.max_steps")
     if run.num_train_epochs is not None:
         _positive(run.num_train_epochs, "run.num_train_epochs")
+    if not str(run.output_dir).strip():
+        raise ConfigError("run.output_dir is empty: give the run its own folder, e.g. run.output_dir=outputs/my-run")
+    if run.num_threads is not None and run.num_threads < 1:
+        raise ConfigError(f"run.num_threads must be >= 1 (or null for torch's default), got {run.num_threads}")
+    _positive(run.max_nonfinite_steps, "run.max_nonfinite_steps")
+    if cfg.rewards.timeout_s is not None:
+        _positive(cfg.rewards.timeout_s, "rewards.timeout_s")
+    _positive(cfg.rewards.max_failed_steps, "rewards.max_failed_steps", allow_zero=True)
+    if cfg.model.dtype == "float16" and _resolves_to_cpu(run.device):
+        raise ConfigError(
+            f"model.dtype=float16 with run.device={run.device!r} runs on the CPU, where float16 sampling and "
+            "training overflow and fail: use model.dtype=float32 (or bfloat16) on CPU, or run on a GPU")
     _positive(r.max_completion_length, "rollout.max_completion_length")
     _positive(cfg.data.max_prompt_length, "data.max_prompt_length")
     if r.min_completion_length > r.max_completion_length:
@@ -195,6 +207,16 @@ def loss_warnings(cfg: Config) -> list[str]:
         out.append("loss.loss_type=vespo computes sequence-level weights itself: "
                    "loss.importance_sampling_level should stay token (the default).")
     return out
+
+
+def _resolves_to_cpu(device: str) -> bool:
+    if device == "cpu":
+        return True
+    if device == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return False
 
 
 def auto_token_chunk(vocab_size: int, budget_bytes: int = 64 * 2**20) -> int:

@@ -53,10 +53,31 @@ def _eval(policy, dataset, runner, temperature: float, max_tokens: int, seed: in
                     prompts_per_batch=100)
 
 
+def _claim_folder(cfg):
+    """Lock the demo's run folder; an earlier run there is refused, or moved aside with run.overwrite=true."""
+    from slimgrpo.train import run_folder
+
+    out = Path(cfg.run.output_dir).expanduser().absolute()
+    lock = run_folder.open_folder(out)
+    try:
+        _, lock = run_folder.prepare(cfg, out, lock, lambda p: p)
+    except run_folder.FolderInUseError:
+        lock.release()
+        raise run_folder.FolderInUseError(
+            f"{out} holds an earlier run (the demo never overwrites one): use --output-dir NEW_FOLDER, or "
+            f"`slimgrpo demo run.overwrite=true` to move the old run aside to {out}.old-<time> (nothing is "
+            "deleted)") from None
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
 def run_demo(output_dir: str = "outputs/demo", overrides: list[str] | None = None) -> int:
     console = Console()
     t0 = time.perf_counter()
     cfg, eval_file = demo_config(output_dir, overrides or [])
+    lock = _claim_folder(cfg)  # before minutes of evaluation: refuse a used folder now
     console.print(f"[bold]slimgrpo demo[/bold]: GRPO on a bundled tiny model, CPU, {cfg.run.max_steps} steps")
     policy = build_policy(cfg)
     runner = RewardRunner([load_reward_function(REWARD)], None)
@@ -74,6 +95,7 @@ def run_demo(output_dir: str = "outputs/demo", overrides: list[str] | None = Non
     console.print(f"held-out accuracy before: sampled {before['sampled']:.1%}, greedy {before['greedy']:.1%} "
                   f"({len(eval_set)} prompts)")
     trainer = Trainer(cfg, policy=policy)
+    trainer.run_lock = lock
     trainer.setup()
     summary = trainer.train()
     after = measure(cfg.run.seed)

@@ -68,6 +68,8 @@ def load_reward_function(
                 model = RewardModel(candidate, device=device)
                 return model.__name__, model
     if ":" not in spec:
+        if spec.endswith(".py") or "/" in spec or "\\" in spec:
+            raise RewardSpecError(_file_without_function(spec, base_dir))
         return spec, _builtin(spec)
     target, attribute = spec.rsplit(":", 1)
     if not attribute:
@@ -93,6 +95,27 @@ def load_reward_functions(
         seen[name] = seen.get(name, 0) + 1
         loaded.append((name if seen[name] == 1 else f"{name}_{seen[name]}", function))
     return loaded
+
+
+def _file_without_function(spec: str, base_dir: str | os.PathLike | None) -> str:
+    """``rewards.py`` alone: say how to name the function, listing the file's top-level functions (read
+    with ``ast``, without running the file)."""
+    import ast
+
+    path = Path(spec).expanduser()
+    if not path.is_absolute():
+        path = (Path(base_dir) if base_dir is not None else Path.cwd()) / path
+    names: list[str] = []
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and not n.name.startswith("_")]
+    except (OSError, SyntaxError, ValueError):
+        pass
+    example = f"{spec}:{names[0] if names else 'function_name'}"
+    found = f" Functions in that file: {', '.join(names)}." if names else ""
+    return (f"reward spec {spec!r} names a file but not the function in it: write {example!r} "
+            f"(file:function).{found}")
 
 
 def _builtin(name: str) -> Callable:

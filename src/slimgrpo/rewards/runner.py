@@ -21,8 +21,21 @@ Faults, counted per affected row as ``fault_counts["<name>/<fault>"]``:
 the fault, the first offending sample with its prompt and completion; ``"zero"`` scores the offending
 rows 0.0; ``"skip"`` leaves them NaN (so they drop out of the weighted sum).
 
-Timeouts work from any thread (no ``signal.alarm``). With ``isolation="thread"`` (default) the call
-runs in a daemon worker thread; a call that overruns is abandoned, **but a hung Python function
+* ``non_finite`` also covers values too large for float32 (e.g. ``1e40``), which would become inf.
+
+A reward function cannot end the run: ``SystemExit`` (``sys.exit``), ``KeyboardInterrupt`` and any
+other ``BaseException`` it raises is an ``exception`` fault, and so is ``os._exit`` called from the
+reward thread (a guard replaces ``os._exit`` for the reward worker threads only, so the call raises in
+the function instead of killing the process). Code that ends the process at C level (``exit()`` in an
+extension) is only contained by ``isolation="process"``, where a child that dies without an answer is
+an ``exception`` fault. Every function gets its own copy of the inputs: in-place edits by one never
+reach the next. A real Ctrl-C reaches the main thread, not the reward thread, and stops the run as usual.
+Because calls run in a worker thread, code that needs the main thread (``signal.alarm`` timeouts,
+``signal.signal``) must use ``isolation="process"``, where the forked child runs it in its main thread.
+
+Timeouts work from any thread (no ``signal.alarm``). With ``isolation="thread"`` (default) every call
+runs in a daemon worker thread; a call still running after ``HEARTBEAT_S`` seconds logs a line every
+``HEARTBEAT_S`` seconds; a call that overruns ``timeout_s`` is abandoned, **but a hung Python function
 keeps running in its daemon thread** until it returns by itself (Python cannot kill a thread). With
 ``isolation="process"`` every call runs in a forked child process which is killed on timeout; the
 function's return value must then be picklable, side effects on globals are lost, and the child
@@ -33,10 +46,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
+import os
 import multiprocessing
 import numbers
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -53,6 +69,9 @@ FAULT_KINDS = ("exception", "timeout", "wrong_length", "not_a_number", "non_fini
 ON_ERROR_MODES = ("raise", "zero", "skip")
 ISOLATION_MODES = ("thread", "process")
 _RESERVED = ("prompts", "completions", "completion_ids", *CONTRACT_KWARGS)
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+HEARTBEAT_S = 30.0  # a reward call running longer than this logs a line every HEARTBEAT_S seconds
+log = logging.getLogger("slimgrpo")
 
 
 class RewardFunctionError(RuntimeError):
@@ -143,28 +162,75 @@ def _coerce(values: Any) -> Any:
     return out
 
 
-def _call_in_thread(fn: Callable, kwargs: dict, timeout_s: float | None) -> Any:
-    if timeout_s is None:
-        try:
-            return _coerce(_invoke(fn, kwargs))
-        except Exception:
-            raise _CallFailed(traceback.format_exc(limit=-3)) from None
+class RewardExit(BaseException):
+    """Raised in a reward worker thread in place of ``os._exit(code)``."""
+
+
+_REWARD_THREADS: set[int] = set()
+_REAL_EXIT = os._exit
+
+
+def _guarded_exit(code: int = 0) -> None:
+    if threading.get_ident() in _REWARD_THREADS:
+        raise RewardExit(f"the reward function called os._exit({code}), which would end the training process")
+    _REAL_EXIT(code)
+
+
+def _install_exit_guard() -> None:
+    """``os._exit`` from a reward worker thread raises there instead of killing the process; from any
+    other thread (or a forked child) it is the real one."""
+    if os._exit is not _guarded_exit:
+        os._exit = _guarded_exit  # type: ignore[assignment]
+
+
+def _call_in_thread(fn: Callable, kwargs: dict, timeout_s: float | None, name: str = "") -> Any:
+    """Run the call in a worker thread, so anything it raises (SystemExit and KeyboardInterrupt too) is
+    a fault of the function, and a slow call shows signs of life."""
+    _install_exit_guard()
     box: dict[str, Any] = {}
 
     def target():
+        _REWARD_THREADS.add(threading.get_ident())
         try:
             box["value"] = _coerce(_invoke(fn, kwargs))
         except BaseException:
             box["error"] = traceback.format_exc(limit=-3)
+        finally:
+            _REWARD_THREADS.discard(threading.get_ident())
 
-    worker = threading.Thread(target=target, daemon=True, name=f"slimgrpo-reward-{getattr(fn, '__name__', 'fn')}")
+    label = name or getattr(fn, "__name__", "fn")
+    worker = threading.Thread(target=target, daemon=True, name=f"slimgrpo-reward-{label}")
     worker.start()
-    worker.join(timeout_s)
+
+    def finished(seconds: float | None) -> bool:
+        worker.join(seconds)
+        return not worker.is_alive()
+
+    _wait_with_heartbeat(finished, timeout_s, label)
     if worker.is_alive():
         raise _Timeout()
     if "error" in box:
         raise _CallFailed(box["error"])
     return box["value"]
+
+
+def _plain_copy(value: Any) -> Any:
+    """Lists, tuples and dicts rebuilt all the way down; anything else (strings, numbers, environment objects
+    of a multi-turn rollout) is shared, so objects that cannot or must not be copied stay themselves."""
+    if isinstance(value, dict):
+        return {k: _plain_copy(v) for k, v in value.items()}
+    if type(value) in (list, tuple):  # exact types: a namedtuple or list subclass is shared as it is
+        return type(value)(_plain_copy(v) for v in value)
+    return value
+
+
+def _copy_inputs(kwargs: dict) -> dict:
+    """A private copy of the inputs for one function (token ids copied the fast way). Only plain data
+    (lists, tuples, dicts) is copied; callables and other objects passed along are shared."""
+    out = {k: _plain_copy(v) for k, v in kwargs.items() if k != "completion_ids"}
+    ids = kwargs.get("completion_ids")
+    out["completion_ids"] = None if ids is None else [list(row) for row in ids]
+    return out
 
 
 def _child_main(conn, fn: Callable, kwargs: dict) -> None:
@@ -178,14 +244,30 @@ def _child_main(conn, fn: Callable, kwargs: dict) -> None:
         conn.close()
 
 
-def _call_in_process(fn: Callable, kwargs: dict, timeout_s: float | None) -> Any:
+def _wait_with_heartbeat(ready: Callable[[float | None], bool], timeout_s: float | None, label: str) -> bool:
+    """Wait until ``ready(seconds)`` is true or ``timeout_s`` passes, logging a line every ``HEARTBEAT_S``."""
+    t0 = time.monotonic()
+    while True:
+        waited = time.monotonic() - t0
+        left = None if timeout_s is None else timeout_s - waited
+        if left is not None and left <= 0:
+            return False
+        if ready(HEARTBEAT_S if left is None else min(HEARTBEAT_S, left)):
+            return True
+        waited = time.monotonic() - t0
+        if timeout_s is None or waited < timeout_s:
+            limit = "no limit" if timeout_s is None else f"rewards.timeout_s={timeout_s:g}"
+            log.warning("reward function %r still running after %.0f s (%s)", label, waited, limit)
+
+
+def _call_in_process(fn: Callable, kwargs: dict, timeout_s: float | None, name: str = "") -> Any:
     context = multiprocessing.get_context("fork")
     parent_conn, child_conn = context.Pipe(duplex=False)
     child = context.Process(target=_child_main, args=(child_conn, fn, kwargs), daemon=True)
     child.start()
     child_conn.close()
     try:
-        if not parent_conn.poll(timeout_s):
+        if not _wait_with_heartbeat(parent_conn.poll, timeout_s, name or getattr(fn, "__name__", "fn")):
             raise _Timeout()
         try:
             status, payload = parent_conn.recv()
@@ -215,6 +297,9 @@ class RewardRunner:
         on_error: ``"raise"`` | ``"zero"`` | ``"skip"`` (see the module docs).
         timeout_s: longest a single call may take, in seconds; ``None`` for no limit.
         isolation: ``"thread"`` (default) or ``"process"`` (forked child, killed on timeout).
+        max_failed_steps: raise ``RewardFunctionError`` when a function gives no usable value (every
+            row a fault or None) in this many consecutive ``score`` calls; each such call logs a warning
+            naming it. 0 (default) = never stop (training passes ``rewards.max_failed_steps``).
     """
 
     def __init__(
@@ -224,6 +309,7 @@ class RewardRunner:
         on_error: str = "raise",
         timeout_s: float | None = None,
         isolation: str = "thread",
+        max_failed_steps: int = 0,
     ):
         functions = list(functions)
         if not functions:
@@ -261,6 +347,8 @@ class RewardRunner:
         self.on_error = on_error
         self.timeout_s = timeout_s
         self.isolation = isolation
+        self.max_failed_steps = int(max_failed_steps)
+        self.failed_streak = {name: 0 for name in names}  # consecutive calls with no usable value
 
     def score(
         self,
@@ -299,9 +387,12 @@ class RewardRunner:
         per_function = torch.full((rows, len(self.functions)), float("nan"), dtype=torch.float32)
         faults: dict[str, int] = {}
         for f, (name, fn) in enumerate(self.functions):
-            fn_kwargs = {**kwargs, **{k: contract[k] for k in accepted_kwargs(fn)}}
+            before = sum(v for k, v in faults.items() if k.startswith(f"{name}/"))
+            fn_kwargs = {**_copy_inputs(kwargs), **{k: contract[k] for k in accepted_kwargs(fn)}}
             values = self._run_one(name, fn, fn_kwargs, rows, faults)
             per_function[:, f] = torch.tensor(values, dtype=torch.float32)
+            failed = sum(v for k, v in faults.items() if k.startswith(f"{name}/")) - before
+            self._track_failures(name, values, failed, rows, kwargs)
         weights = torch.tensor(self.weights, dtype=torch.float32)
         weighted = per_function * weights
         total = torch.nansum(weighted, dim=1)
@@ -314,9 +405,11 @@ class RewardRunner:
 
     def _run_one(self, name: str, fn: Callable, kwargs: dict, rows: int, faults: dict[str, int]) -> list[float]:
         """Call one function and turn its answer into ``rows`` floats (NaN for None/skipped)."""
-        call = _call_in_process if self.isolation == "process" else _call_in_thread
         try:
-            values = call(fn, kwargs, self.timeout_s)
+            if self.isolation == "process":
+                values = _call_in_process(fn, kwargs, self.timeout_s, name)
+            else:
+                values = _call_in_thread(fn, kwargs, self.timeout_s, name)
         except _Timeout:
             detail = f"the call took longer than timeout_s={self.timeout_s}"
             return self._whole_call_fault(name, "timeout", detail, kwargs, rows, faults)
@@ -338,6 +431,8 @@ class RewardRunner:
                 fault, detail = "not_a_number", f"returned {v.text} (expected a float or None)"
             elif not math.isfinite(v):
                 fault, detail = "non_finite", f"returned {v} (use None for 'not applicable')"
+            elif abs(v) > FLOAT32_MAX:
+                fault, detail = "non_finite", f"returned {v}, too large for float32 (at most {FLOAT32_MAX:.3g})"
             if fault is None:
                 out.append(v)
                 continue
@@ -346,6 +441,25 @@ class RewardRunner:
             faults[f"{name}/{fault}"] = faults.get(f"{name}/{fault}", 0) + 1
             out.append(replacement)
         return out
+
+    def _track_failures(self, name: str, values: list[float], failed: int, rows: int, kwargs: dict) -> None:
+        """Warn when a function gave no usable value this call; raise after ``max_failed_steps`` in a row."""
+        usable = sum(1 for v in values if v == v) - (failed if self.on_error == "zero" else 0)  # NaN: None/skip
+        if not rows or usable > 0:
+            self.failed_streak[name] = 0
+            return
+        self.failed_streak[name] += 1
+        streak, limit = self.failed_streak[name], self.max_failed_steps
+        why = f"all {rows} values were faults (rewards.on_error={self.on_error})" if failed else \
+            f"it returned None for all {rows} completions"
+        if limit and streak >= limit:
+            message = (f"reward function {name!r} gave no usable value for {streak} steps in a row: {why}. "
+                       f"Training on it teaches nothing. Fix the function (run it on a few completions by hand), "
+                       f"or raise rewards.max_failed_steps (0 = never stop).")
+            raise RewardFunctionError(message, function=name, fault="no_usable_value", index=0)
+        more = f"; the run stops after {limit} in a row (rewards.max_failed_steps)" if limit else ""
+        log.warning("reward function %r gave no usable value this step: %s (%d step%s in a row%s)",
+                    name, why, streak, "" if streak == 1 else "s", more)
 
     def _whole_call_fault(self, name, fault, detail, kwargs, rows, faults, traceback_text=None) -> list[float]:
         if self.on_error == "raise":

@@ -227,6 +227,9 @@ def _pick(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.T
     # The target must stay strictly below the total, or searchsorted would step past the last column.
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     idx = torch.searchsorted(cdf, target, right=True)  # [N, 1] first column with cdf > target: weight > 0
+    # NaN/inf weights (a diverged model) would step past the end: keep the index valid and let the NaN
+    # reach the log-probs, where the trainer's non-finite guard stops the run with its diagnosis.
+    idx = idx.clamp_(max=weights.shape[-1] - 1)
     before = torch.where(idx > 0, cdf.gather(-1, (idx - 1).clamp(min=0)), torch.zeros_like(target))
     share = cdf.gather(-1, idx) - before  # [N, 1] > 0
     leftover = ((target - before) / share).clamp(min=0.0)

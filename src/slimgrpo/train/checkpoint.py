@@ -213,6 +213,17 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    try:
+        _write_checkpoint(tmp, output_dir, step, model, optimizer, scheduler, sampler_state, generator, extra)
+    except OSError:  # disk full, quota, read-only: free what this save took; earlier checkpoints stay
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finish_save(tmp, final, step, keep)
+    return final
+
+
+def _write_checkpoint(tmp: Path, output_dir, step, model, optimizer, scheduler, sampler_state, generator,
+                      extra) -> None:
     model.save_pretrained(str(tmp / "model"), safe_serialization=True)
     _debug_kill("model", step)
     opt_skel = save_nested(optimizer.state_dict(), tmp / "optimizer.safetensors")
@@ -233,8 +244,6 @@ def save_checkpoint(
     copy_history(output_dir, tmp)
     _debug_kill("state", step)
     _fsync_tree(tmp)
-    finish_save(tmp, final, step, keep)
-    return final
 
 
 def copy_history(output_dir: str | Path, folder: Path) -> None:
@@ -329,6 +338,17 @@ def _step_of(path: Path) -> int:
         return int(path.name[len(PREFIX):])
     except ValueError:
         return -1
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step of a ``checkpoint-<step>`` folder (from its trainer_state.json when the name says nothing)."""
+    step = _step_of(path)
+    if step < 0:
+        try:
+            step = int(json.loads((path / "trainer_state.json").read_text())["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return -1
+    return step
 
 
 def list_complete(root: Path) -> list[Path]:
@@ -485,17 +505,25 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, generator: torch.Ge
                       num_threads=threads)
 
 
-def nonfinite_diagnosis(streak: int, step: int, output_dir: str | Path) -> str:
+def nonfinite_diagnosis(streak: int, step: int, output_dir: str | Path, at_end: bool = False) -> str:
     """The message that stops a run after ``streak`` consecutive non-finite steps (the last one ``step``)."""
     complete = [p for p in list_complete(checkpoint_dir(output_dir)) if is_valid(p)]
     if complete:
         where = (f"The last good checkpoint, {complete[-1]} (step {_step_of(complete[-1])}), is untouched: "
-                 "fix the cause and run the same command to resume from it.")
+                 "fix the cause and run the same command to resume from it (to change optim.* or other keys that "
+                 f"cannot change on resume, name it: run.resume={complete[-1]}).")
     else:
         where = "No checkpoint had been saved yet (run.save_steps sets how often one is)."
+    if at_end:
+        what = (f"the run reached step {step} with its last {streak} update(s) skipped for a NaN/inf loss or "
+                "gradient (update_skipped=1 in metrics.jsonl): the model now gives NaN/inf, so no final model "
+                "was saved. ")
+    else:
+        what = (f"stopped at step {step}: {streak} consecutive steps had a NaN/inf loss or gradient, so their "
+                "updates were skipped (update_skipped=1 in metrics.jsonl) and the run stopped "
+                "(run.max_nonfinite_steps). ")
     return (
-        f"stopped at step {step}: {streak} consecutive steps had a NaN/inf loss or gradient, so their updates "
-        "were skipped (update_skipped=1 in metrics.jsonl) and the run stopped (run.max_nonfinite_steps). "
+        what +
         "Likely causes: a learning rate too high (optim.learning_rate), float16 overflow (use "
         "model.dtype=bfloat16), or reward values so large that their sum or spread overflows (check the "
         f"rewards/* metrics). {where}"

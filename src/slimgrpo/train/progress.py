@@ -12,10 +12,13 @@ from rich.progress import Progress as RichProgress
 
 
 class Progress:
-    def __init__(self, total: int, start: int = 0, enabled: bool = True, description: str = "GRPO"):
+    def __init__(self, total: int, start: int = 0, enabled: bool = True, description: str = "GRPO",
+                 bar: bool = True):
+        """``enabled=False`` prints nothing (e.g. ranks other than 0); ``bar=False`` (``log.progress=false``)
+        drops the bar but keeps the metric lines."""
         self.total, self.done, self.enabled = total, start, enabled
         self.console = Console(stderr=False)
-        self.interactive = enabled and self.console.is_terminal
+        self.interactive = enabled and bar and self.console.is_terminal
         self.t0 = time.perf_counter()
         self.start = start
         self._bar = None

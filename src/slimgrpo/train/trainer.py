@@ -20,7 +20,7 @@ import torch
 from slimgrpo import advantages as adv
 from slimgrpo.advantages import zero_std_fraction
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
-from slimgrpo.data import PromptDataset, PromptSampler, load_prompt_dataset, steps_for_epochs
+from slimgrpo.data import PromptDataset, PromptSampler, check_enough_prompts, load_prompt_dataset, steps_for_epochs
 from slimgrpo.config.validate import loss_warnings
 from slimgrpo.loss.objectives import Normaliser
 from slimgrpo.loss.settings import loss_settings
@@ -33,6 +33,7 @@ from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.train import checkpoint as ckpt
 from slimgrpo.train import dist_checkpoint as dist_ckpt
 from slimgrpo.train import launch
+from slimgrpo.train import run_folder
 from slimgrpo.train.distributed import DistContext, from_environment
 from slimgrpo.train.metrics import MetricsWriter, console_line, masked_stats, peak_memory_mib
 from slimgrpo.train.optim import build_optimizer, build_scheduler
@@ -78,6 +79,8 @@ class Trainer:
         self.nonfinite_streak = 0
         self.stop_requested = False
         self.preempted_by: str | None = None  # signal name when SIGTERM/SIGINT stopped the run
+        self.run_lock = None  # rank 0 holds the run folder's lock from setup() to the end of train()
+        self.plan = run_folder.Plan()
 
     # ------------------------------------------------------------------------- setup
 
@@ -86,6 +89,9 @@ class Trainer:
         if cfg.run.num_threads:
             torch.set_num_threads(cfg.run.num_threads)
         ckpt.seed_all(cfg.run.seed)  # torch, Python and NumPy: the same seed gives the same run
+        with self.dist.agree("locking the run folder"):  # one writer per folder; rank 0 holds the lock
+            if self.dist.is_main and self.run_lock is None:
+                self.run_lock = run_folder.open_folder(self.output_dir)
         model_path = resolve_path(cfg, cfg.model.path)
         if self._policy is None:
             mconf = {} if looks_like_hub_name(model_path) else read_model_config(model_path)
@@ -98,6 +104,7 @@ class Trainer:
         self.policy = self._policy or build_policy(cfg)
         self.dataset: PromptDataset = load_prompt_dataset(resolve_path(cfg, cfg.data.path), self.policy.tokenizer,
                                                           cfg.data)
+        check_enough_prompts(len(self.dataset), cfg.prompts_per_step, cfg.run.batch_size, cfg.rollout.num_generations)
         if cfg.prompts_per_step % self.dist.world_size:
             raise ValueError(
                 f"run.batch_size={cfg.run.batch_size} gives {cfg.prompts_per_step} prompts per step, which "
@@ -124,6 +131,7 @@ class Trainer:
             reward_functions + agent_rewards,
             None if cfg.rewards.reward_weights is None else [*cfg.rewards.reward_weights, *[1.0] * len(agent_rewards)],
             on_error=cfg.rewards.on_error, timeout_s=cfg.rewards.timeout_s, isolation=cfg.rewards.isolation,
+            max_failed_steps=cfg.rewards.max_failed_steps,
         )
         tok = self.policy.tokenizer
         eos = {tok.eos_token_id} | set(_generation_eos(self.policy.model))
@@ -142,6 +150,9 @@ class Trainer:
         self.loss_settings = loss_settings(cfg)
         for warning in loss_warnings(cfg) if self.dist.is_main else []:
             log.warning(warning)
+        self.plan = self.plan_run_folder()  # resume, fresh, refuse, or already finished: before writing
+        if self.plan.finished is not None:
+            return
         backends = []
         if self.dist.is_main:  # one run per job in wandb / mlflow, not one per rank
             from slimgrpo.logging_backends import make_backends
@@ -156,19 +167,24 @@ class Trainer:
         """Hook for distributed wrappers (DDP / FSDP2)."""
         return launch.wrap_model(model, self.cfg, self.dist) if self.dist.enabled else model
 
+    def plan_run_folder(self) -> run_folder.Plan:
+        """Rank 0 decides (and with run.overwrite=true moves an earlier run aside); then every rank reads
+        the same decision from the folder."""
+        resolve = lambda p: resolve_path(self.cfg, p)  # noqa: E731
+        plan = None
+        with self.dist.agree("checking the run folder"):
+            if self.dist.is_main:
+                plan, self.run_lock = run_folder.prepare(self.cfg, self.output_dir, self.run_lock, resolve)
+        with self.dist.agree("checking the run folder"):  # rank 0 writes nothing until every rank has read
+            if plan is None:
+                plan = run_folder.plan(self.cfg, self.output_dir, resolve)
+        return plan
+
     def maybe_resume(self) -> None:
-        spec = self.cfg.run.resume
-        path = None
-        if spec == "auto":
-            path = ckpt.find_resume_checkpoint(self.output_dir)
-        elif spec != "never":
-            path = Path(resolve_path(self.cfg, spec))
+        path = self.plan.resume_from
         if path is None:
-            self.writer.truncate_after(0)  # a fresh run: drop metrics of an earlier run in this folder
+            self.writer.truncate_after(0)  # a fresh run: only an attempt stopped before any checkpoint was here
             return
-        if not ckpt.is_valid(path):
-            raise ValueError(f"run.resume={spec!r}: {path} is not a usable slimgrpo checkpoint ({ckpt.problem(path)}); "
-                             "point it at a checkpoints/checkpoint-<step> folder, or use run.resume=auto")
         if self.dist.enabled or dist_ckpt.is_distributed(path):  # DCP, every rank, same number of ranks
             state = dist_ckpt.load_checkpoint(path, self.policy.model, self.optimizer, self.scheduler, self.generator,
                                               self.dist, self.cfg.distributed.strategy)
@@ -321,6 +337,13 @@ class Trainer:
             raise NonFiniteError(ckpt.nonfinite_diagnosis(self.nonfinite_streak, self.step_idx + 1,
                                                           self.output_dir))
 
+    def check_not_diverged(self) -> None:
+        """The run ends while its last updates were skipped as non-finite: the model as it stands gives
+        NaN/inf (e.g. a learning rate that blew the weights up), so stop without a final model."""
+        if self.nonfinite_streak and not self.stop_requested:
+            raise NonFiniteError(ckpt.nonfinite_diagnosis(self.nonfinite_streak, self.step_idx, self.output_dir,
+                                                          at_end=True))
+
     def step_metrics(self, rollout, rewards, advantages, stats, grad_norm, skipped, gen_s, step_s) -> dict[str, Any]:
         d = self.dist
         lengths = rollout.model_lengths.float()  # tokens the model wrote (tool results left out)
@@ -368,12 +391,31 @@ class Trainer:
     # ------------------------------------------------------------------------- the loop
 
     def train(self) -> dict[str, Any]:
-        if not hasattr(self, "policy"):
-            self.setup()
+        """Set up (when needed) and train; the run folder's lock is released however this ends."""
+        try:
+            if not hasattr(self, "policy"):
+                self.setup()
+            if self.plan.finished is not None:
+                return self.already_finished()
+            return self.train_loop()
+        finally:
+            if self.run_lock is not None:
+                self.run_lock.release()
+                self.run_lock = None
+
+    def already_finished(self) -> dict[str, Any]:
+        steps = self.plan.finished.get("steps")
+        log.warning("%s: already finished at step %s (run.max_steps=%d); nothing to do. Raise run.max_steps to "
+                    "train further, or start afresh with run.resume=never run.overwrite=true.",
+                    self.output_dir, steps, self.cfg.run.max_steps)
+        return {**self.plan.finished, "already_finished": True}
+
+    def train_loop(self) -> dict[str, Any]:
         cfg = self.cfg
         from slimgrpo.train.progress import Progress
 
-        with Progress(cfg.run.max_steps, start=self.step_idx, enabled=cfg.log.progress and self.dist.is_main) as bar:
+        with Progress(cfg.run.max_steps, start=self.step_idx, enabled=self.dist.is_main,
+                      bar=cfg.log.progress) as bar:
             while self.step_idx < cfg.run.max_steps and not self.should_stop():
                 result = self.step()
                 self.step_idx += 1
@@ -385,6 +427,7 @@ class Trainer:
                     self.stop_requested = True
                 if cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0 and not self.nonfinite_streak:
                     self.save_checkpoint()  # not while updates are being skipped: keep the last good one
+        self.check_not_diverged()  # a run whose last updates were non-finite is not a success
         if not (cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0):
             self.save_checkpoint()
         return self.finish()
