@@ -33,8 +33,10 @@ from slimgrpo.memory.shapes import ModelShape
 from slimgrpo.types import Rollout
 
 
-def hf_config(shape: ModelShape, pad_token_id: int = 0, eos_token_id: int = 1, attn_implementation: str = "sdpa"):
-    """A transformers config of ``shape`` (family llama / mistral / qwen2 / qwen3)."""
+def hf_config(shape: ModelShape, pad_token_id: int = 0, eos_token_id: int = 1, attn_implementation: str = "sdpa",
+              **overrides: Any):
+    """A transformers config of ``shape`` (family llama / mistral / qwen2 / qwen3); ``overrides`` are
+    further config fields (e.g. ``initializer_range``)."""
     import transformers
 
     classes = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
@@ -46,15 +48,15 @@ def hf_config(shape: ModelShape, pad_token_id: int = 0, eos_token_id: int = 1, a
         max_position_embeddings=shape.max_positions or 32_768,
         pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=eos_token_id,
     )
-    cfg = cls(**kwargs)
+    cfg = cls(**{**kwargs, **overrides})
     cfg._attn_implementation = attn_implementation
     return cfg
 
 
 def random_causal_lm(shape: ModelShape, dtype: torch.dtype, device: str | torch.device, seed: int = 0,
-                     attn_implementation: str = "sdpa"):
+                     attn_implementation: str = "sdpa", **config_overrides: Any):
     """A randomly initialised causal LM of ``shape``, created directly on ``device`` in ``dtype`` (an 8B
-    model never exists in fp32 or on the host)."""
+    model never exists in fp32 or on the host). ``config_overrides`` go to :func:`hf_config`."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -62,7 +64,8 @@ def random_causal_lm(shape: ModelShape, dtype: torch.dtype, device: str | torch.
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(hf_config(shape, attn_implementation=attn_implementation))
+            model = AutoModelForCausalLM.from_config(
+                hf_config(shape, attn_implementation=attn_implementation, **config_overrides))
     finally:
         torch.set_default_dtype(previous)
     return model.to(dtype)
