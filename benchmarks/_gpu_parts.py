@@ -202,6 +202,9 @@ def rollout_vs_hf(shape: ModelShape, device: torch.device, dtype: torch.dtype, r
     params = SamplingParams(max_new_tokens=new_tokens, min_new_tokens=new_tokens, temperature=1.0, top_p=1.0,
                             top_k=0, eos_token_ids=(1,), pad_token_id=0)
     times: dict[str, list[float]] = {"hf_generate": [], "slimgrpo": []}
+    graphs = device.type == "cuda"  # also the opt-in static-cache + CUDA-graph decode (rollout/cuda_graph.py)
+    if graphs:
+        times["slimgrpo_cuda_graphs"] = []
     for _ in range(repeats):
         ids = prompt.unsqueeze(0).to(device)
         t = time.perf_counter()
@@ -218,6 +221,19 @@ def rollout_vs_hf(shape: ModelShape, device: torch.device, dtype: torch.dtype, r
         sync(device)
         times["slimgrpo"].append(time.perf_counter() - t)
         assert ro.completion_ids.shape == (rows, new_tokens)
+        if graphs:
+            import os
+
+            from slimgrpo.rollout import cuda_graph
+
+            os.environ[cuda_graph.ENV] = "1"
+            try:
+                t = time.perf_counter()
+                ro = engine.generate([prompt.tolist()], rows, params)
+                sync(device)
+                times["slimgrpo_cuda_graphs"].append(time.perf_counter() - t)
+            finally:
+                os.environ.pop(cuda_graph.ENV, None)
     del engine, model
     fresh_memory(device)
     hf = statistics.median(times["hf_generate"])

@@ -45,9 +45,10 @@ def goals(report: dict) -> list[str]:
     long = ("not measured" if not long_rows else "; ".join(
         f"{r['name']}: {r['peak_alloc_mib'] / GIB:.1f} GiB ({'met' if r['peak_alloc_mib'] < 48 * GIB else 'not met'})"
         for r in long_rows))
-    ro = [r for r in s.get("rollout", {}).get("rows", []) if r.get("engine") == "slimgrpo"]
-    roll = ("not measured" if not ro else
-            f"{ro[0]['speedup_vs_hf']:.1f}x HF generate ({'met' if ro[0]['speedup_vs_hf'] >= 10 else 'not met'})")
+    ro = [r for r in s.get("rollout", {}).get("rows", []) if r.get("engine", "").startswith("slimgrpo")]
+    roll = ("not measured" if not ro else "; ".join(
+        f"{r['engine']}: {r['speedup_vs_hf']:.1f}x HF generate ({'met' if r['speedup_vs_hf'] >= 10 else 'not met'})"
+        for r in ro))
     return _table(["goal", "result"], [
         ["plan within ±15% of CUDA peak on every run", plan],
         ["slimgrpo peak VRAM ≤ 1/3 of TRL's (Oxen settings), s/step ≤ TRL's", vs],
