@@ -70,6 +70,12 @@ def step_config(lora: bool, ckpt: bool, G: int, P: int, L: int, dtype: str, opti
     }
 
 
+def update_plan_mib(plan) -> float:
+    """Planned tensors of the update phase alone (always + update, no framework overhead): what an
+    update-only run (no generation) should peak at."""
+    return (plan.phase_total("always") + plan.phase_total("update") - plan.framework_bytes) / MIB
+
+
 def plan_for(shape: ModelShape, overrides: dict[str, Any], device: str):
     from slimgrpo.memory.cli import plan_inputs
     from slimgrpo.memory.planner import plan_memory
@@ -138,9 +144,9 @@ def update_only(shape: ModelShape, overrides: dict[str, Any], device: torch.devi
     alloc, reserved = peak_mib(device)
     del runner, model
     fresh_memory(device)
-    return {"plan_mib": plan.tensor_peak_bytes / MIB, "plan_update_mib": plan.phase_total("update") / MIB,
-            "peak_alloc_mib": alloc, "peak_reserved_mib": reserved,
-            "ratio": plan.tensor_peak_bytes / MIB / alloc if alloc else None,
+    planned = update_plan_mib(plan)
+    return {"plan_mib": planned, "plan_full_step_mib": plan.tensor_peak_bytes / MIB, "plan_phase": plan.peak_phase,
+            "peak_alloc_mib": alloc, "peak_reserved_mib": reserved, "ratio": planned / alloc if alloc else None,
             "s_per_update": times[-1], "tokens": rows * L}
 
 
@@ -276,6 +282,7 @@ def quantized_step(shape: ModelShape, device: torch.device, which: str, rows: in
     del runner, model
     fresh_memory(device)
     ok = all(map(lambda x: x == x and abs(x) != float("inf"), (res.loss, res2.loss, res2.grad_norm)))
-    return {"what": which, "optimizer": opt, "finite": ok, "plan_mib": plan.tensor_peak_bytes / MIB,
+    planned = update_plan_mib(plan)
+    return {"what": which, "optimizer": opt, "finite": ok, "plan_mib": planned,
             "peak_alloc_mib": alloc, "peak_reserved_mib": reserved,
-            "ratio": plan.tensor_peak_bytes / MIB / alloc if alloc else None, "s_per_update": res2.seconds}
+            "ratio": planned / alloc if alloc else None, "s_per_update": res2.seconds}

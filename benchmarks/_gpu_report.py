@@ -102,15 +102,19 @@ def _plan_rows(rows, time_key, time_name):
                     r.get("status", "-")] for r in rows])
 
 
+UPDATE_NOTE = ("Update only (synthetic completions, no generation): plan = the plan's always + update phases "
+               "without framework overhead, against `torch.cuda.max_memory_allocated`.")
+
+
 def _long(rows):
-    return _plan_rows(rows, "s_per_update", "s/update")
+    return _plan_rows(rows, "s_per_update", "s/update") + ["", UPDATE_NOTE]
 
 
 def _quantized(rows):
     return _table(["run", "optimizer", "finite", "plan MiB", "peak alloc MiB", "plan/peak", "s/update", "status"],
                   [[r["name"], r.get("optimizer", "-"), _f(r.get("finite")), _f(r.get("plan_mib")),
                     _f(r.get("peak_alloc_mib")), _f(r.get("ratio"), "{:.2f}"), _f(r.get("s_per_update"), "{:.2f}"),
-                    r.get("status", "-")] for r in rows])
+                    r.get("status", "-")] for r in rows]) + ["", UPDATE_NOTE]
 
 
 def _rollout(rows):

@@ -55,8 +55,8 @@ TITLES = {
     "planner": "Planner vs CUDA peak (full steps)", "vs_trl": "slimgrpo vs TRL 1.16",
 }
 # Seconds per section on one H100 (sum 525 of the default 540 s limit).
-BUDGETS = {"env": 5, "cuda_tests": 60, "loss": 20, "update_only_long": 70, "quantized": 35, "rollout": 40,
-           "planner": 160, "vs_trl": 135}
+BUDGETS = {"env": 5, "cuda_tests": 60, "loss": 20, "update_only_long": 100, "quantized": 35, "rollout": 40,
+           "planner": 140, "vs_trl": 125}
 
 
 class Budget(Exception):
