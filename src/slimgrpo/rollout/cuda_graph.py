@@ -9,7 +9,7 @@ slices its KV buffer and mask to the current length and keeps the step counter i
 :class:`StaticCacheStepper` is the same lean Llama-family step over a **static** cache:
 
 * attention always reads the whole preallocated buffer ``[b, kv_heads, P + max_new, d]``; columns
-  not written yet are masked with ``-inf`` and unmasked (``index_fill_``) when they are written;
+  not written yet hold zeros, are masked with ``-inf`` and unmasked (``index_fill_``) when written;
 * the write column and the row positions are device tensors advanced in place, so the step touches
   no Python state;
 * with ``graphs=True`` (CUDA only) the first steps after each (re)build run eagerly on a side stream
@@ -52,6 +52,9 @@ class StaticCacheStepper(LlamaStepper):
         if graphs and prompt_mask.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         self.mask[:, :, :, self.P:] = float("-inf")  # not written yet
+        for buf in (*self.keys, *self.values):
+            # Attention reads every column: unwritten ones must hold finite values (0 * NaN is NaN).
+            buf[:, :, self.P:].zero_()
         self.col = torch.tensor([self.P], dtype=torch.long, device=prompt_mask.device)  # next KV column
         self.next_pos = self.next_pos.clone()
         self.graphs, self.warmup_steps = graphs, warmup_steps
