@@ -47,13 +47,9 @@ sys.path.insert(0, str(HERE))
 if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
+from _gpu_report import markdown  # noqa: E402
+
 SECTIONS = ["env", "cuda_tests", "loss", "update_only_long", "quantized", "rollout", "planner", "vs_trl"]
-TITLES = {
-    "env": "Environment", "cuda_tests": "CUDA tests (pytest -m cuda)", "loss": "Chunked loss vs naive",
-    "update_only_long": "Update-only long context (synthetic completions)",
-    "quantized": "QLoRA and 8-bit AdamW", "rollout": "Rollout tokens/s vs HF generate",
-    "planner": "Planner vs CUDA peak (full steps)", "vs_trl": "slimgrpo vs TRL 1.16",
-}
 # Seconds per section on one H100 (sum 525 of the default 540 s limit).
 BUDGETS = {"env": 5, "cuda_tests": 60, "loss": 20, "update_only_long": 100, "quantized": 35, "rollout": 40,
            "planner": 140, "vs_trl": 125}
@@ -321,9 +317,6 @@ RUNNERS: dict[str, Callable[[dict], dict]] = {
     "env": sec_env, "cuda_tests": sec_cuda_tests, "loss": sec_loss, "update_only_long": sec_update_only_long,
     "quantized": sec_quantized, "rollout": sec_rollout, "planner": sec_planner, "vs_trl": sec_vs_trl,
 }
-
-from _gpu_report import markdown  # noqa: E402
-
 
 # ----------------------------------------------------------------------------- driver
 
