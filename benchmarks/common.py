@@ -203,7 +203,7 @@ def shape_key(shape: dict[str, Any], dtype: str) -> str:
 
 
 def build_model_folder(shape: dict[str, Any], dtype: str = "float32", root: Path | None = None,
-                       seed: int = 0) -> Path:
+                       seed: int = 0, corpus: list[str] | None = None) -> Path:
     """A random-init causal LM of ``shape`` (keys as in model_shapes.json) plus a tokenizer of the same
     vocabulary size, saved with safetensors under ``root`` (default ``.bench/models``) and reused when
     it already exists. Returns the folder."""
@@ -219,7 +219,7 @@ def build_model_folder(shape: dict[str, Any], dtype: str = "float32", root: Path
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
 
-    build_tokenizer(tmp, shape["vocab"])
+    build_tokenizer(tmp, shape["vocab"], corpus)  # corpus None: GSM8K text
     eos_id, pad_id = _special_ids(tmp)
     common = dict(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
                   num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],

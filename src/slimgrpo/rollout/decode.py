@@ -175,6 +175,10 @@ def make_stepper(parts: CausalLMParts, cache, prompt_mask: torch.Tensor, max_new
     """The lean stepper where it applies (unless ``lean`` is False), else the generic one."""
     total = prompt_mask.shape[1] + max_new
     if lean is not False and LlamaStepper.supports(parts, total):
+        from . import cuda_graph  # static cache + CUDA graphs: CUDA only, opt-in (SLIMGRPO_CUDA_GRAPHS=1)
+
+        if cuda_graph.enabled(prompt_mask.device):
+            return cuda_graph.StaticCacheStepper(parts, cache, prompt_mask, max_new, graphs=True)
         return LlamaStepper(parts, cache, prompt_mask, max_new)
     if lean:
         raise ValueError(f"lean decoding does not support {type(parts.base).__name__}; use lean_decode=None")

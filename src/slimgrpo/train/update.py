@@ -128,7 +128,8 @@ def accumulate_gradients(
     the local token count by definition). ``no_sync`` (DDP) suppresses the all-reduce on all but the last
     micro-batch; FSDP2 reduce-scatters after every micro-batch, keeping gradients sharded.
     ``offload_activations``: tensors saved for backward during the forward pass move to host memory
-    (pinned on CUDA) and come back when backward needs them. With gradient checkpointing those are
+    (pinned, copied on a side stream on CUDA: ``train/offload.py``) and come back when backward needs
+    them. With gradient checkpointing those are
     essentially the checkpointed layer inputs; recomputation in backward happens outside this context,
     so it stays on the device. Gradients are unchanged (the same values make the round trip)."""
     stats = UpdateStats()
@@ -188,9 +189,10 @@ def entropy_cut(model, batch: UpdateBatch, quantile: float, micro: int | None, t
 
 
 def offload_context(enabled: bool, device: torch.device):
-    if not enabled:
-        return _null()
-    return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+    """Pinned, asynchronous offload on CUDA; ``save_on_cpu`` elsewhere (see ``train/offload.py``)."""
+    from slimgrpo.train.offload import offload_context as _offload
+
+    return _offload(enabled, device)
 
 
 class _null:

@@ -1,0 +1,288 @@
+"""Measurements of benchmarks/gpu_suite.py, one function per part. Each returns plain dicts (one row of
+a results table); gpu_suite.py adds time limits, error capture and the report.
+
+Everything runs in the suite's own process on random-init models (no downloads, no tokenizer) except
+the TRL comparison, which needs a model folder and runs TRL in a child process (see gpu_suite.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from slimgrpo.memory.shapes import ModelShape
+
+MIB = 2**20
+
+
+# ----------------------------------------------------------------------------- memory helpers
+
+
+def fresh_memory(device: torch.device) -> None:
+    """Free what earlier parts left and start a new peak (CUDA); a no-op elsewhere."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_mib(device: torch.device) -> tuple[float | None, float | None]:
+    """(max_memory_allocated, max_memory_reserved) in MiB since the last fresh_memory; None off CUDA."""
+    if device.type != "cuda":
+        return None, None
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) / MIB, torch.cuda.max_memory_reserved(device) / MIB
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ----------------------------------------------------------------------------- planner vs peak, full steps
+
+
+def run_config(overrides: dict[str, Any]):
+    from slimgrpo.train.synthetic import update_config
+
+    return update_config(overrides)
+
+
+def step_config(lora: bool, ckpt: bool, G: int, P: int, L: int, dtype: str, optimizer: str = "adamw",
+                micro: int | None = None, offload: bool = False, load_in_4bit: bool = False,
+                beta: float = 0.0) -> dict[str, Any]:
+    """Config overrides of one suite run (the Oxen settings when G=4, P=256, L=786)."""
+    return {
+        "model": {"dtype": dtype, "load_in_4bit": load_in_4bit},
+        "lora": {"enabled": lora, "r": 16, "alpha": 32.0, "dropout": 0.0},
+        "data": {"max_prompt_length": P},
+        "rollout": {"num_generations": G, "max_completion_length": L, "min_completion_length": L},
+        "loss": {"beta": beta, "loss_type": "dapo"},
+        "memory": {"gradient_checkpointing": ckpt, "micro_batch_size": micro, "offload_activations": offload,
+                   "optimizer": optimizer},
+        "optim": {"learning_rate": 1e-6, "max_grad_norm": 1.0},
+        "run": {"batch_size": G},
+    }
+
+
+def update_plan_mib(plan) -> float:
+    """Planned tensors of the update phase alone (always + update, no framework overhead): what an
+    update-only run (no generation) should peak at."""
+    return (plan.phase_total("always") + plan.phase_total("update") - plan.framework_bytes) / MIB
+
+
+def plan_for(shape: ModelShape, overrides: dict[str, Any], device: str):
+    from slimgrpo.memory.cli import plan_inputs
+    from slimgrpo.memory.planner import plan_memory
+
+    cfg = run_config(overrides)
+    return plan_memory(shape, plan_inputs(cfg, device, vocab=shape.vocab))
+
+
+def full_steps(shape: ModelShape, overrides: dict[str, Any], device: torch.device, steps: int,
+               seed: int = 0) -> dict[str, Any]:
+    """``steps`` GRPO steps minus data and rewards: the rollout engine samples L tokens per row for
+    random prompt ids (EOS forbidden until L: the work is pinned), random group-normalised advantages
+    stand in for rewards, then the trainer's own prepare_update + optimize. Peak CUDA memory over all
+    steps (weights included) against the plan; s/step = the last step (the first warms up)."""
+    from slimgrpo.rollout.engine import TorchRolloutEngine
+    from slimgrpo.rollout.sampling import SamplingParams
+    from slimgrpo.train.synthetic import UpdateOnly, random_causal_lm, synthetic_advantages
+
+    cfg = run_config(overrides)
+    plan = plan_for(shape, overrides, device.type)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.model.dtype]
+    fresh_memory(device)
+    model = random_causal_lm(shape, dtype, device, seed=seed)
+    runner = UpdateOnly(cfg, model, device)
+    engine = TorchRolloutEngine(runner.model, max_batch_rows=cfg.rollout.max_batch_rows)
+    G, P, L = cfg.rollout.num_generations, cfg.data.max_prompt_length, cfg.rollout.max_completion_length
+    g = torch.Generator().manual_seed(seed)
+    params = SamplingParams(max_new_tokens=L, min_new_tokens=L, temperature=1.0, top_p=1.0, top_k=0,
+                            eos_token_ids=(1,), pad_token_id=0)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    times, gen_times = [], []
+    for _ in range(steps):
+        prompts = [torch.randint(2, shape.vocab, (P,), generator=g).tolist() for _ in range(cfg.prompts_per_step)]
+        t = time.perf_counter()
+        rollout = engine.generate(prompts, G, params, gen)
+        sync(device)
+        gen_times.append(time.perf_counter() - t)
+        runner.step(rollout, synthetic_advantages(rollout.rows, G))
+        times.append(time.perf_counter() - t)
+    alloc, reserved = peak_mib(device)
+    del engine, runner, model
+    fresh_memory(device)
+    return {"plan_mib": plan.tensor_peak_bytes / MIB, "plan_phase": plan.peak_phase,
+            "plan_with_overhead_mib": plan.peak_bytes / MIB, "peak_alloc_mib": alloc, "peak_reserved_mib": reserved,
+            "ratio": plan.tensor_peak_bytes / MIB / alloc if alloc else None,
+            "s_per_step": times[-1], "gen_s": gen_times[-1], "steps": steps,
+            "gen_tokens_per_s": G * cfg.prompts_per_step * L / gen_times[-1]}
+
+
+def update_only(shape: ModelShape, overrides: dict[str, Any], device: torch.device, rows: int, P: int, L: int,
+                steps: int = 1, seed: int = 0) -> dict[str, Any]:
+    """The update alone on synthetic completions (no decoding): peak and s/update against the plan."""
+    from slimgrpo.train.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout
+
+    cfg = run_config(overrides)
+    plan = plan_for(shape, overrides, device.type)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.model.dtype]
+    fresh_memory(device)
+    model = random_causal_lm(shape, dtype, device, seed=seed)
+    runner = UpdateOnly(cfg, model, device)
+    G = cfg.rollout.num_generations
+    times = []
+    for i in range(steps):
+        rollout = synthetic_rollout(rows // G, G, P, L, shape.vocab, device=device, seed=seed + i)
+        times.append(runner.step(rollout).seconds)
+    alloc, reserved = peak_mib(device)
+    del runner, model
+    fresh_memory(device)
+    planned = update_plan_mib(plan)
+    return {"plan_mib": planned, "plan_full_step_mib": plan.tensor_peak_bytes / MIB, "plan_phase": plan.peak_phase,
+            "peak_alloc_mib": alloc, "peak_reserved_mib": reserved, "ratio": planned / alloc if alloc else None,
+            "s_per_update": times[-1], "tokens": rows * L}
+
+
+# ----------------------------------------------------------------------------- chunked loss
+
+
+def loss_vs_naive(tokens: int, hidden: int, vocab: int, device: torch.device, dtype: torch.dtype,
+                  repeats: int = 3) -> list[dict[str, Any]]:
+    """Forward + backward of the LM-head log-probs of ``tokens`` tokens: chunked (fp32 accumulation
+    over bf16 weights) against the naive [N, V] logits; time (median), extra peak memory, agreement."""
+    from slimgrpo.loss.chunked_head import chunked_token_logprobs, naive_token_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    h0 = (torch.randn(tokens, hidden, generator=g) * 0.5).to(device, dtype)
+    w0 = (torch.randn(vocab, hidden, generator=g) * 0.02).to(device, dtype)
+    targets = torch.randint(0, vocab, (tokens,), generator=g).to(device)
+    rows, results = [], {}
+    for name, fn in (("chunked", chunked_token_logprobs), ("naive", naive_token_logprobs)):
+        times = []
+        for _ in range(repeats):
+            h = h0.clone().requires_grad_(True)
+            w = w0.clone().requires_grad_(True)
+            fresh_memory(device)
+            base = torch.cuda.memory_allocated(device) / MIB if device.type == "cuda" else None
+            t = time.perf_counter()
+            logp, _ = fn(h, w, targets)
+            logp.sum().backward()
+            sync(device)
+            times.append(time.perf_counter() - t)
+            alloc, _ = peak_mib(device)
+        results[name] = (logp.detach().float(), h.grad.float(), w.grad.float())
+        rows.append({"path": name, "tokens": tokens, "vocab": vocab, "dtype": str(dtype).replace("torch.", ""),
+                     "s_fwd_bwd": statistics.median(times[1:] if len(times) > 1 else times),
+                     "extra_peak_mib": alloc - base if alloc is not None else None})
+        del h, w, logp
+    c, n = results["chunked"], results["naive"]
+    agree = {"max_abs_logp_diff": float((c[0] - n[0]).abs().max()),
+             "max_rel_grad_w_diff": float((c[2] - n[2]).norm() / n[2].norm().clamp(min=1e-30))}
+    for r in rows:
+        r.update(agree)
+    return rows
+
+
+# ----------------------------------------------------------------------------- rollout
+
+
+def rollout_vs_hf(shape: ModelShape, device: torch.device, dtype: torch.dtype, rows: int, prompt_len: int,
+                  new_tokens: int, repeats: int = 2) -> list[dict[str, Any]]:
+    """Tokens/s of TorchRolloutEngine against HF generate: one prompt, ``rows`` samples of exactly
+    ``new_tokens`` tokens each (EOS forbidden before), temperature 1; runs alternate, median reported."""
+    from slimgrpo.rollout.engine import TorchRolloutEngine
+    from slimgrpo.rollout.sampling import SamplingParams
+    from slimgrpo.train.synthetic import random_causal_lm
+
+    fresh_memory(device)
+    model = random_causal_lm(shape, dtype, device).eval()
+    engine = TorchRolloutEngine(model)
+    prompt = torch.randint(2, shape.vocab, (prompt_len,), generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(max_new_tokens=new_tokens, min_new_tokens=new_tokens, temperature=1.0, top_p=1.0,
+                            top_k=0, eos_token_ids=(1,), pad_token_id=0)
+    times: dict[str, list[float]] = {"hf_generate": [], "slimgrpo": []}
+    graphs = device.type == "cuda"  # also the opt-in static-cache + CUDA-graph decode (rollout/cuda_graph.py)
+    if graphs:
+        times["slimgrpo_cuda_graphs"] = []
+    for _ in range(repeats):
+        ids = prompt.unsqueeze(0).to(device)
+        t = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                 temperature=1.0, top_p=1.0, top_k=0, min_new_tokens=new_tokens,
+                                 max_new_tokens=new_tokens, num_return_sequences=rows, pad_token_id=0,
+                                 eos_token_id=1)
+        sync(device)
+        times["hf_generate"].append(time.perf_counter() - t)
+        assert out.shape == (rows, prompt_len + new_tokens), out.shape
+        t = time.perf_counter()
+        ro = engine.generate([prompt.tolist()], rows, params)
+        sync(device)
+        times["slimgrpo"].append(time.perf_counter() - t)
+        assert ro.completion_ids.shape == (rows, new_tokens)
+        if graphs:
+            import os
+
+            from slimgrpo.rollout import cuda_graph
+
+            os.environ[cuda_graph.ENV] = "1"
+            try:
+                t = time.perf_counter()
+                ro = engine.generate([prompt.tolist()], rows, params)
+                sync(device)
+                times["slimgrpo_cuda_graphs"].append(time.perf_counter() - t)
+            finally:
+                os.environ.pop(cuda_graph.ENV, None)
+    del engine, model
+    fresh_memory(device)
+    hf = statistics.median(times["hf_generate"])
+    out_rows = []
+    for name, ts in times.items():
+        s = statistics.median(ts)
+        out_rows.append({"engine": name, "rows": rows, "prompt": prompt_len, "new_tokens": new_tokens,
+                         "seconds": s, "tokens_per_s": rows * new_tokens / s, "speedup_vs_hf": hf / s})
+    return out_rows
+
+
+# ----------------------------------------------------------------------------- QLoRA / 8-bit AdamW
+
+
+def quantized_step(shape: ModelShape, device: torch.device, which: str, rows: int, P: int, L: int,
+                   folder) -> dict[str, Any]:
+    """One update-only step with a 4-bit NF4 base (QLoRA, loaded through slimgrpo.modeling.load_model
+    from ``folder``) or with bitsandbytes 8-bit AdamW (full fine-tuning)."""
+    from slimgrpo.config import ModelConfig
+    from slimgrpo.modeling import load_model
+    from slimgrpo.train.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout
+
+    G = 2
+    if which == "qlora":
+        overrides = step_config(True, True, G, P, L, "bfloat16", load_in_4bit=True)
+    else:
+        overrides = step_config(False, True, G, P, L, "bfloat16", optimizer="adamw_8bit")
+    cfg = run_config(overrides)
+    plan = plan_for(shape, overrides, device.type)
+    fresh_memory(device)
+    if which == "qlora":
+        model = load_model(ModelConfig(path=str(folder), load_in_4bit=True), device, torch.bfloat16)
+    else:
+        model = random_causal_lm(shape, torch.bfloat16, device)
+    runner = UpdateOnly(cfg, model, device)
+    res = runner.step(synthetic_rollout(rows // G, G, P, L, shape.vocab, device=device))
+    res2 = runner.step(synthetic_rollout(rows // G, G, P, L, shape.vocab, device=device, seed=1))
+    alloc, reserved = peak_mib(device)
+    opt = type(runner.trainer.optimizer).__module__ + "." + type(runner.trainer.optimizer).__name__
+    del runner, model
+    fresh_memory(device)
+    ok = all(map(lambda x: x == x and abs(x) != float("inf"), (res.loss, res2.loss, res2.grad_norm)))
+    planned = update_plan_mib(plan)
+    return {"what": which, "optimizer": opt, "finite": ok, "plan_mib": planned,
+            "peak_alloc_mib": alloc, "peak_reserved_mib": reserved,
+            "ratio": planned / alloc if alloc else None, "s_per_update": res2.seconds}

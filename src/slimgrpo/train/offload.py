@@ -1,0 +1,100 @@
+"""Activation offload: tensors saved for backward go to host memory during the forward pass and come
+back when backward needs them.
+
+``torch.autograd.graph.save_on_cpu`` (what ``memory.offload_activations`` used first) copies every
+saved tensor synchronously, weights included: the forward pass waits for each device-to-host copy,
+and each micro-batch moves a copy of the weights (saved by every linear layer) over PCIe twice.
+
+:class:`AsyncOffload` does three things differently on CUDA:
+
+* parameters (and anything below ``min_bytes``) stay where they are: they live on the device anyway,
+  so offloading them frees nothing;
+* the device-to-host copy runs on a side stream into pinned host memory, so the forward pass goes on
+  computing while the copy is in flight; the device memory is handed back to the caching allocator
+  only once that copy is done (``record_stream``);
+* the host-to-device copy back is issued on the compute stream, asynchronously from pinned memory.
+
+Values make the round trip unchanged, so gradients are identical (the test checks it). On a CPU
+device there is nothing to gain; :func:`offload_context` then uses ``save_on_cpu`` as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+DEFAULT_MIN_BYTES = 1 << 20  # smaller tensors are not worth a copy
+
+
+class AsyncOffload(torch.autograd.graph.saved_tensors_hooks):
+    """``saved_tensors_hooks`` that park saved activations in (pinned) host memory.
+
+    Args:
+        min_bytes: tensors smaller than this stay on the device.
+        device_types: devices whose tensors are offloaded (default: ``("cuda",)``; tests pass
+            ``("cpu",)`` to run the same packing logic on a CPU, where it is a plain copy).
+
+    Attributes ``offloaded`` / ``offloaded_bytes`` count what was moved (for tests and metrics)."""
+
+    def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES, device_types: tuple[str, ...] = ("cuda",)):
+        self.min_bytes = min_bytes
+        self.device_types = device_types
+        self.offloaded = 0
+        self.offloaded_bytes = 0
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        super().__init__(self._pack, self._unpack)
+
+    def __enter__(self) -> AsyncOffload:
+        super().__enter__()
+        return self
+
+    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device=device)
+        return self._streams[device]
+
+    def _keep(self, t: torch.Tensor) -> bool:
+        if t.device.type not in self.device_types or t.layout != torch.strided:
+            return True
+        if t.numel() * t.element_size() < self.min_bytes:
+            return True
+        base = t._base if t._base is not None else t  # linear layers save a transposed view of the weight
+        return isinstance(base, nn.Parameter) or (base.requires_grad and base.is_leaf)
+
+    def _pack(self, t: torch.Tensor):
+        if self._keep(t):
+            return ("kept", t)
+        self.offloaded += 1
+        self.offloaded_bytes += t.numel() * t.element_size()
+        if t.device.type != "cuda":
+            return ("host", t.device, t.detach().to("cpu", copy=True), None)
+        host = torch.empty(t.shape, dtype=t.dtype, layout=t.layout, pin_memory=True)
+        side = self._side_stream(t.device)
+        side.wait_stream(torch.cuda.current_stream(t.device))  # t is complete before it is copied
+        with torch.cuda.stream(side):
+            host.copy_(t.detach(), non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(side)
+        t.record_stream(side)  # the allocator reuses t's memory only after the copy
+        return ("host", t.device, host, done)
+
+    def _unpack(self, packed):
+        if packed[0] == "kept":
+            return packed[1]
+        _, device, host, done = packed
+        if done is None:
+            return host.to(device)
+        torch.cuda.current_stream(device).wait_event(done)
+        return host.to(device, non_blocking=True)
+
+
+def offload_context(enabled: bool, device: torch.device, min_bytes: int = DEFAULT_MIN_BYTES):
+    """The context ``accumulate_gradients`` runs each forward pass in: nothing when disabled,
+    :class:`AsyncOffload` on CUDA, ``save_on_cpu`` elsewhere (the path before this module)."""
+    if not enabled:
+        return contextlib.nullcontext()
+    if device.type == "cuda":
+        return AsyncOffload(min_bytes=min_bytes)
+    return torch.autograd.graph.save_on_cpu(pin_memory=False)
