@@ -136,7 +136,7 @@ class UpdateOnly:
     full-fine-tuning reference copy are applied as ``build_policy`` applies them."""
 
     def __init__(self, cfg: Config, model, device: str | torch.device | None = None):
-        from slimgrpo.loss.objectives import LossSettings
+        from slimgrpo.loss.settings import loss_settings
         from slimgrpo.modeling import Policy, apply_lora, base_causal_lm
         from slimgrpo.train.optim import build_optimizer, build_scheduler
         from slimgrpo.train.trainer import Trainer
@@ -163,11 +163,7 @@ class UpdateOnly:
         trainer.model = model
         trainer.optimizer = build_optimizer(self.policy.trainable_parameters(), cfg, device)
         trainer.scheduler = build_scheduler(trainer.optimizer, cfg)
-        trainer.loss_settings = LossSettings(  # as Trainer.setup builds them
-            loss_type=cfg.loss.loss_type, importance_sampling_level=cfg.loss.importance_sampling_level,
-            epsilon=cfg.loss.epsilon, epsilon_high=cfg.loss.epsilon_high, delta=cfg.loss.delta,
-            beta=cfg.loss.beta, max_completion_length=cfg.rollout.max_completion_length,
-        )
+        trainer.loss_settings = loss_settings(cfg)  # as Trainer.setup builds them
         self.trainer = trainer
         self.cfg = cfg
 
