@@ -535,6 +535,21 @@ def _last_error_line(text: str) -> str:
     return lines[-1].strip()[:300] if lines else ""
 
 
+# ----------------------------------------------------------------------------- competing load
+
+
+def start_competitors(n: int) -> list[subprocess.Popen]:
+    """``n`` CPU-bound processes (a Python busy loop each): a reproducible "busy machine"."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL) for _ in range(n)]
+
+
+def stop_competitors(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
 # ----------------------------------------------------------------------------- the intermediate process
 
 

@@ -113,6 +113,10 @@ def cmd_train(args) -> int:
         overrides.insert(0, config)
         config = None
     cfg = load_config(config, overrides)
+    if getattr(args, "from_command_line", False):  # the wait policy must be in place before torch loads
+        from slimgrpo import threads
+
+        threads.reexec_for(cfg.run.thread_wait_policy)
     summary = run_training(cfg)
     if summary.get("preempted_by"):
         print(f"stopped by {summary['preempted_by']} at step {summary.get('steps')} of {cfg.run.max_steps}; "
@@ -175,6 +179,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    args.from_command_line = argv is None
     if not args.command:
         parser.print_help()
         return 2

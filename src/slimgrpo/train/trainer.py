@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 
+from slimgrpo import threads
 from slimgrpo.advantages import compute_advantages, zero_std_fraction
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
 from slimgrpo.data import PromptDataset, PromptSampler, load_prompt_dataset
@@ -72,8 +73,7 @@ class Trainer:
 
     def setup(self) -> None:
         cfg = self.cfg
-        if cfg.run.num_threads:
-            torch.set_num_threads(cfg.run.num_threads)
+        self.thread_info = threads.apply(cfg.run.num_threads, cfg.run.thread_wait_policy)
         ckpt.seed_all(cfg.run.seed)  # torch, Python and NumPy: the same seed gives the same run
         model_path = resolve_path(cfg, cfg.model.path)
         if self._policy is None:
@@ -130,6 +130,7 @@ class Trainer:
         self.writer = MetricsWriter(self.output_dir, enabled=self.dist.is_main, backends=backends)
         if self.dist.is_main:
             dump_config(cfg, self.output_dir / "config.yaml")
+            threads.record(self.output_dir, self.thread_info)
         self.maybe_resume()
 
     def wrap_model(self, model):
