@@ -14,8 +14,8 @@ W-cpu model in its own process (the policy must be in the environment before tor
 next to ``--competitors`` busy-loop processes, alternating variants so that drifting load hits all.
 
 Variants: ``2/default`` (torch's default), ``2/passive`` (``OMP_WAIT_POLICY=PASSIVE``), ``2/spin-10k``
-(``GOMP_SPINCOUNT=10000``), ``1/default``; ``auto`` is what ``slimgrpo`` picks at start (see
-``slimgrpo.threads``).
+(``GOMP_SPINCOUNT=10000``), ``1/default``.  ``import slimgrpo`` before torch picks ``passive`` unless the
+user set a policy (``slimgrpo.threads``, ``run.thread_wait_policy``).
 """
 
 from __future__ import annotations
