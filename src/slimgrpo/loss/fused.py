@@ -206,17 +206,18 @@ def completion_loss(
     token_chunk: int | None = None,
     return_entropy: bool = False,
     completion_mask: Tensor | None = None,
+    hidden_fn=None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """``objective(logp)`` of a causal LM's completions through the fused head.
 
-    Arguments as for ``completion_logprobs``; ``objective`` maps ``logp [rows, T]`` float32 (zeros
+    Arguments as for ``completion_logprobs`` (``hidden_fn`` included); ``objective`` maps ``logp [rows, T]`` float32 (zeros
     off ``completion_mask``) to a scalar loss.  Returns ``(loss, logp [rows, T], entropy [rows, T] or
     None)``; only ``loss`` carries gradient (into the model's parameters).
     """
     from slimgrpo.loss.logprobs import completion_hidden
 
-    hidden, targets, mask, head = completion_hidden(model, input_ids, attention_mask, num_completion_tokens,
-                                                    completion_ids, completion_mask)
+    hidden, targets, mask, head = (hidden_fn or completion_hidden)(
+        model, input_ids, attention_mask, num_completion_tokens, completion_ids, completion_mask)
 
     def flat_objective(flat: Tensor) -> Tensor:
         return objective(torch.zeros(mask.shape, device=flat.device, dtype=flat.dtype).masked_scatter(mask, flat))

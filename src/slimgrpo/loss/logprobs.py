@@ -179,6 +179,7 @@ def completion_logprobs(
     vocab_chunk: int | None = None,
     return_entropy: bool = False,
     completion_mask: Tensor | None = None,
+    hidden_fn=None,
 ) -> tuple[Tensor, Tensor | None]:
     """``log pi(o_t | q, o_<t)`` for every completion token, without full logits.
 
@@ -195,6 +196,8 @@ def completion_logprobs(
         return_entropy: also return the per-token entropy (no gradient).
         completion_mask: ``[rows, T]`` bool, the tokens to score (default:
             ``attention_mask[:, -T:]``); other positions get 0 and are never sent through the head.
+        hidden_fn: replaces ``completion_hidden`` (same signature), e.g.
+            ``train.shared_prompt.shared_completion_hidden``.
 
     Returns:
         ``(logp [rows, T] float32, entropy [rows, T] float32 or None)``.
@@ -203,8 +206,8 @@ def completion_logprobs(
     padding does not shift positions; the hidden state at position ``P + t - 1`` predicts
     completion token ``t``, i.e. columns ``-T-1 .. -2`` predict the last ``T`` tokens.
     """
-    hidden, targets, mask, head = completion_hidden(model, input_ids, attention_mask, num_completion_tokens,
-                                                    completion_ids, completion_mask)
+    hidden, targets, mask, head = (hidden_fn or completion_hidden)(
+        model, input_ids, attention_mask, num_completion_tokens, completion_ids, completion_mask)
     logp_flat, entropy_flat = chunked_token_logprobs(
         hidden,  # [n, H], only the scored tokens
         head.weight,

@@ -251,6 +251,7 @@ class Trainer:
                 cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk,
                 loss_scale=float(self.dist.world_size), no_sync=getattr(self.model, "no_sync", None),
                 offload_activations=cfg.memory.offload_activations, fuse=cfg.loss.fuse_head_loss,
+                share_prompt=cfg.memory.share_prompt_forward,
             )
             max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
             grad_norm = launch.clip_grad_norm(params, max_norm)

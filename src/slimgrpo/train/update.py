@@ -112,6 +112,7 @@ def accumulate_gradients(
     no_sync=None,
     offload_activations: bool = False,
     fuse: bool = True,
+    share_prompt: bool = False,
 ) -> UpdateStats:
     """Forward + backward over all micro-batches; gradients are summed into ``.grad``.
 
@@ -126,7 +127,8 @@ def accumulate_gradients(
     (pinned on CUDA) and come back when backward needs them. With gradient checkpointing those are
     essentially the checkpointed layer inputs; recomputation in backward happens outside this context,
     so it stays on the device. Gradients are unchanged (the same values make the round trip).
-    ``fuse``: the fused LM head + loss where it applies (``micro_loss.micro_batch_loss``)."""
+    ``fuse``: the fused LM head + loss where it applies; ``share_prompt``: each group's prompt forward and
+    backward once (``micro_loss.micro_batch_loss``)."""
     stats = UpdateStats()
     weight_sum = 0
     slices = micro_slices(batch.rows, micro)
@@ -139,7 +141,8 @@ def accumulate_gradients(
             ref = batch.ref_logp[sl, ts] if batch.ref_logp is not None else None
             with offload_context(offload_activations, ids.device):
                 loss, ls, entropy = micro_batch_loss(model, ids, am, comp, mask, old, ref, batch.advantages[sl],
-                                                     settings, norm, temperature, token_chunk, vocab_chunk, fuse)
+                                                     settings, norm, temperature, token_chunk, vocab_chunk, fuse,
+                                                     share_prompt)
             (loss * loss_scale).backward()
         n = int(mask.sum())
         stats.loss += float(loss.detach())
