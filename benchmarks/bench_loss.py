@@ -64,6 +64,7 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _child(args: argparse.Namespace) -> None:
+    import slimgrpo  # noqa: F401  (before torch: the OpenMP wait policy, as in training)
     import torch
 
     from slimgrpo.loss.chunked_head import (

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import sys
 from pathlib import Path
 
+import slimgrpo  # noqa: F401  (before torch, as the slimgrpo command: sets the OpenMP wait policy)
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 

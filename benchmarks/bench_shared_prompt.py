@@ -44,6 +44,7 @@ def _parse(argv=None) -> argparse.Namespace:
 
 
 def _child(a: argparse.Namespace) -> None:
+    import slimgrpo  # noqa: F401  (before torch: the OpenMP wait policy, as in training)
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
