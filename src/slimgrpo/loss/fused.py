@@ -38,7 +38,6 @@ from slimgrpo.loss.chunked_head import (
     _backprop_slice,
     _Grads,
     _LogitTransform,
-    _softmax_stats_,
     _vocab_slices,
     _workspace,
     auto_token_chunk,
@@ -66,6 +65,26 @@ def fused_applicable(importance_sampling_level: str, has_old_logp: bool, vocab_c
     return importance_sampling_level == "token" or not has_old_logp
 
 
+def _softmax_into(z: Tensor, out: Tensor, want_entropy: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Log-sum-exp, entropy and softmax of logits ``z`` [n, V] (``z`` is left holding ``z - max``).
+
+    The softmax goes to ``out`` (a buffer reused by every chunk: a fresh block of this size costs page
+    faults comparable to an elementwise pass), and ``sum_v e_v log e_v`` of the entropy is a row-wise
+    dot product of ``e`` with ``z - max`` (a batched matmul, no temporary block).
+    Returns (lse [n], entropy [n] or None, p [n, V] = ``out``).
+    """
+    m = z.amax(dim=1)  # [n]
+    z.sub_(m[:, None])
+    e = torch.exp(z, out=out)
+    s = e.sum(dim=1)
+    log_s = s.log()
+    entropy = None
+    if want_entropy:
+        e_log_e = torch.bmm(e[:, None, :], z[:, :, None]).view(-1)  # [n]
+        entropy = log_s - e_log_e / s
+    return m + log_s, entropy, e.div_(s[:, None])
+
+
 def _objective_grad(objective: FlatObjective, logp: Tensor) -> Tensor:
     """``d objective / d logp`` at ``logp`` [n] -> [n] float32."""
     with torch.enable_grad():
@@ -83,6 +102,7 @@ class _FusedHeadLoss(torch.autograd.Function):
         slices = _vocab_slices(vocab, None)
         ws = _workspace(token_chunk, n_tokens, slices, weight)
         f32 = dict(device=hidden.device, dtype=torch.float32)
+        scratch = torch.empty(min(token_chunk, max(n_tokens, 1)) * vocab, **f32)  # the softmax, reused
         logp = torch.zeros(n_tokens, **f32)  # [N]; not-yet-seen tokens hold the placeholder 0
         entropy = torch.empty(n_tokens, **f32) if want_entropy else None
         g_used = torch.empty(n_tokens, **f32)
@@ -97,8 +117,7 @@ class _FusedHeadLoss(torch.autograd.Function):
             z = ws.logits(h, weight, bias, 0, vocab, tf)  # [n, V] fp32, product 1
             z_y = z.gather(1, y[:, None]).squeeze(1)
             cap = tf.softcap_factor(z)
-            lse, ent, ssum = _softmax_stats_(z, want_entropy, keep_exp=True)
-            p = z.div_(ssum[:, None])  # softmax, in place
+            lse, ent, p = _softmax_into(z, scratch[: z.numel()].view(z.shape), want_entropy)
             logp[s:e] = z_y - lse
             if entropy is not None:
                 entropy[s:e] = ent
