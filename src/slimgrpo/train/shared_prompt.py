@@ -16,7 +16,8 @@ rows: adjacent rows with the same prompt ids and mask form one group, so a micro
 group still works (each part shares within itself).
 
 Not used with gradient checkpointing (Hugging Face models drop the KV cache while checkpointing in
-training mode); ``applicable`` decides.
+training mode) nor under FSDP2 (each sharded layer would run forward twice before one backward, which
+is untested there); ``applicable`` decides.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def applicable(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_
     lm = unwrap_causal_lm(model)
     if any(getattr(m, "gradient_checkpointing", False) is True for m in lm.modules()):
         return False
+    if any(hasattr(m, "_fsdp_state") or "FSDP" in type(m).__name__ for m in lm.modules()):
+        return False  # FSDP2: each layer would run forward twice before one backward (untested)
     P = input_ids.shape[1] - num_completion_tokens
     if P < 1 or input_ids.shape[0] < 2:
         return False
