@@ -16,6 +16,7 @@ from pathlib import Path
 
 T_START = time.perf_counter()
 
+import slimgrpo  # noqa: E402,F401  (before torch, as the slimgrpo command: sets the OpenMP wait policy)
 import torch  # noqa: E402
 
 from common import emit, peak_cuda_mib, peak_cuda_reserved_mib  # noqa: E402

@@ -11,6 +11,12 @@ chunked / naive from the same invocation.
     .venv/bin/python benchmarks/bench_loss.py --head frozen --lengths 512 --repeats 2   # LoRA
     .venv/bin/python benchmarks/bench_loss.py --device cuda --dtype bf16 --naive-max-gib 100
 
+The chunked column runs the path the trainer uses: ``--path fused`` (default; log-probs and the
+loss gradient in one pass, ``slimgrpo.loss.fused``, here with the loss ``sum(upstream * logp)``) or
+``--path separate`` (``chunked_token_logprobs`` then backward).  The floor column is the time of the
+unavoidable LM-head products (3 with a trainable head, 2 with a frozen one) at the chunk's shapes and
+this machine's measured GEMM rates (``floor.py``), and the last column measured / floor.
+
 The naive path is skipped (and reported as such) when its estimated extra memory, three
 ``[tokens, vocab]`` float32 tensors (logits / log-softmax / gradient), exceeds ``--naive-max-gib``.
 """
@@ -47,6 +53,8 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="skip the naive path when its estimated extra memory exceeds this")
     p.add_argument("--repeats", type=int, default=1,
                    help="alternating chunked/naive runs per length; the best time is reported")
+    p.add_argument("--path", default="fused", choices=["fused", "separate"],
+                   help="chunked path: fused log-prob + loss (the trainer's default) or log-probs then backward")
     p.add_argument("--child", choices=["inputs", "chunked", "naive"], help=argparse.SUPPRESS)
     p.add_argument("--length", type=int, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -56,6 +64,7 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _child(args: argparse.Namespace) -> None:
+    import slimgrpo  # noqa: F401  (before torch: the OpenMP wait policy, as in training)
     import torch
 
     from slimgrpo.loss.chunked_head import (
@@ -87,9 +96,16 @@ def _child(args: argparse.Namespace) -> None:
         fn = chunked_token_logprobs if args.child == "chunked" else naive_token_logprobs
         chunk = args.token_chunk  # None: the library's default (auto_token_chunk)
         start = time.perf_counter()
-        logp, _ = fn(hidden, weight, targets, token_chunk=chunk, vocab_chunk=args.vocab_chunk,
-                     return_entropy=args.entropy)
-        (logp * upstream).sum().backward()
+        if args.child == "chunked" and args.path == "fused":
+            from slimgrpo.loss.fused import fused_token_loss
+
+            loss, _, _ = fused_token_loss(hidden, weight, targets, lambda lp: (lp * upstream).sum(),
+                                          token_chunk=chunk, return_entropy=args.entropy)
+            loss.backward()
+        else:
+            logp, _ = fn(hidden, weight, targets, token_chunk=chunk, vocab_chunk=args.vocab_chunk,
+                         return_entropy=args.entropy)
+            (logp * upstream).sum().backward()
         sync()
         seconds = time.perf_counter() - start
     cuda_peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
@@ -103,7 +119,7 @@ def _measure(args: argparse.Namespace, mode: str, length: int) -> dict:
     """Runs one child; returns its report plus ``peak`` bytes (maxrss on CPU)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--length", str(length)]
     for flag in ("rows", "hidden", "vocab", "device", "dtype", "head", "token_chunk",
-                 "vocab_chunk"):
+                 "vocab_chunk", "path"):
         value = getattr(args, flag)
         if value is not None:
             cmd += ["--" + flag.replace("_", "-"), str(value)]
@@ -142,12 +158,12 @@ def main(argv: list[str] | None = None) -> None:
     chunk = args.token_chunk or f"{auto_token_chunk(args.vocab, args.vocab_chunk)} (auto)"
     print(f"# bench_loss: rows={args.rows} hidden={args.hidden} vocab={args.vocab} "
           f"dtype={args.dtype} device={args.device} head={args.head} "
-          f"token_chunk={chunk} vocab_chunk={args.vocab_chunk} entropy={args.entropy}")
+          f"token_chunk={chunk} vocab_chunk={args.vocab_chunk} entropy={args.entropy} path={args.path}")
     print(f"# cpu count={os.cpu_count()} loadavg at start={os.getloadavg()}")
     header = ("| length | tokens | chunked extra GiB | naive extra GiB | memory naive/chunked "
-              "| chunked s | naive s | time chunked/naive |")
+              "| chunked s | naive s | time chunked/naive | floor s | chunked / floor |")
     print(header)
-    print("|---" * 8 + "|")
+    print("|---" * 10 + "|")
     for length in args.lengths:
         base = _measure(args, "inputs", length)
         estimate = _naive_estimate(args, length)
@@ -160,9 +176,29 @@ def main(argv: list[str] | None = None) -> None:
         chunked = _best(chunked_runs)
         naive = _best(naive_runs) if run_naive else {
             "skipped": f"not run (est. {estimate / GIB:.0f} GiB > --naive-max-gib)"}
-        print(_row(length, args.rows * length, base, chunked, naive), flush=True)
+        floor_s = _floor(args, args.rows * length)
+        print(_row(length, args.rows * length, base, chunked, naive, floor_s), flush=True)
     print(f"# loadavg at end={os.getloadavg()}; times are the best of --repeats={args.repeats} "
           f"alternating runs where the naive path ran")
+
+
+def _floor(args: argparse.Namespace, tokens: int) -> float | None:
+    """Seconds of the unavoidable head products for ``tokens`` at the chunk's shapes (CPU fp32 only)."""
+    if args.device != "cpu" or args.dtype != "fp32":
+        return None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch
+
+    from floor import Machine
+    from slimgrpo.loss.chunked_head import auto_token_chunk
+
+    machine = Machine()
+    c = min(args.token_chunk or auto_token_chunk(args.vocab, args.vocab_chunk), tokens)
+    shapes = [(c, args.hidden, args.vocab), (c, args.vocab, args.hidden)]
+    if args.head == "trainable":
+        shapes.append((args.vocab, c, args.hidden))
+    del torch
+    return sum(tokens / c * 2.0 * m * k * n / machine.gemm(m, k, n) for m, k, n in shapes)
 
 
 def _best(runs: list[dict]) -> dict:
@@ -173,7 +209,7 @@ def _best(runs: list[dict]) -> dict:
     return {"seconds": min(r["seconds"] for r in ok), "peak": max(r["peak"] for r in ok)}
 
 
-def _row(length: int, tokens: int, base: dict, chunked: dict, naive: dict) -> str:
+def _row(length: int, tokens: int, base: dict, chunked: dict, naive: dict, floor_s: float | None) -> str:
     def extra(r: dict) -> float | None:
         return None if "peak" not in r or "peak" not in base else r["peak"] - base["peak"]
 
@@ -184,7 +220,8 @@ def _row(length: int, tokens: int, base: dict, chunked: dict, naive: dict) -> st
     naive_mem = naive.get("skipped") or naive.get("error") or _fmt_gib(n_mem)
     return (f"| {length} | {tokens} | {chunked.get('error') or _fmt_gib(c_mem)} | {naive_mem} "
             f"| {mem_ratio} | {c_s and f'{c_s:.1f}' or '-'} | {n_s and f'{n_s:.1f}' or '-'} "
-            f"| {time_ratio} |")
+            f"| {time_ratio} | {floor_s and f'{floor_s:.1f}' or '-'} "
+            f"| {c_s and floor_s and f'{c_s / floor_s:.2f}' or '-'} |")
 
 
 if __name__ == "__main__":

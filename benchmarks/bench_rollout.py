@@ -15,7 +15,9 @@ The hardware bound of one decode step is
 
 (bandwidth: a sum over a 1 GiB buffer; FLOP rate: a 2048^3 float32 matmul; both probed just before
 and after each of our runs, median used), converted to tokens/s as G / (step time). Prefill is excluded from the bound (it is <1% of the work here) but included in
-both measured times. This is a script that prints a table, not a test.
+both measured times. The floor column is ``floor.py``'s decode floor (per step the larger of weight + KV bytes / bandwidth
+and FLOPs / large-GEMM rate, summed over the L steps; a roofline lower bound rather than the sum above).
+This is a script that prints a table, not a test.
 """
 
 from __future__ import annotations
@@ -25,8 +27,15 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import sys
+from pathlib import Path
+
+import slimgrpo  # noqa: F401  (before torch, as the slimgrpo command: sets the OpenMP wait policy)
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import floor as floor_mod  # noqa: E402
 
 from slimgrpo.rollout import SamplingParams, SamplingWorkspace, TorchRolloutEngine, sample_next
 
@@ -205,7 +214,7 @@ def main() -> None:
           f"prompt={args.prompt_len} repeats={args.repeats} pack_weights={args.pack}\n")
 
     header = (f"{'workload':<8} {'HF tok/s':>9} {'ours tok/s':>10} {'speedup':>8} "
-              f"{'bound tok/s':>11} {'of bound':>8} {'ms/step':>8} {'bound ms':>8}")
+              f"{'bound tok/s':>11} {'of bound':>8} {'ms/step':>8} {'bound ms':>8} {'floor tok/s':>11} {'floor/ours':>10}")
     lines = []
     for name in args.workloads.split(","):
         w = WORKLOADS[name]
@@ -234,9 +243,14 @@ def main() -> None:
         nbytes, flops = step_cost(w, rows, context=args.prompt_len + L / 2)
         bound_step = nbytes / bandwidth + flops / flop_rate
         bound = rows / bound_step
+        shape = {"hidden": w.hidden, "intermediate": w.intermediate, "layers": w.layers, "heads": w.heads,
+                 "kv_heads": w.kv_heads, "vocab": w.vocab}
+        fl = floor_mod.decode_floor(floor_mod.Step(shape=shape, rows=rows, prompt_len=args.prompt_len,
+                                                   completion_len=L), floor_mod.Machine())
+        floor_tok = rows * L / fl["decode_s"]
         lines.append(
             f"{name:<8} {hf:>9.0f} {ours:>10.0f} {ours / hf:>7.1f}x {bound:>11.0f} {ours / bound:>7.0%} "
-            f"{1e3 * rows / ours:>8.2f} {1e3 * bound_step:>8.2f}"
+            f"{1e3 * rows / ours:>8.2f} {1e3 * bound_step:>8.2f} {floor_tok:>11.0f} {floor_tok / ours:>9.2f}x"
         )
         print(f"[{name}] hidden={w.hidden} layers={w.layers} vocab={w.vocab}: "
               f"step reads {nbytes / 2**20:.0f} MiB, {flops / 1e9:.2f} GFLOP; "

@@ -33,8 +33,10 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO_ROOT / ".bench"  # gitignored: model folders, prompt files, run folders
-GSM8K_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
-MODEL_SHAPES = REPO_ROOT.parent / "shared" / "data" / "model_shapes.json"
+# The shared data folder next to the checkout; SLIMGRPO_SHARED_DIR points elsewhere (e.g. from a worktree).
+SHARED_DIR = Path(os.environ.get("SLIMGRPO_SHARED_DIR") or REPO_ROOT.parent / "shared")
+GSM8K_DIR = SHARED_DIR / "data" / "gsm8k"
+MODEL_SHAPES = SHARED_DIR / "data" / "model_shapes.json"
 
 # Lines a child prints on stdout that start with this marker carry one JSON record for the harness.
 RECORD_MARKER = "@@bench "
@@ -531,6 +533,21 @@ def _last_error_line(text: str) -> str:
         if re.match(r"^\w*(Error|Exception)\b|^\w+\.\w+Error|^[A-Za-z_.]+Error:", line.strip()):
             return line.strip()[:300]
     return lines[-1].strip()[:300] if lines else ""
+
+
+# ----------------------------------------------------------------------------- competing load
+
+
+def start_competitors(n: int) -> list[subprocess.Popen]:
+    """``n`` CPU-bound processes (a Python busy loop each): a reproducible "busy machine"."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL) for _ in range(n)]
+
+
+def stop_competitors(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
 
 
 # ----------------------------------------------------------------------------- the intermediate process

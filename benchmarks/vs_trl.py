@@ -3,6 +3,7 @@
     python benchmarks/vs_trl.py --workload w-cpu [--steps 4] [--repeats 2] [--out results.json]
     python benchmarks/vs_trl.py --workload w-long [--mem-cap 8GiB]
     python benchmarks/vs_trl.py --workload w-gpu [--shape qwen2.5-0.5b] [--lora]      (GPU; untested)
+    python benchmarks/vs_trl.py --workload w-0.5b                                     (qwen2.5-0.5b shape, LoRA, CPU)
     python benchmarks/vs_trl.py --workload demo
     python benchmarks/vs_trl.py --workload w-cpu --quick                              (smoke test)
 
@@ -10,6 +11,10 @@ Runs alternate between the trainers (trl, slimgrpo, trl, slimgrpo, ...), each in
 started through a fresh intermediate process that reports the child's peak RSS. The completion
 length is pinned (minimum = maximum new tokens) so both trainers generate and train on the same
 number of tokens. Seconds per step is the median over the steps after the first (warm-up) step.
+
+After the runs the harness measures this machine's floor for the workload (``floor.py``: the LM-head and
+decoder products of the update and the weight + KV reads of decoding, at GEMM rates and bandwidth probed
+in this process) and prints it next to each trainer's s/step; ``--no-floor`` skips it.
 
 Numbers are only meaningful on a quiet machine: other processes competing for the cores change both
 trainers' times, and not by the same factor.
@@ -79,7 +84,7 @@ class Settings:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workload", choices=["w-cpu", "w-long", "w-gpu", "demo"], default="w-cpu")
+    p.add_argument("--workload", choices=["w-cpu", "w-long", "w-gpu", "w-0.5b", "demo"], default="w-cpu")
     p.add_argument("--trainers", default="trl,slimgrpo", help="comma-separated, in the order they alternate")
     p.add_argument("--steps", type=int, help="optimizer steps per run (the first is a warm-up)")
     p.add_argument("--repeats", type=int, default=None, help="runs per trainer, alternating")
@@ -104,6 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="w-long: stop doubling at this length (default 32768; 64 with --quick)")
     p.add_argument("--timeout", type=float, help="seconds per run before it is killed")
     p.add_argument("--quick", action="store_true", help="tiny lengths and 2 steps: a smoke test of the harness")
+    p.add_argument("--no-floor", action="store_true", help="do not measure the machine's floor for the workload")
     p.add_argument("--out", help="also write every record and the summary to this JSON file")
     return p.parse_args(argv)
 
@@ -118,6 +124,10 @@ def workload_settings(a: argparse.Namespace) -> Settings:
         s.shape = common.load_shape(a.shape)
         s.device, s.dtype = "cuda", "bfloat16"
         s.num_generations, s.completion_length, s.max_prompt_length = 4, 786, 256
+    elif w == "w-0.5b":
+        # A real shape on CPU: qwen2.5-0.5b, random init, LoRA, 4 completions x 128 tokens.
+        s.shape = common.load_shape("qwen2.5-0.5b")
+        s.num_generations, s.completion_length, s.lora, s.steps = 4, 128, True, 3
     elif w == "demo":
         demo = _demo_settings(s)
         if demo is None:
@@ -292,7 +302,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def comparison_tables(results: list[RunResult], trainers: list[str], on_gpu: bool) -> tuple[str, dict[str, Any]]:
+def comparison_tables(results: list[RunResult], trainers: list[str], on_gpu: bool,
+                      floor_s: float | None = None) -> tuple[str, dict[str, Any]]:
     mem_key, mem_name = ("peak_cuda_mib", "peak CUDA alloc MiB") if on_gpu else ("peak_rss_mib", "peak RSS MiB")
     lines = ["| run | steps | mean len | s/step | gen tok/s | gen share | peak RSS MiB | peak CUDA MiB | status |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -308,10 +319,13 @@ def comparison_tables(results: list[RunResult], trainers: list[str], on_gpu: boo
         agg[t] = {"s_per_step": _median([r.s_per_step() for r in rs]),
                   "gen_tokens_per_s": _median([r.gen_tokens_per_s() for r in rs]),
                   "peak_mib": _median([r.summary()[mem_key] for r in rs]), "runs": len(rs)}
-    lines += ["", f"| trainer | runs | s/step (median) | gen tok/s | {mem_name} |", "|---|---:|---:|---:|---:|"]
+    lines += ["", f"| trainer | runs | s/step (median) | floor s/step | measured / floor | gen tok/s | {mem_name} |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for t in trainers:
         a = agg[t]
-        lines.append(f"| {t} | {a['runs']} | {_fmt(a['s_per_step'])} | {_fmt(a['gen_tokens_per_s'], '{:.1f}')} | "
+        a["over_floor"] = _ratio(a["s_per_step"], floor_s)
+        lines.append(f"| {t} | {a['runs']} | {_fmt(a['s_per_step'])} | {_fmt(floor_s)} | "
+                     f"{_fmt(a['over_floor'], '{:.2f}x')} | {_fmt(a['gen_tokens_per_s'], '{:.1f}')} | "
                      f"{common.format_mib(a['peak_mib'])} |")
     ratios = {}
     if "trl" in agg and "slimgrpo" in agg:
@@ -319,7 +333,7 @@ def comparison_tables(results: list[RunResult], trainers: list[str], on_gpu: boo
         ratios = {"s_per_step": _ratio(s["s_per_step"], t["s_per_step"]),
                   "gen_tokens_per_s": _ratio(s["gen_tokens_per_s"], t["gen_tokens_per_s"]),
                   "peak_mib": _ratio(s["peak_mib"], t["peak_mib"])}
-        lines.append(f"| slimgrpo / trl | | {_fmt(ratios['s_per_step'], '{:.2f}x')} | "
+        lines.append(f"| slimgrpo / trl | | {_fmt(ratios['s_per_step'], '{:.2f}x')} | | | "
                      f"{_fmt(ratios['gen_tokens_per_s'], '{:.2f}x')} | {_fmt(ratios['peak_mib'], '{:.2f}x')} |")
     return "\n".join(lines), {"per_trainer": agg, "ratios_slimgrpo_over_trl": ratios}
 
@@ -368,6 +382,24 @@ def machine_header(info: dict[str, Any], s: Settings, cap: common.MemoryCap) -> 
     return "\n".join(lines)
 
 
+def machine_floor(s: Settings) -> dict[str, float] | None:
+    """``floor.floor_for`` of this workload, its rates measured now in this process."""
+    import floor as floor_mod
+    import torch
+
+    if s.num_threads:
+        torch.set_num_threads(s.num_threads)
+    count = s.prompts_per_step * max(s.steps, 1)
+    prompt_len = floor_mod.mean_prompt_tokens(s.model_path, s.prompts_path, count)
+    step = floor_mod.Step(shape=s.shape, rows=s.prompts_per_step * s.num_generations, prompt_len=prompt_len,
+                          completion_len=s.completion_length,
+                          token_chunk=floor_mod.auto_chunk(s.shape["vocab"]), trainable_head=not s.lora,
+                          full_ft=not s.lora, reference=s.beta > 0)
+    print(f"measuring the floor ({step.rows} rows x {prompt_len} prompt + {step.completion_len} completion tokens)",
+          file=sys.stderr)
+    return floor_mod.floor_for(step)
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -410,7 +442,13 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(1, repeats + 1):
             for t in trainers:
                 results.append(run_one(t, rep, s, run_root, cap, s.completion_length, a.timeout))
-        table, summary = comparison_tables(results, trainers, on_gpu=s.device.startswith("cuda"))
+        floor = None if a.no_floor or s.device != "cpu" else machine_floor(s)
+        table, summary = comparison_tables(results, trainers, on_gpu=s.device.startswith("cuda"),
+                                           floor_s=floor["step_s"] if floor else None)
+        if floor:
+            summary["floor"] = floor
+            table += "\n\nFloor (benchmarks/floor.py, measured after the runs): " + ", ".join(
+                f"{k} {v:.3f}" for k, v in floor.items())
 
     print()
     print(header)

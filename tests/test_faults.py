@@ -120,14 +120,14 @@ def test_debug_shows_the_reward_functions_own_traceback(tmp_path, tiny_model_dir
 def test_a_nan_loss_skips_one_update_and_training_goes_on(tmp_path, tiny_model_dir, monkeypatch, caplog):
     import slimgrpo.train.update as update
 
-    real, calls = update.grpo_loss, []
+    real, calls = update.micro_batch_loss, []
 
-    def nan_on_second_step(*args, **kwargs):
+    def nan_on_second_step(*args, **kwargs):  # one micro-batch per step
         calls.append(1)
-        loss, stats = real(*args, **kwargs)
-        return (loss * float("nan") if len(calls) == 2 else loss), stats
+        loss, stats, entropy = real(*args, **kwargs)
+        return (loss * float("nan") if len(calls) == 2 else loss), stats, entropy
 
-    monkeypatch.setattr(update, "grpo_loss", nan_on_second_step)
+    monkeypatch.setattr(update, "micro_batch_loss", nan_on_second_step)
     cfg = write_run(tmp_path, tiny_model_dir, run={"max_steps": 3, "max_nonfinite_steps": 2}, loss={"beta": 0.0})
     with caplog.at_level(logging.WARNING, logger="slimgrpo"):
         run_training(load_config(cfg))

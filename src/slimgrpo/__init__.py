@@ -7,6 +7,10 @@
 
 __version__ = "0.1.0"
 
+from slimgrpo import threads as _threads  # noqa: E402
+
+_threads.early_default()  # OpenMP wait policy, before torch loads (see slimgrpo.threads)
+
 from slimgrpo.config import Config, ConfigError, load_config  # noqa: E402
 from slimgrpo.train.trainer import Trainer  # noqa: E402
 

@@ -125,6 +125,10 @@ def cmd_train(args) -> int:
         overrides.insert(0, config)
         config = None
     cfg = load_config(config, overrides)
+    if getattr(args, "from_command_line", False):  # the wait policy must be in place before torch loads
+        from slimgrpo import threads
+
+        threads.reexec_for(cfg.run.thread_wait_policy)
     return _finish(run_training(cfg), cfg)
 
 
@@ -220,6 +224,7 @@ def _storage_error(e: BaseException) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    args.from_command_line = argv is None
     if not args.command:
         parser.print_help()
         return 2

@@ -72,3 +72,6 @@ class LossConfig:
     152K vocabulary)."""
     vocab_chunk: int | None = None
     """Also split the vocabulary into chunks of this size (online log-sum-exp); None = whole vocab."""
+    fuse_head_loss: bool = True
+    """Form the loss gradient inside the chunked LM-head pass (one fewer head product per chunk) when the
+    objective allows it (token-level ratios, or no old log-probs; no ``vocab_chunk``); gradients are equal."""

@@ -12,6 +12,10 @@ class MemoryConfig:
     """Completions per forward/backward pass; gradients accumulate over the step. None = all of a step."""
     gradient_checkpointing: bool = False
     """Recompute layer activations in backward instead of keeping them."""
+    share_prompt_forward: bool = True
+    """Run each group's prompt through the model once in the update (its KV fanned out to the group's
+    completions, gradients summed) instead of once per completion; off automatically with gradient
+    checkpointing. Same gradients."""
     offload_activations: bool = False
     """Keep checkpointed layer inputs in CPU memory (needs ``gradient_checkpointing``)."""
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"

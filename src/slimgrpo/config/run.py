@@ -23,7 +23,12 @@ class RunConfig:
     device: str = "auto"
     """``auto`` (cuda when available, else cpu), ``cpu``, ``cuda``, ``cuda:1``."""
     num_threads: int | None = None
-    """CPU threads for torch (None = torch's default; otherwise >= 1)."""
+    """CPU threads for torch (None = torch's default; otherwise >= 1). Recorded with the wait policy in
+    threads.json."""
+    thread_wait_policy: Literal["auto", "passive", "active"] = "auto"
+    """How idle OpenMP threads wait: ``passive`` sleeps (robust when other processes share the cores),
+    ``active`` spins (libgomp's default; can be 10x slower on a busy machine); ``auto`` = passive unless
+    OMP_WAIT_POLICY / GOMP_SPINCOUNT are set. Applied before torch loads (``slimgrpo train`` re-runs itself)."""
     save_steps: int = 0
     """Write a checkpoint every N steps (0 = only at the end)."""
     save_checkpoints: bool = True

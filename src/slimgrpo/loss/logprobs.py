@@ -36,6 +36,7 @@ __all__ = [
     "HeadSpec",
     "auto_token_chunk",
     "chunked_token_logprobs",
+    "completion_hidden",
     "completion_logprobs",
     "completion_position_ids",
     "lm_head_spec",
@@ -142,6 +143,30 @@ def _check_completion_inputs(input_ids: Tensor, attention_mask: Tensor, num_toke
                          f"{tuple(completion_mask.shape)}")
 
 
+def completion_hidden(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    num_completion_tokens: int,
+    completion_ids: Tensor,
+    completion_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, HeadSpec]:
+    """The backbone half of ``completion_logprobs`` (same arguments).
+
+    Returns ``(hidden [n, H], targets [n], mask [rows, T] bool, head)``: the final hidden states that
+    predict the ``n`` scored completion tokens, those tokens, where they sit, and the LM head.
+    """
+    T = num_completion_tokens
+    _check_completion_inputs(input_ids, attention_mask, T, completion_ids, completion_mask)
+    lm = unwrap_causal_lm(model)
+    decoder = lm.get_decoder()
+    out = decoder(input_ids=input_ids, attention_mask=attention_mask,
+                  position_ids=completion_position_ids(attention_mask), use_cache=False)
+    hidden = out[0][:, -T - 1 : -1]  # [rows, T, H]
+    mask = (attention_mask[:, -T:] if completion_mask is None else completion_mask).bool()
+    return hidden[mask], completion_ids[mask], mask, lm_head_spec(lm)
+
+
 def completion_logprobs(
     model: nn.Module,
     input_ids: Tensor,
@@ -154,6 +179,7 @@ def completion_logprobs(
     vocab_chunk: int | None = None,
     return_entropy: bool = False,
     completion_mask: Tensor | None = None,
+    hidden_fn=None,
 ) -> tuple[Tensor, Tensor | None]:
     """``log pi(o_t | q, o_<t)`` for every completion token, without full logits.
 
@@ -170,6 +196,8 @@ def completion_logprobs(
         return_entropy: also return the per-token entropy (no gradient).
         completion_mask: ``[rows, T]`` bool, the tokens to score (default:
             ``attention_mask[:, -T:]``); other positions get 0 and are never sent through the head.
+        hidden_fn: replaces ``completion_hidden`` (same signature), e.g.
+            ``train.shared_prompt.shared_completion_hidden``.
 
     Returns:
         ``(logp [rows, T] float32, entropy [rows, T] float32 or None)``.
@@ -178,19 +206,12 @@ def completion_logprobs(
     padding does not shift positions; the hidden state at position ``P + t - 1`` predicts
     completion token ``t``, i.e. columns ``-T-1 .. -2`` predict the last ``T`` tokens.
     """
-    T = num_completion_tokens
-    _check_completion_inputs(input_ids, attention_mask, T, completion_ids, completion_mask)
-    lm = unwrap_causal_lm(model)
-    decoder = lm.get_decoder()
-    out = decoder(input_ids=input_ids, attention_mask=attention_mask,
-                  position_ids=completion_position_ids(attention_mask), use_cache=False)
-    hidden = out[0][:, -T - 1 : -1]  # [rows, T, H]
-    mask = (attention_mask[:, -T:] if completion_mask is None else completion_mask).bool()
-    head = lm_head_spec(lm)
+    hidden, targets, mask, head = (hidden_fn or completion_hidden)(
+        model, input_ids, attention_mask, num_completion_tokens, completion_ids, completion_mask)
     logp_flat, entropy_flat = chunked_token_logprobs(
-        hidden[mask],  # [n, H], only the scored tokens
+        hidden,  # [n, H], only the scored tokens
         head.weight,
-        completion_ids[mask],  # [n]
+        targets,  # [n]
         bias=head.bias,
         temperature=temperature,
         logit_scale=head.logit_scale,

@@ -36,11 +36,13 @@ log = logging.getLogger("slimgrpo")
 # memory-only settings (same numbers, different peak memory) and how reward faults are handled.
 RESUMABLE_KEYS = (
     "run.max_steps", "run.save_steps", "run.save_total_limit", "run.save_checkpoints", "run.save_model",
-    "run.resume", "run.overwrite", "run.output_dir", "run.num_threads", "run.device", "run.max_nonfinite_steps",
+    "run.resume", "run.overwrite", "run.output_dir", "run.num_threads", "run.thread_wait_policy", "run.device",
+    "run.max_nonfinite_steps",
     "log.*", "eval.*", "distributed.timeout_s", "distributed.backend",
     "rewards.timeout_s", "rewards.isolation", "rewards.on_error", "rewards.max_failed_steps",
     "memory.micro_batch_size", "memory.gradient_checkpointing", "memory.offload_activations", "memory.budget",
-    "memory.fit", "loss.token_chunk", "loss.vocab_chunk", "rollout.max_batch_rows",
+    "memory.fit", "memory.share_prompt_forward", "loss.token_chunk", "loss.vocab_chunk", "loss.fuse_head_loss",
+    "rollout.max_batch_rows",
 )
 # Files a run writes at the top of its folder; any of them marks the folder as used.
 RUN_FILES = ("checkpoints", "final", "summary.json", "metrics.jsonl", "completions.jsonl", "config.yaml")

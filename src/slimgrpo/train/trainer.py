@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from slimgrpo import advantages as adv
+from slimgrpo import threads
 from slimgrpo.advantages import zero_std_fraction
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
 from slimgrpo.data import PromptDataset, PromptSampler, check_enough_prompts, load_prompt_dataset, steps_for_epochs
@@ -86,8 +87,7 @@ class Trainer:
 
     def setup(self) -> None:
         cfg = self.cfg
-        if cfg.run.num_threads:
-            torch.set_num_threads(cfg.run.num_threads)
+        self.thread_info = threads.apply(cfg.run.num_threads, cfg.run.thread_wait_policy)
         ckpt.seed_all(cfg.run.seed)  # torch, Python and NumPy: the same seed gives the same run
         with self.dist.agree("locking the run folder"):  # one writer per folder; rank 0 holds the lock
             if self.dist.is_main and self.run_lock is None:
@@ -161,6 +161,7 @@ class Trainer:
         self.writer = MetricsWriter(self.output_dir, enabled=self.dist.is_main, backends=backends)
         if self.dist.is_main:
             dump_config(cfg, self.output_dir / "config.yaml")
+            threads.record(self.output_dir, self.thread_info)
         self.maybe_resume()
 
     def wrap_model(self, model):
@@ -307,7 +308,8 @@ class Trainer:
                     self.model, part, self.loss_settings, norm, cfg.memory.micro_batch_size,
                     cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk,
                     loss_scale=float(self.dist.world_size), no_sync=getattr(self.model, "no_sync", None),
-                    offload_activations=cfg.memory.offload_activations,
+                    offload_activations=cfg.memory.offload_activations, fuse=cfg.loss.fuse_head_loss,
+                    share_prompt=cfg.memory.share_prompt_forward,
                 ))
                 max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
                 grad_norm = launch.clip_grad_norm(params, max_norm)

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 import torch
 
 from slimgrpo.loss.logprobs import completion_logprobs
-from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss
+from slimgrpo.loss.objectives import LossSettings, Normaliser
 from slimgrpo.train.distributed import is_wrapped
+from slimgrpo.train.micro_loss import micro_batch_loss
 from slimgrpo.types import Rollout
 
 
@@ -117,6 +118,8 @@ def accumulate_gradients(
     loss_scale: float = 1.0,
     no_sync=None,
     offload_activations: bool = False,
+    fuse: bool = True,
+    share_prompt: bool = False,
 ) -> UpdateStats:
     """Forward + backward over all micro-batches; gradients are summed into ``.grad``.
 
@@ -131,7 +134,9 @@ def accumulate_gradients(
     (pinned, copied on a side stream on CUDA: ``train/offload.py``) and come back when backward needs
     them. With gradient checkpointing those are
     essentially the checkpointed layer inputs; recomputation in backward happens outside this context,
-    so it stays on the device. Gradients are unchanged (the same values make the round trip)."""
+    so it stays on the device. Gradients are unchanged (the same values make the round trip).
+    ``fuse``: the fused LM head + loss where it applies; ``share_prompt``: each group's prompt forward and
+    backward once (``micro_loss.micro_batch_loss``)."""
     stats = UpdateStats()
     weight_sum = clip_sum = 0
     slices = micro_slices(batch.rows, micro)
@@ -140,14 +145,12 @@ def accumulate_gradients(
         mask = batch.loss_mask[sl, ts]
         sync_ctx = no_sync() if (no_sync is not None and i < len(slices) - 1) else _null()
         with sync_ctx:
-            with offload_context(offload_activations, ids.device):
-                logp, entropy = model_logprobs(model, ids, am, comp.shape[1], comp, temperature=temperature,
-                                               token_chunk=token_chunk, vocab_chunk=vocab_chunk,
-                                               return_entropy=True)
             old = batch.old_logp[sl, ts] if batch.old_logp is not None else None
             ref = batch.ref_logp[sl, ts] if batch.ref_logp is not None else None
-            loss, ls = grpo_loss(logp, old, ref, batch.advantages[sl], mask, settings, norm,
-                                 entropy=entropy, entropy_cut=batch.entropy_cut)
+            with offload_context(offload_activations, ids.device):
+                loss, ls, entropy = micro_batch_loss(model, ids, am, comp, mask, old, ref, batch.advantages[sl],
+                                                     settings, norm, temperature, token_chunk, vocab_chunk, fuse,
+                                                     share_prompt, entropy_cut=batch.entropy_cut)
             (loss * loss_scale).backward()
         n = int(mask.sum())
         stats.loss += float(loss.detach())

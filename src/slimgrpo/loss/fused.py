@@ -1,0 +1,254 @@
+"""Fused LM-head log-probs + loss: one pass per token chunk forms every gradient.
+
+The separate path (``chunked_token_logprobs`` then the objective) runs, per token chunk, the head
+product in forward and three more in backward (recompute the logits, ``dL/dh``, ``dL/dW``): the
+logits are gone by the time the loss gradient ``g_t = dL/dlogp_t`` is known.  For a *token-separable*
+objective -- one whose ``g_t`` depends on ``logp_t`` but on no other token's log-prob -- ``g_t`` can
+be formed while the chunk's logits are still at hand, so forward does all the work::
+
+    z = T(h W^T + b)               product 1 (the only one through the head in forward)
+    logp, entropy, p = softmax(z)
+    g = d objective / d logp       autograd of the objective on a [tokens] tensor (cheap)
+    dL/da = g k (onehot - p)       (k = dz/da, see ``chunked_head``)
+    dL/dh = dL/da W                product 2   (kept until backward)
+    dL/dW += dL/da^T h             product 3   (skipped with a frozen head)
+
+and backward only scales the stored gradients by the upstream gradient of the loss: three head
+products instead of four with a trainable head, two with a frozen one.
+
+Which objectives are separable is not assumed from their names.  ``g`` of a chunk is taken from the
+objective evaluated on a log-prob vector that holds the true values of the tokens seen so far and a
+placeholder (0) elsewhere; once every chunk is done, ``g`` is taken again from the full vector.  If the
+two differ (the objective was not separable, e.g. GSPO's sequence ratio with old log-probs), the
+difference ``dg`` is applied with a standard chunked backward of ``sum(dg * logp)`` -- gradients are
+linear in ``g`` -- so the result is exact either way; a separable objective never pays for it.
+The GRPO family at the on-policy point (``num_iterations = 1``, ratio ``exp(logp - sg(logp))``) and
+token-level importance sampling with old log-probs are separable; ``fused_applicable`` gates the
+cases where the fallback would always run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from slimgrpo.loss.chunked_head import (
+    _backprop_slice,
+    _Grads,
+    _LogitTransform,
+    _vocab_slices,
+    _workspace,
+    auto_token_chunk,
+    chunked_token_logprobs,
+)
+
+FlatObjective = Callable[[Tensor], Tensor]  # logp [n] float32 (with grad) -> scalar loss
+
+# Tolerance of the separability check (relative to the largest |g|): elementwise kernels may differ in
+# the last bit between a vectorised body and its tail, which must not trigger the fallback.
+_SEPARABLE_RTOL = 1e-6
+
+stats = {"corrections": 0}  # how often the non-separable fallback ran (read by tests)
+
+
+def fused_applicable(importance_sampling_level: str, has_old_logp: bool, vocab_chunk: int | None) -> bool:
+    """Whether the fused path is expected to be separable (else the caller keeps the separate path).
+
+    Token-level ratios are separable; the sequence ratio is too at the on-policy point (its value is 1
+    whatever the log-probs) but not with old log-probs.  Vocabulary chunks need two passes over the
+    logits (the log-sum-exp before the softmax), which the fused pass cannot save.
+    """
+    if vocab_chunk is not None:
+        return False
+    return importance_sampling_level == "token" or not has_old_logp
+
+
+def _softmax_into(z: Tensor, out: Tensor, want_entropy: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Log-sum-exp, entropy and softmax of logits ``z`` [n, V] (``z`` is left holding ``z - max``).
+
+    The softmax goes to ``out`` (a buffer reused by every chunk: a fresh block of this size costs page
+    faults comparable to an elementwise pass), and ``sum_v e_v log e_v`` of the entropy is a row-wise
+    dot product of ``e`` with ``z - max`` (a batched matmul, no temporary block).
+    Returns (lse [n], entropy [n] or None, p [n, V] = ``out``).
+    """
+    m = z.amax(dim=1)  # [n]
+    z.sub_(m[:, None])
+    e = torch.exp(z, out=out)
+    s = e.sum(dim=1)
+    log_s = s.log()
+    entropy = None
+    if want_entropy:
+        e_log_e = torch.bmm(e[:, None, :], z[:, :, None]).view(-1)  # [n]
+        entropy = log_s - e_log_e / s
+    return m + log_s, entropy, e.div_(s[:, None])
+
+
+def _objective_grad(objective: FlatObjective, logp: Tensor) -> Tensor:
+    """``d objective / d logp`` at ``logp`` [n] -> [n] float32."""
+    with torch.enable_grad():
+        x = logp.detach().clone().requires_grad_()
+        (g,) = torch.autograd.grad(objective(x), x, allow_unused=True)
+    return torch.zeros_like(logp) if g is None else g.float()
+
+
+class _FusedHeadLoss(torch.autograd.Function):
+    """See ``fused_token_loss``."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, objective, tf, token_chunk, want_entropy):
+        n_tokens, vocab = hidden.shape[0], weight.shape[0]
+        slices = _vocab_slices(vocab, None)
+        ws = _workspace(token_chunk, n_tokens, slices, weight)
+        f32 = dict(device=hidden.device, dtype=torch.float32)
+        scratch = torch.empty(min(token_chunk, max(n_tokens, 1)) * vocab, **f32)  # the softmax, reused
+        logp = torch.zeros(n_tokens, **f32)  # [N]; not-yet-seen tokens hold the placeholder 0
+        entropy = torch.empty(n_tokens, **f32) if want_entropy else None
+        g_used = torch.empty(n_tokens, **f32)
+        needs = ctx.needs_input_grad
+        grad_hidden = torch.zeros(hidden.shape, **f32) if needs[0] else None  # [N, H]
+        grads = _Grads(hidden=None,
+                       weight=torch.zeros(weight.shape, **f32) if needs[1] else None,  # [V, H]
+                       bias=torch.zeros(vocab, **f32) if (bias is not None and needs[2]) else None)
+        for s in range(0, n_tokens, token_chunk):
+            e = min(s + token_chunk, n_tokens)
+            h, y = hidden[s:e], targets[s:e]
+            z = ws.logits(h, weight, bias, 0, vocab, tf)  # [n, V] fp32, product 1
+            z_y = z.gather(1, y[:, None]).squeeze(1)
+            cap = tf.softcap_factor(z)
+            lse, ent, p = _softmax_into(z, scratch[: z.numel()].view(z.shape), want_entropy)
+            logp[s:e] = z_y - lse
+            if entropy is not None:
+                entropy[s:e] = ent
+            g = _objective_grad(objective, logp)[s:e]
+            g_used[s:e] = g
+            grads.hidden = None if grad_hidden is None else grad_hidden[s:e]
+            _backprop_slice(ws, p, cap, h, weight, y, g, tf, 0, vocab, grads)  # products 2 and 3
+        g_true = _objective_grad(objective, logp)
+        tol = _SEPARABLE_RTOL * max(float(g_true.abs().max()), 1e-30) if n_tokens else 0.0
+        if n_tokens and float((g_true - g_used).abs().max()) > tol:
+            stats["corrections"] += 1
+            _correct(hidden, weight, bias, targets, g_true - g_used, tf, token_chunk, grad_hidden, grads)
+        with torch.enable_grad():
+            x = logp.detach().clone().requires_grad_()
+            loss = objective(x).detach()
+        ctx.save_for_backward(*(t if t is not None else torch.empty(0)
+                                for t in (grad_hidden, grads.weight, grads.bias)))
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.present = (grad_hidden is not None, grads.weight is not None, grads.bias is not None)
+        ctx.mark_non_differentiable(logp)
+        if entropy is None:
+            return loss, logp, None
+        ctx.mark_non_differentiable(entropy)
+        return loss, logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_logp, _grad_entropy):
+        saved = ctx.saved_tensors
+        out = []
+        for t, dtype, present in zip(saved, ctx.dtypes, ctx.present):
+            out.append((t * grad_loss.float()).to(dtype) if present else None)
+        return out[0], out[1], out[2], None, None, None, None, None
+
+
+def _correct(hidden, weight, bias, targets, dg, tf, token_chunk, grad_hidden, grads) -> None:
+    """Adds the gradients of ``sum(dg * logp)`` (the non-separable remainder) with the separate path."""
+    leaves = {}
+    with torch.enable_grad():
+        h = hidden.detach().requires_grad_(grad_hidden is not None)
+        w = weight.detach().requires_grad_(grads.weight is not None)
+        b = None if bias is None else bias.detach().requires_grad_(grads.bias is not None)
+        for name, t in (("h", h), ("w", w), ("b", b)):
+            if t is not None and t.requires_grad:
+                leaves[name] = t
+        if not leaves:
+            return
+        lp, _ = chunked_token_logprobs(h, w, targets, bias=b, temperature=tf.temperature,
+                                       logit_scale=tf.logit_scale, softcap=tf.softcap,
+                                       token_chunk=token_chunk)
+        got = dict(zip(leaves, torch.autograd.grad((lp * dg).sum(), list(leaves.values()))))
+    if "h" in got:
+        grad_hidden += got["h"].float()
+    if "w" in got:
+        grads.weight += got["w"].float()
+    if "b" in got:
+        grads.bias += got["b"].float()
+
+
+def fused_token_loss(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    objective: FlatObjective,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
+    token_chunk: int | None = None,
+    return_entropy: bool = False,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``objective(log p(targets))`` and its gradients in one pass per token chunk.
+
+    Args:
+        hidden: ``[N, H]`` final hidden states; weight ``[V, H]``; targets ``[N]`` long; bias ``[V]``.
+        objective: maps the ``[N]`` float32 log-probs (a tensor with grad) to a scalar loss; it is
+            called once per chunk and twice at the end, so it must be cheap and side-effect free.
+        temperature, logit_scale, softcap, token_chunk: as for ``chunked_token_logprobs`` (the whole
+            vocabulary is processed at once; use the separate path for vocabulary chunks).
+        return_entropy: also return the per-token entropy.
+
+    Returns:
+        ``(loss, logp [N], entropy [N] or None)``: ``loss`` is a scalar whose backward delivers the
+        gradients of ``objective`` to ``hidden``, ``weight`` and ``bias``; ``logp`` and ``entropy``
+        carry no gradient.  Gradients equal the separate path's (see the module docstring).
+    """
+    if token_chunk is None:
+        token_chunk = auto_token_chunk(weight.shape[0])
+    if token_chunk < 1:
+        raise ValueError(f"token_chunk must be >= 1, got {token_chunk}")
+    tf = _LogitTransform(float(temperature), float(logit_scale), softcap)
+    return _FusedHeadLoss.apply(hidden, weight, bias, targets, objective, tf, token_chunk,
+                                return_entropy)
+
+
+def completion_loss(
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    num_completion_tokens: int,
+    completion_ids: Tensor,
+    objective: Callable[[Tensor], Tensor],
+    *,
+    temperature: float = 1.0,
+    token_chunk: int | None = None,
+    return_entropy: bool = False,
+    completion_mask: Tensor | None = None,
+    hidden_fn=None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``objective(logp)`` of a causal LM's completions through the fused head.
+
+    Arguments as for ``completion_logprobs`` (``hidden_fn`` included); ``objective`` maps ``logp [rows, T]`` float32 (zeros
+    off ``completion_mask``) to a scalar loss.  Returns ``(loss, logp [rows, T], entropy [rows, T] or
+    None)``; only ``loss`` carries gradient (into the model's parameters).
+    """
+    from slimgrpo.loss.logprobs import completion_hidden
+
+    hidden, targets, mask, head = (hidden_fn or completion_hidden)(
+        model, input_ids, attention_mask, num_completion_tokens, completion_ids, completion_mask)
+
+    def flat_objective(flat: Tensor) -> Tensor:
+        return objective(torch.zeros(mask.shape, device=flat.device, dtype=flat.dtype).masked_scatter(mask, flat))
+
+    loss, logp_flat, entropy_flat = fused_token_loss(
+        hidden, head.weight, targets, flat_objective, bias=head.bias, temperature=temperature,
+        logit_scale=head.logit_scale, softcap=head.softcap, token_chunk=token_chunk,
+        return_entropy=return_entropy)
+    zeros = torch.zeros(mask.shape, device=logp_flat.device, dtype=torch.float32)  # [rows, T]
+    logp = zeros.masked_scatter(mask, logp_flat)
+    entropy = None if entropy_flat is None else zeros.masked_scatter(mask, entropy_flat)
+    return loss, logp, entropy
+
+
+__all__ = ["FlatObjective", "completion_loss", "fused_applicable", "fused_token_loss"]

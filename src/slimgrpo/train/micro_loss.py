@@ -1,0 +1,64 @@
+"""The loss of one micro-batch: through the fused LM head + loss where it applies, else log-probs then loss.
+
+Both routes return the same loss, statistics and (after ``backward``) gradients; the fused one runs one
+fewer product through the LM head per token chunk (``slimgrpo.loss.fused``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slimgrpo.loss.fused import completion_loss, fused_applicable
+from slimgrpo.loss.logprobs import completion_logprobs
+from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss
+from slimgrpo.train import shared_prompt
+from slimgrpo.train.distributed import is_wrapped
+from slimgrpo.types import LossStats
+
+
+def _call(model, fn, *args, **kwargs):
+    """``fn(model, ...)``, through a DDP / FSDP2 wrapper's own forward when there is one."""
+    if is_wrapped(model):
+        return model(fn, *args, **kwargs)
+    return fn(model, *args, **kwargs)
+
+
+def _unwrapped(model):
+    """The causal LM inside a DDP / FSDP2 ``ModelForward`` wrapper (or the model itself)."""
+    inner = getattr(model, "module", model)
+    return getattr(inner, "model", inner) if is_wrapped(model) else model
+
+
+def micro_batch_loss(
+    model, ids: torch.Tensor, am: torch.Tensor, comp: torch.Tensor, mask: torch.Tensor,
+    old: torch.Tensor | None, ref: torch.Tensor | None, advantages: torch.Tensor,
+    settings: LossSettings, norm: Normaliser, temperature: float, token_chunk: int | None,
+    vocab_chunk: int | None, fuse: bool = True, share_prompt: bool = False,
+    entropy_cut: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, LossStats, torch.Tensor | None]:
+    """``(loss, stats, entropy [rows, T])`` of one micro-batch; call ``loss.backward()`` afterwards.
+
+    ``fuse`` (``loss.fuse_head_loss``) picks the fused path where ``fused_applicable`` allows it;
+    ``share_prompt`` (``memory.share_prompt_forward``) runs each group's prompt once where
+    ``shared_prompt.applicable`` allows it. ``entropy_cut``: the batch's entropy threshold for
+    ``top_entropy_quantile < 1`` (that mask needs every token's entropy before the loss, so it takes the
+    unfused path).
+    """
+    T = comp.shape[1]
+    hidden_fn = None
+    if share_prompt and shared_prompt.applicable(_unwrapped(model), ids, am, T):
+        hidden_fn = shared_prompt.shared_completion_hidden
+    fusable = settings.top_entropy_quantile >= 1.0
+    if fuse and fusable and fused_applicable(settings.importance_sampling_level, old is not None, vocab_chunk):
+        def objective(logp: torch.Tensor) -> torch.Tensor:
+            return grpo_loss(logp, old, ref, advantages, mask, settings, norm)[0]
+
+        loss, logp, entropy = _call(model, completion_loss, ids, am, T, comp, objective,
+                                    temperature=temperature, token_chunk=token_chunk, return_entropy=True,
+                                    hidden_fn=hidden_fn)
+        _, stats = grpo_loss(logp, old, ref, advantages, mask, settings, norm)
+        return loss, stats, entropy
+    logp, entropy = _call(model, completion_logprobs, ids, am, T, comp, temperature=temperature,
+                          token_chunk=token_chunk, vocab_chunk=vocab_chunk, return_entropy=True, hidden_fn=hidden_fn)
+    loss, stats = grpo_loss(logp, old, ref, advantages, mask, settings, norm, entropy=entropy, entropy_cut=entropy_cut)
+    return loss, stats, entropy

@@ -1,0 +1,81 @@
+"""Shared prompts in the update: gradients equal to the plain path (every row runs its own prompt)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slimgrpo.loss.objectives import LossSettings, Normaliser
+from slimgrpo.train import shared_prompt
+from slimgrpo.train.update import UpdateBatch, accumulate_gradients
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _batch(vocab: int, G: int = 3, P: int = 6, T: int = 5, seed: int = 0) -> UpdateBatch:
+    """3 groups of G rows: left-padded prompts of lengths 6, 4, 2; completions of varying length."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, vocab, (n,), generator=g) for n in (P, P - 2, P - 4)]
+    rows = []
+    for p in prompts:
+        for _ in range(G):
+            ids = torch.full((P,), 0, dtype=torch.long)
+            ids[P - len(p):] = p
+            am = torch.zeros(P, dtype=torch.long)
+            am[P - len(p):] = 1
+            comp = torch.randint(3, vocab, (T,), generator=g)
+            n = int(torch.randint(1, T + 1, (1,), generator=g))
+            cm = (torch.arange(T) < n).long()
+            rows.append((torch.cat([ids, comp * cm]), torch.cat([am, cm])))
+    ids = torch.stack([r[0] for r in rows])
+    am = torch.stack([r[1] for r in rows])
+    k = len(rows)
+    return UpdateBatch(ids, am, ids[:, -T:], am[:, -T:].bool(), torch.randn(k, generator=g),
+                       ref_logp=-6.0 + torch.randn(k, T, generator=g))
+
+
+def test_row_groups():
+    ids = torch.tensor([[1, 2], [1, 2], [3, 4], [3, 4], [1, 2]])
+    first, group = shared_prompt.row_groups(ids, torch.ones_like(ids))
+    assert first.tolist() == [0, 2, 4] and group.tolist() == [0, 0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("micro", [None, 4])  # 4 splits groups of 3
+@pytest.mark.parametrize("fuse", [True, False])
+def test_shared_prompt_gradients_equal_plain(tiny_model_dir, micro, fuse):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    batch = _batch(model.config.vocab_size)
+    assert shared_prompt.applicable(model, batch.input_ids, batch.attention_mask, batch.T)
+    settings = LossSettings(loss_type="grpo", beta=0.04)
+    norm = Normaliser.of(batch.loss_mask)
+    out = []
+    for share in (True, False):
+        model.zero_grad(set_to_none=True)
+        st = accumulate_gradients(model, batch, settings, norm, micro, 1.0, 4, None, fuse=fuse, share_prompt=share)
+        out.append((st, [p.grad.clone() for p in model.parameters()]))
+    (a, ga), (b, gb) = out
+    assert a.loss == pytest.approx(b.loss, rel=1e-5, abs=1e-6)
+    assert a.entropy == pytest.approx(b.entropy, rel=1e-5)
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y, **TOL)
+
+
+def test_not_applicable_with_checkpointing_or_distinct_prompts(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    batch = _batch(model.config.vocab_size, G=1)
+    assert not shared_prompt.applicable(model, batch.input_ids, batch.attention_mask, batch.T)
+    model.gradient_checkpointing_enable()
+    batch = _batch(model.config.vocab_size)
+    assert not shared_prompt.applicable(model, batch.input_ids, batch.attention_mask, batch.T)
