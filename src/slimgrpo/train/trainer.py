@@ -224,7 +224,7 @@ class Trainer:
             update.old_logp = batch_logprobs(self.model, update, *args)
         if cfg.loss.beta > 0:
             with self.policy.reference() as ref_model:
-                update.ref_logp = batch_logprobs(ref_model, update, *args)
+                update.ref_logp = batch_logprobs(ref_model, update, *args, cfg.memory.micro_batch_tokens)
         return update
 
     def normaliser(self, update: UpdateBatch) -> Normaliser:
@@ -250,6 +250,7 @@ class Trainer:
                 cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk,
                 loss_scale=float(self.dist.world_size), no_sync=getattr(self.model, "no_sync", None),
                 offload_activations=cfg.memory.offload_activations,
+                micro_tokens=cfg.memory.micro_batch_tokens,
             )
             max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
             grad_norm = launch.clip_grad_norm(params, max_norm)

@@ -9,7 +9,9 @@ import torch
 
 from slimgrpo.loss.logprobs import completion_logprobs
 from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss
+from slimgrpo.loss.unpadded import unpad_rows, unpadded_completion_logprobs
 from slimgrpo.train.distributed import is_wrapped
+from slimgrpo.train.micro import micro_batches, row_lengths
 from slimgrpo.types import Rollout
 
 
@@ -64,6 +66,32 @@ def trimmed(batch: UpdateBatch, sl: slice) -> tuple[torch.Tensor, torch.Tensor, 
     return ids[:, start:end], am[:, start:end], batch.completion_ids[sl, :comp_len], slice(0, comp_len)
 
 
+def micro_inputs(batch: UpdateBatch, rows: torch.Tensor):
+    """Unpadded inputs of one micro-batch (``loss.unpadded``): (ids [m, L], prompt lengths [m],
+    completion ids [m, Tm], scored mask [m, Tm], Tm) with L and Tm the micro-batch's own longest."""
+    rows = rows.to(batch.input_ids.device)
+    ids, p_len, c_len = unpad_rows(batch.input_ids, batch.attention_mask, batch.T, rows)
+    tm = max(int(c_len.max()) if c_len.numel() else 1, 1)
+    scored = batch.attention_mask[rows, batch.input_ids.shape[1] - batch.T:][:, :tm].bool()
+    return ids, p_len, batch.completion_ids[rows, :tm], scored, tm
+
+
+def unpadded_logprobs(model, batch: UpdateBatch, rows: torch.Tensor, dev=None, **kwargs):
+    """[m, Tm] log-probs (and entropy) of ``rows``, unpadded, through any DDP/FSDP2 wrapper."""
+    ids, p_len, comp, scored, tm = micro_inputs(batch, rows)
+    if dev is not None:
+        ids, p_len, comp, scored = ids.to(dev), p_len.to(dev), comp.to(dev), scored.to(dev)
+    args = (ids, p_len, comp, scored)
+    if is_wrapped(model):
+        return model(unpadded_completion_logprobs, *args, **kwargs), tm
+    return unpadded_completion_logprobs(model, *args, **kwargs), tm
+
+
+def plan_micro(batch: UpdateBatch, micro: int | None, micro_tokens: int | None) -> list[torch.Tensor]:
+    """Row indices of the micro-batches (``train.micro``)."""
+    return micro_batches(row_lengths(batch.attention_mask).cpu(), micro, micro_tokens)
+
+
 def model_logprobs(model, *args, **kwargs):
     """``completion_logprobs`` of a causal LM, or through a DDP / FSDP2 wrapper's own forward (so that
     DDP syncs the gradients and FSDP2 gathers the root weights; see ``distributed.ModelForward``)."""
@@ -73,16 +101,15 @@ def model_logprobs(model, *args, **kwargs):
 
 
 def batch_logprobs(model, batch: UpdateBatch, micro: int | None, temperature: float, token_chunk: int,
-                   vocab_chunk: int | None) -> torch.Tensor:
+                   vocab_chunk: int | None, micro_tokens: int | None = None) -> torch.Tensor:
     """[rows, T] log-probs without gradients (old / reference policy), micro-batch by micro-batch."""
     out = torch.zeros(batch.rows, batch.T, dtype=torch.float32, device=batch.input_ids.device)
     dev = next(model.parameters()).device  # the full-fine-tuning reference may live on the CPU
     with torch.no_grad():
-        for sl in micro_slices(batch.rows, micro):
-            ids, am, comp, ts = trimmed(batch, sl)
-            logp, _ = model_logprobs(model, ids.to(dev), am.to(dev), comp.shape[1], comp.to(dev),
-                                     temperature=temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk)
-            out[sl, ts] = logp.float().to(out.device)
+        for rows in plan_micro(batch, micro, micro_tokens):
+            (logp, _), tm = unpadded_logprobs(model, batch, rows, dev, temperature=temperature,
+                                              token_chunk=token_chunk, vocab_chunk=vocab_chunk)
+            out[rows.to(out.device), :tm] = logp.float().to(out.device)
     return out
 
 
@@ -110,6 +137,7 @@ def accumulate_gradients(
     loss_scale: float = 1.0,
     no_sync=None,
     offload_activations: bool = False,
+    micro_tokens: int | None = None,
 ) -> UpdateStats:
     """Forward + backward over all micro-batches; gradients are summed into ``.grad``.
 
@@ -123,22 +151,25 @@ def accumulate_gradients(
     ``offload_activations``: tensors saved for backward during the forward pass move to host memory
     (pinned on CUDA) and come back when backward needs them. With gradient checkpointing those are
     essentially the checkpointed layer inputs; recomputation in backward happens outside this context,
-    so it stays on the device. Gradients are unchanged (the same values make the round trip)."""
+    so it stays on the device. Gradients are unchanged (the same values make the round trip).
+    Rows run unpadded (no attention mask, ``loss.unpadded``); ``micro_tokens`` forms micro-batches by
+    a token budget instead of a row count (``train.micro``)."""
     stats = UpdateStats()
     weight_sum = 0
-    slices = micro_slices(batch.rows, micro)
-    for i, sl in enumerate(slices):
-        ids, am, comp, ts = trimmed(batch, sl)
-        mask = batch.loss_mask[sl, ts]
-        sync_ctx = no_sync() if (no_sync is not None and i < len(slices) - 1) else _null()
+    groups = plan_micro(batch, micro, micro_tokens)
+    for i, rows in enumerate(groups):
+        rows = rows.to(batch.input_ids.device)
+        sync_ctx = no_sync() if (no_sync is not None and i < len(groups) - 1) else _null()
         with sync_ctx:
-            with offload_context(offload_activations, ids.device):
-                logp, entropy = model_logprobs(model, ids, am, comp.shape[1], comp, temperature=temperature,
-                                               token_chunk=token_chunk, vocab_chunk=vocab_chunk,
-                                               return_entropy=True)
-            old = batch.old_logp[sl, ts] if batch.old_logp is not None else None
-            ref = batch.ref_logp[sl, ts] if batch.ref_logp is not None else None
-            loss, ls = grpo_loss(logp, old, ref, batch.advantages[sl], mask, settings, norm)
+            with offload_context(offload_activations, batch.input_ids.device):
+                (logp, entropy), tm = unpadded_logprobs(model, batch, rows, temperature=temperature,
+                                                        token_chunk=token_chunk, vocab_chunk=vocab_chunk,
+                                                        return_entropy=True)
+            ts = slice(0, tm)
+            mask = batch.loss_mask[rows, ts]
+            old = batch.old_logp[rows, ts] if batch.old_logp is not None else None
+            ref = batch.ref_logp[rows, ts] if batch.ref_logp is not None else None
+            loss, ls = grpo_loss(logp, old, ref, batch.advantages[rows], mask, settings, norm)
             (loss * loss_scale).backward()
         n = int(mask.sum())
         stats.loss += float(loss.detach())
