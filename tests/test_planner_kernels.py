@@ -25,7 +25,7 @@ def test_sdpa_and_flash_update_grow_linearly_eager_quadratically():
         assert plan_memory(QWEN, dataclasses.replace(base, attn_implementation=kernel)).bytes_of("attention mask") == 0
     a, b = update_bytes(dataclasses.replace(base, attn_implementation="eager")), update_bytes(
         dataclasses.replace(longer, attn_implementation="eager"))
-    assert b / a > 3.0 and a > 10 * update_bytes(base)
+    assert b / a > 3.0 and a > 3 * update_bytes(base)
 
 
 def test_unknown_kernel_is_said():
