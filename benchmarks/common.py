@@ -33,8 +33,10 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO_ROOT / ".bench"  # gitignored: model folders, prompt files, run folders
-GSM8K_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
-MODEL_SHAPES = REPO_ROOT.parent / "shared" / "data" / "model_shapes.json"
+# The shared data folder sits next to the checkout; SLIMGRPO_SHARED points elsewhere (e.g. from a worktree).
+SHARED_DIR = Path(os.environ.get("SLIMGRPO_SHARED") or REPO_ROOT.parent / "shared")
+GSM8K_DIR = SHARED_DIR / "data" / "gsm8k"
+MODEL_SHAPES = SHARED_DIR / "data" / "model_shapes.json"
 
 # Lines a child prints on stdout that start with this marker carry one JSON record for the harness.
 RECORD_MARKER = "@@bench "
