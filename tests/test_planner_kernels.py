@@ -51,3 +51,13 @@ def test_fit_halves_the_token_budget():
     final, steps, fits = fit_to_budget(QWEN, x, peak - GiB)
     assert fits and any("micro_batch_tokens" in s.change for s in steps)
     assert final.micro_batch_tokens < x.micro_batch_tokens
+
+
+def test_quantised_kv_cache_is_counted():
+    x = PlanInputs(device="cuda", num_generations=8, max_prompt_length=256, max_completion_length=8192)
+    full = plan_memory(QWEN, x).bytes_of("KV cache")
+    for kind in ("int8", "fp8_e4m3"):
+        q = plan_memory(QWEN, dataclasses.replace(x, kv_cache_dtype=kind)).bytes_of("KV cache")
+        # bf16 -> 1 byte + fp32 scale per 64-value head (1.0625 B), plus one layer dequantised
+        expected = full / 2 * (1 + 4 / QWEN.head_dim) + full / QWEN.layers
+        assert abs(q - expected) <= 8

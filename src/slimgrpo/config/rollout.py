@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass
@@ -23,3 +24,6 @@ class RolloutConfig:
     """Drop tokens below min_p times the top probability (0 = off)."""
     max_batch_rows: int | None = None
     """Generate at most this many completions at once (bounds KV-cache memory); None = all."""
+    kv_cache_dtype: Literal["auto", "fp8_e4m3", "int8"] = "auto"
+    """KV cache storage while decoding: ``auto`` = the model dtype; ``fp8_e4m3`` / ``int8`` = one byte
+    per value plus an fp32 scale per token and head (Llama-family lean decode only; see docs/memory.md)."""

@@ -136,6 +136,9 @@ class PlanInputs:
     attn_implementation: str = "sdpa"
     """Attention kernel (model.attn_implementation): "sdpa", "flash_attention_2" or "eager" are
     modelled (memory/attention.py); any other is assumed O(S) like sdpa and the plan says so."""
+    kv_cache_dtype: str = "auto"
+    """KV cache storage while decoding (rollout.kv_cache_dtype): "auto" = B bytes per value,
+    "fp8_e4m3" / "int8" = 1 byte plus an fp32 scale per token and head (rollout/kv_quant.py)."""
     micro_batch_tokens: int | None = None
     """Token budget per update micro-batch (memory.micro_batch_tokens): rows per micro-batch =
     max(1, budget // S) in the worst case where every row is S tokens long; None = micro_batch_rows."""
@@ -178,6 +181,8 @@ class PlanInputs:
             raise ValueError("load_in_4bit needs lora=True: a 4-bit base cannot be trained directly (QLoRA)")
         if self.load_in_4bit and self.device != "cuda":
             raise ValueError("load_in_4bit (bitsandbytes NF4) is CUDA only; use device='cuda' or drop it")
+        if self.kv_cache_dtype not in ("auto", "fp8_e4m3", "int8"):
+            raise ValueError(f"kv_cache_dtype must be 'auto', 'fp8_e4m3' or 'int8', got {self.kv_cache_dtype!r}")
         if self.offload_activations and not self.gradient_checkpointing:
             raise ValueError(
                 "offload_activations needs gradient_checkpointing=True: only checkpointed layer inputs are offloaded"
@@ -516,15 +521,23 @@ def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     B = _compute_bytes(x)
     gen_rows = min(x.generation_batch_rows or x.rows, x.rows)
     S, P, V = x.seq_len, x.max_prompt_length, shape.vocab
-    kv = kv_cache_bytes(shape.layers, S, shape.kv_heads, shape.head_dim, gen_rows, B)
+    if x.kv_cache_dtype == "auto":
+        kv = kv_cache_bytes(shape.layers, S, shape.kv_heads, shape.head_dim, gen_rows, B)
+        kv_what = f"2·B·L·S·kv_heads·head_dim·rows = 2·{B}·{shape.layers}·{_n(S)}·{shape.kv_heads}·{shape.head_dim}"
+    else:
+        # one byte per value + an fp32 scale per (token, head); each step dequantises one layer's K and V
+        per_value = 1 + 4 / shape.head_dim
+        kv = math.ceil(kv_cache_bytes(shape.layers, S, shape.kv_heads, shape.head_dim, gen_rows, 1) * per_value)
+        kv += kv_cache_bytes(1, S, shape.kv_heads, shape.head_dim, gen_rows, B)
+        kv_what = (f"{x.kv_cache_dtype}: 2·(1 + 4/head_dim)·L·S·kv_heads·head_dim·rows + one layer dequantised "
+                   f"2·B·S·kv_heads·head_dim·rows; L {shape.layers}, S {_n(S)}, kv_heads {shape.kv_heads}, "
+                   f"head_dim {shape.head_dim}")
     groups = min(x.prompts_per_step, math.ceil(gen_rows / x.num_generations))
     prefill = groups * P * inference_bytes_per_token_layer(shape, x)
     mask_shared, mask_layer = attention_mask_bytes(x, groups, P, shape=shape)
     prefill += mask_shared + mask_layer
     return [
-        Component("KV cache", kv, "generation",
-                  f"2·B·L·S·kv_heads·head_dim·rows = 2·{B}·{shape.layers}·{_n(S)}·{shape.kv_heads}·{shape.head_dim}"
-                  f"·{gen_rows}"),
+        Component("KV cache", kv, "generation", f"{kv_what}·{gen_rows}"),
         Component("generation logits", gen_rows * V * 4 * GEN_LOGITS_COPIES, "generation",
                   f"{GEN_LOGITS_COPIES}·rows·V·4 = {GEN_LOGITS_COPIES}·{gen_rows}·{_n(V)}·4"),
         Component("prefill working set", prefill, "generation",

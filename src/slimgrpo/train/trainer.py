@@ -101,7 +101,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.policy.trainable_parameters(), cfg, self.policy.device)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.run.seed + 7919 * self.dist.rank)
-        self.engine = TorchRolloutEngine(self.policy.model, max_batch_rows=cfg.rollout.max_batch_rows)
+        self.engine = TorchRolloutEngine(self.policy.model, max_batch_rows=cfg.rollout.max_batch_rows,
+                                         kv_cache_dtype=cfg.rollout.kv_cache_dtype)
         if self.dist.enabled:  # FSDP2: generation gathers the sharded weights; DDP: a failure stops every rank
             self.engine = launch.wrap_engine(self.engine, self.model, cfg, self.dist)
         tok = self.policy.tokenizer
