@@ -561,6 +561,20 @@ def _notes(shape: ModelShape, x: PlanInputs) -> list[str]:
     return notes
 
 
+def _overlap_step_workspace(optimizer: list[Component], backward: list[Component]) -> list[Component]:
+    """The optimizer step runs after backward has freed activations and the loss working set, so its
+    temporaries only add what exceeds them: the step workspace line holds max(0, temporaries - those)."""
+    held = sum(c.bytes for c in backward if c.location == "device")
+    out = []
+    for c in optimizer:
+        if c.name == "optimizer step workspace" and c.bytes:
+            extra = max(0, c.bytes - held)
+            c = Component(c.name, extra, c.phase, f"{c.formula} = {_n(c.bytes)}, after backward frees "
+                          f"activations + loss ({_n(held)}): max(0, difference)")
+        out.append(c)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # The planner
 # ----------------------------------------------------------------------------------------------
@@ -579,11 +593,14 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
         what = "CUDA context and workspaces" if x.device == "cuda" else "measured import RSS of torch+transformers"
     else:
         what = "given by framework_overhead_bytes"
+    activations = _activation_components(shape, x)
+    loss = _loss_component(shape, x)
+    optimizer = _overlap_step_workspace(_optimizer_components(shape, x), activations + [loss])
     components = [
         *_weight_components(shape, x),
-        *_optimizer_components(shape, x),
-        *_activation_components(shape, x),
-        _loss_component(shape, x),
+        *optimizer,
+        *activations,
+        loss,
         *_buffer_components(x),
         *_generation_components(shape, x),
         Component("framework overhead", overhead, "always", what),
