@@ -121,6 +121,9 @@ def main() -> int:
     ap.add_argument("--out", help="write results as JSON")
     ap.add_argument("--cap", default="8GiB", help="memory cap of each run (default 8GiB)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
+    ap.add_argument("--table-from", nargs="*", metavar="JSON",
+                    help="measure nothing: re-predict the configurations measured in these --out files with the "
+                         "current planner and print the table")
     args = ap.parse_args()
 
     from common import parse_size, write_prompts
@@ -128,7 +131,21 @@ def main() -> int:
     prompts = write_prompts(BENCH_DIR / "calib_prompts.jsonl", 16)
     cap = choose_memory_cap(parse_size(args.cap))
     rows = []
+    measured_before = {}
+    for path in args.table_from or []:
+        measured_before.update({r["name"]: r for r in json.loads(Path(path).read_text())["rows"]})
     for name, shape, overrides, mode in CONFIGS:
+        if args.table_from is not None:
+            if name not in measured_before:
+                continue
+            length = next(o.split("=")[1] for o in overrides if o.startswith("rollout.max_completion_length"))
+            cfg_path = (BENCH_DIR / "calibration" / name).with_suffix(".yaml")
+            r = dict(measured_before[name])
+            r["predicted_mib"] = predict(cfg_path, overrides + [f"rollout.min_completion_length={length}"],
+                                         mode) / 2**20
+            r["ratio"] = r["predicted_mib"] / r["measured_mib"] if r["measured_mib"] else float("nan")
+            rows.append(r)
+            continue
         if args.only and name not in args.only:
             continue
         model_dir = build_model_folder(shape)
