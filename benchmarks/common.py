@@ -33,8 +33,8 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO_ROOT / ".bench"  # gitignored: model folders, prompt files, run folders
-# The shared data folder next to the checkout; SLIMGRPO_SHARED_DIR points elsewhere (e.g. from a worktree).
-SHARED_DIR = Path(os.environ.get("SLIMGRPO_SHARED_DIR") or REPO_ROOT.parent / "shared")
+# The shared data folder next to the checkout; SLIMGRPO_SHARED_DIR (or SLIMGRPO_SHARED) points elsewhere.
+SHARED_DIR = Path(os.environ.get("SLIMGRPO_SHARED_DIR") or os.environ.get("SLIMGRPO_SHARED") or REPO_ROOT.parent / "shared")
 GSM8K_DIR = SHARED_DIR / "data" / "gsm8k"
 MODEL_SHAPES = SHARED_DIR / "data" / "model_shapes.json"
 

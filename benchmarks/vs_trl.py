@@ -1,7 +1,7 @@
 """slimgrpo against TRL's GRPOTrainer: same model folder, prompts, reward and settings.
 
     python benchmarks/vs_trl.py --workload w-cpu [--steps 4] [--repeats 2] [--out results.json]
-    python benchmarks/vs_trl.py --workload w-long [--mem-cap 8GiB]
+    python benchmarks/vs_trl.py --workload w-long [--mem-cap 8GiB] [--max-length 16384] [--png PATH]
     python benchmarks/vs_trl.py --workload w-gpu [--shape qwen2.5-0.5b] [--lora]      (GPU; untested)
     python benchmarks/vs_trl.py --workload w-0.5b                                     (qwen2.5-0.5b shape, LoRA, CPU)
     python benchmarks/vs_trl.py --workload demo
@@ -11,6 +11,12 @@ Runs alternate between the trainers (trl, slimgrpo, trl, slimgrpo, ...), each in
 started through a fresh intermediate process that reports the child's peak RSS. The completion
 length is pinned (minimum = maximum new tokens) so both trainers generate and train on the same
 number of tokens. Seconds per step is the median over the steps after the first (warm-up) step.
+
+W-long: 1 prompt x 2 completions, completion length doubling from 512 (pinned), both trainers with
+gradient checkpointing, 8 GiB cap per run, 2 steps per run (a warm-up, then one timed step). A trainer
+stops at its first length that does not train; "did not fit" (cap / out of memory) and "too slow" (the
+per-run --timeout, default 900 s) are reported apart. The table gives slimgrpo's plan next to its
+measured peak, and a PNG plots peak RSS against length.
 
 After the runs the harness measures this machine's floor for the workload (``floor.py``: the LM-head and
 decoder products of the update and the weight + KV reads of decoding, at GEMM rates and bandwidth probed
@@ -32,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _w_long  # noqa: E402
 import common  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -111,6 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny lengths and 2 steps: a smoke test of the harness")
     p.add_argument("--no-floor", action="store_true", help="do not measure the machine's floor for the workload")
     p.add_argument("--out", help="also write every record and the summary to this JSON file")
+    p.add_argument("--png", help="w-long: where to write the peak-memory plot (default .bench/w_long.png)")
     return p.parse_args(argv)
 
 
@@ -134,7 +142,9 @@ def workload_settings(a: argparse.Namespace) -> Settings:
             sys.exit("the demo workload needs slimgrpo.demo (MODEL_DIR, TRAIN_FILE, demo_config_dict), "
                      "which is not available in this checkout")
     if w == "w-long":
-        s.steps = 2
+        # A memory-bound user's long-context run: few completions, checkpointing on (both trainers).
+        s.steps, s.num_generations, s.prompts_per_step = 2, 2, 1
+        s.completion_length, s.max_prompt_length, s.gradient_checkpointing = 512, 128, True
     if a.quick:
         s.steps = 2
         if w != "demo":
@@ -338,30 +348,6 @@ def comparison_tables(results: list[RunResult], trainers: list[str], on_gpu: boo
     return "\n".join(lines), {"per_trainer": agg, "ratios_slimgrpo_over_trl": ratios}
 
 
-def long_table(results: list[RunResult], trainers: list[str], cap: common.MemoryCap) -> tuple[str, dict[str, Any]]:
-    lengths = sorted({r.completion_length for r in results})
-    cols = " | ".join(f"{t}: steps / s/step / peak RSS MiB / cgroup peak MiB" for t in trainers)
-    head = f"| completion | {cols} |"
-    lines = [head, "|---:|" + "---|" * len(trainers)]
-    for L in lengths:
-        cells = []
-        for t in trainers:
-            r = next((r for r in results if r.trainer == t and r.completion_length == L), None)
-            if r is None:
-                cells.append("not run")
-                continue
-            status = "" if r.ok else f" ({r.outcome.error})"
-            cells.append(f"{len(r.steps)} / {_fmt(r.s_per_step())} / {common.format_mib(r.outcome.peak_rss_mib)} / "
-                         f"{common.format_mib(r.outcome.cgroup.get('cgroup_peak_mib'))}{status}")
-        lines.append(f"| {L} | " + " | ".join(cells) + " |")
-    longest = {t: max((r.completion_length for r in results if r.trainer == t and len(r.steps) >= 2), default=None)
-               for t in trainers}
-    lines.append("")
-    lines.append(f"Longest completion trained for >= 2 steps under {cap.describe()}: "
-                 + ", ".join(f"{t} {longest[t] if longest[t] else 'none'}" for t in trainers))
-    return "\n".join(lines), {"longest_completion": longest}
-
-
 def machine_header(info: dict[str, Any], s: Settings, cap: common.MemoryCap) -> str:
     lines = [f"Machine: {info['cpu']}, {info['cpu_cores']} cores, {info['ram_gib']} GiB RAM"
              + (f", GPU {info['gpu']}" if info.get("gpu") else "")
@@ -423,7 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     if s.workload == "w-long":
         lengths = []
         L = s.completion_length
-        max_length = a.max_length or (64 if a.quick else 32768)
+        max_length = a.max_length or (64 if a.quick else 16384)
+        if s.shape and s.shape.get("max_positions", 0) < s.max_prompt_length + max_length:
+            sys.exit(f"--max-length {max_length} + prompt {s.max_prompt_length} exceeds the model's "
+                     f"{s.shape['max_positions']:,} positions")
+        timeout = a.timeout or (None if a.quick else 900)
         while L <= max_length:
             lengths.append(L)
             L *= 2
@@ -431,13 +421,19 @@ def main(argv: list[str] | None = None) -> int:
         for L in lengths:
             for t in trainers:
                 if t in alive:
-                    r = run_one(t, 1, s, run_root, cap, L, a.timeout)
+                    r = run_one(t, 1, s, run_root, cap, L, timeout)
                     results.append(r)
-                    if len(r.steps) < 2:
+                    print(f"    {t} at {L}: {_w_long.status(r)}", file=sys.stderr)
+                    if _w_long.status(r) != "trained":
                         alive.discard(t)
             if not alive:
                 break
-        table, summary = long_table(results, trainers, cap)
+        table, summary = _w_long.table(results, trainers, s, cap)
+        png = _w_long.plot(summary, cap.bytes, Path(a.png or common.BENCH_DIR / "w_long.png"),
+                           f"W-long: Qwen2 (V 151,936, H 128, 2 layers), {s.num_generations} completions, "
+                           f"checkpointing, {s.dtype}")
+        if png:
+            print(f"plot: {png}", file=sys.stderr)
     else:
         for rep in range(1, repeats + 1):
             for t in trainers:

@@ -77,7 +77,7 @@ def test_lora_num_params_equals_peft():
         assert lora_num_params(shape, 4, targets) == trainable
 
 
-def _saved_bytes_per_token(dtype, lora: bool, m: int = 2, S: int = 64) -> float:
+def _saved_bytes_per_token(dtype, lora: bool, m: int = 2, S: int = 64, padded: bool = True) -> float:
     """Bytes autograd keeps for the second decoder layer (parameters and shared cos/sin excluded)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -104,21 +104,24 @@ def _saved_bytes_per_token(dtype, lora: bool, m: int = 2, S: int = 64) -> float:
     layer.register_forward_hook(lambda *a: hooks.__exit__(None, None, None))
     mask = torch.ones(m, S, dtype=torch.long)
     mask[0, :3] = 0  # left padding: Hugging Face builds an attention mask
-    model(input_ids=torch.randint(0, 128, (m, S)), attention_mask=mask)
+    model(input_ids=torch.randint(0, 128, (m, S)), attention_mask=mask if padded else None)
     return sum(seen.values()) / (m * S)
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("dtype, lora", [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, False)])
-def test_activation_formula_matches_autograd(dtype, lora):
+def test_activation_formula_matches_autograd(dtype, lora, padded):
     config = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
               "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 128}
     shape = ModelShape.from_hf_config(config)
     inputs = PlanInputs(device="cpu", param_dtype_bytes=dtype.itemsize, lora=lora, lora_rank=4)
     S = 64
-    _, mask_per_layer = attention_mask_bytes(inputs, 2, S)
-    predicted = activation_bytes_per_token_layer(shape, inputs) + mask_per_layer / (2 * S)
-    assert _saved_bytes_per_token(dtype, lora, S=S) == predicted
+    _, mask_per_layer = attention_mask_bytes(inputs, 2, S, padded=padded)
+    predicted = activation_bytes_per_token_layer(shape, inputs, padded=padded) + mask_per_layer / (2 * S)
+    assert _saved_bytes_per_token(dtype, lora, S=S, padded=padded) == predicted
+    if not padded:
+        assert mask_per_layer == 0
 
 
 def test_load_shape_presets_ids_and_typos():
@@ -346,7 +349,8 @@ def test_render_plan_shows_table_and_verdict():
     plan = plan_memory(LLAMA_8B, dataclasses.replace(UNSLOTH_NAIVE, chunked_loss=True))
     render_plan(plan, console=console, budget_bytes="80GiB")
     text = console.export_text()
-    for word in ("KV cache", "loss working set", "peak", "over by", "[m, 1, S, S]"):
+    for word in ("KV cache", "loss working set", "peak", "over by", "no mask"):
+        assert word in text
         assert word in text
     render_plan(plan_memory(QWEN_05B, PlanInputs(lora=True)), console=console, budget_bytes=80 * GiB)
     assert "fits" in console.export_text()

@@ -10,6 +10,10 @@ from typing import Literal
 class MemoryConfig:
     micro_batch_size: int | None = None
     """Completions per forward/backward pass; gradients accumulate over the step. None = all of a step."""
+    micro_batch_tokens: int | None = None
+    """Token budget per forward/backward pass: rows are sorted by length and packed while
+    rows · longest row <= this (each micro-batch pads only to its own longest row; with
+    ``micro_batch_size`` also set, at most that many rows). None = use ``micro_batch_size``."""
     gradient_checkpointing: bool = False
     """Recompute layer activations in backward instead of keeping them."""
     share_prompt_forward: bool = True

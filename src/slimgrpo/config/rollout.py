@@ -52,3 +52,6 @@ class RolloutConfig:
     tool_call_format: Literal["auto", "hermes", "llama3"] = "auto"
     """How tool calls are written: ``hermes`` (``<tool_call>{json}</tool_call>``, Qwen2.5/Qwen3),
     ``llama3`` (a JSON-only turn), ``auto`` (Hermes blocks if present, else a JSON-only turn)."""
+    kv_cache_dtype: Literal["auto", "fp8_e4m3", "int8"] = "auto"
+    """KV cache storage while decoding: ``auto`` = the model dtype; ``fp8_e4m3`` / ``int8`` = one byte
+    per value plus an fp32 scale per token and head (Llama-family lean decode only; see docs/memory.md)."""

@@ -115,6 +115,8 @@ def validate_config(cfg: Config) -> None:
         _positive(L.vocab_chunk, "loss.vocab_chunk")
     if mem.micro_batch_size is not None:
         _positive(mem.micro_batch_size, "memory.micro_batch_size")
+    if mem.micro_batch_tokens is not None:
+        _positive(mem.micro_batch_tokens, "memory.micro_batch_tokens")
     if mem.offload_activations and not mem.gradient_checkpointing:
         raise ConfigError(
             "memory.offload_activations needs memory.gradient_checkpointing=true "

@@ -139,6 +139,16 @@ def _halve(field: str, floor: int, what: str) -> Rung:
     return rung
 
 
+def _halve_token_budget(x: PlanInputs):
+    """With memory.micro_batch_tokens set, halve the budget (not below one full row)."""
+    if x.micro_batch_tokens is not None and x.micro_rows > 1:
+        new = max(x.seq_len, x.micro_batch_tokens // 2)
+        return ({"micro_batch_tokens": new},
+                f"micro_batch_tokens {x.micro_batch_tokens} -> {new}: more gradient-accumulation passes "
+                "(slower update, same result)")
+    return None
+
+
 def _four_bit(x: PlanInputs):
     if x.device == "cuda" and x.lora and not x.load_in_4bit:
         return {"load_in_4bit": True}, "QLoRA: 4-bit NF4 base weights (slower matmuls, small quality cost)"
@@ -153,6 +163,7 @@ LADDER: tuple[Rung, ...] = (
     _eight_bit,
     _lora,
     _offload,
+    _halve_token_budget,
     _halve("micro_batch_rows", 1, "more gradient-accumulation passes (slower update, same result)"),
     _halve("generation_batch_rows", 1, "decode fewer rows at once (slower rollout, same result)"),
     _four_bit,

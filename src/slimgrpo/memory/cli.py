@@ -20,6 +20,7 @@ CONFIG_KEY = {
     "load_in_4bit": "model.load_in_4bit",
     "optimizer": "memory.optimizer",
     "micro_batch_rows": "memory.micro_batch_size",
+    "micro_batch_tokens": "memory.micro_batch_tokens",
     "gradient_checkpointing": "memory.gradient_checkpointing",
     "offload_activations": "memory.offload_activations",
     "token_chunk": "loss.token_chunk",
@@ -59,6 +60,9 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
         token_chunk=cfg.loss.token_chunk or auto_token_chunk(vocab),
         vocab_chunk=cfg.loss.vocab_chunk, chunked_loss=True,
         generation_batch_rows=cfg.rollout.max_batch_rows,
+        attn_implementation=cfg.model.attn_implementation or "sdpa",
+        micro_batch_tokens=cfg.memory.micro_batch_tokens,
+        kv_cache_dtype=cfg.rollout.kv_cache_dtype,
     )
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from . import attention as attn_kernels
 from .shapes import ModelShape
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
@@ -129,8 +130,18 @@ class PlanInputs:
     chunked_loss: bool = True
     """False = materialise [m, T, V] logits as TRL-style trainers do (for comparisons)."""
     padding_mask: bool = True
-    """Batches carry padding, so Hugging Face builds a [m, 1, S, S] attention mask (SDPA keeps a
-    copy per layer) and repeats keys/values to query width. False when all rows have equal length."""
+    """Prompts of a step differ in length, so the generation prefill carries a [g, 1, P, P] padding
+    mask (and SDPA repeats keys/values to query width there). The update never has one: its rows run
+    unpadded with no mask (loss/unpadded.py)."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel (model.attn_implementation): "sdpa", "flash_attention_2" or "eager" are
+    modelled (memory/attention.py); any other is assumed O(S) like sdpa and the plan says so."""
+    kv_cache_dtype: str = "auto"
+    """KV cache storage while decoding (rollout.kv_cache_dtype): "auto" = B bytes per value,
+    "fp8_e4m3" / "int8" = 1 byte plus an fp32 scale per token and head (rollout/kv_quant.py)."""
+    micro_batch_tokens: int | None = None
+    """Token budget per update micro-batch (memory.micro_batch_tokens): rows per micro-batch =
+    max(1, budget // S) in the worst case where every row is S tokens long; None = micro_batch_rows."""
     generation_batch_rows: int | None = None
     """Rows decoded together; None = all rows of the step at once."""
     framework_overhead_bytes: int | None = None
@@ -150,7 +161,7 @@ class PlanInputs:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("vocab_chunk", "generation_batch_rows", "framework_overhead_bytes"):
+        for name in ("vocab_chunk", "generation_batch_rows", "framework_overhead_bytes", "micro_batch_tokens"):
             value = getattr(self, name)
             low = 0 if name == "framework_overhead_bytes" else 1
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
@@ -170,6 +181,8 @@ class PlanInputs:
             raise ValueError("load_in_4bit needs lora=True: a 4-bit base cannot be trained directly (QLoRA)")
         if self.load_in_4bit and self.device != "cuda":
             raise ValueError("load_in_4bit (bitsandbytes NF4) is CUDA only; use device='cuda' or drop it")
+        if self.kv_cache_dtype not in ("auto", "fp8_e4m3", "int8"):
+            raise ValueError(f"kv_cache_dtype must be 'auto', 'fp8_e4m3' or 'int8', got {self.kv_cache_dtype!r}")
         if self.offload_activations and not self.gradient_checkpointing:
             raise ValueError(
                 "offload_activations needs gradient_checkpointing=True: only checkpointed layer inputs are offloaded"
@@ -179,6 +192,14 @@ class PlanInputs:
     def rows(self) -> int:
         """Completions per step: prompts_per_step · num_generations."""
         return self.prompts_per_step * self.num_generations
+
+    @property
+    def micro_rows(self) -> int:
+        """Rows of the largest update micro-batch, every row S tokens long (the worst case)."""
+        m = min(self.micro_batch_rows, self.rows)
+        if self.micro_batch_tokens is not None:
+            m = max(1, min(m, self.micro_batch_tokens // self.seq_len))
+        return m
 
     @property
     def seq_len(self) -> int:
@@ -272,12 +293,13 @@ def lora_num_params(shape: ModelShape, rank: int, targets: tuple[str, ...]) -> i
     return shape.layers * sum(rank * sum(dims[m]) for m in lora_targets(targets))
 
 
-def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs) -> int:
+def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padded: bool = False) -> int:
     """Bytes autograd keeps per token and per decoder layer without checkpointing (mask excluded).
 
     A tensor is kept only if a backward formula needs it, and a matmul with a frozen weight does
-    not keep its input. With B the compute bytes, A = LORA_ADAPTER_BYTES, kv' = q when a padding
-    mask makes Hugging Face repeat keys/values to query width (else kv):
+    not keep its input. With B the compute bytes, A = LORA_ADAPTER_BYTES, kv' = q when the kernel
+    repeats keys/values to query width (eager; sdpa with a mask, ``padded``), else kv (the update's
+    unpadded rows under sdpa / flash_attention_2):
 
         RMSNorm ×2      4·H + 4        fp32 upcast and rsqrt, kept for the variance backward
         normed input    2·B·H          full fine-tuning: normalised x (norm-weight grad) and the
@@ -302,7 +324,7 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs) -> i
         n = sum(1 for m in consumers if m in adapted)
         return 0 if n == 0 else width * (B if A == B else n * A)
 
-    kv_saved = q if (inputs.padding_mask and shape.kv_heads < shape.heads) else kv
+    kv_saved = attn_kernels.kv_width(shape, attn_kernels.kernel(inputs.attn_implementation)[0], padded)
     norms = 2 * (4 * H + 4)
     attention = B * (2 * q + 2 * kv_saved) + 4 * shape.heads
     mlp = 3 * B * I
@@ -319,16 +341,24 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs) -> i
     return norms + attention + mlp + kept + lora_mid
 
 
-def attention_mask_bytes(inputs: PlanInputs, rows: int, tokens: int) -> tuple[int, int]:
-    """(shared, per_layer) bytes of the padding mask for ``rows`` sequences of ``tokens``.
+def attention_mask_bytes(inputs: PlanInputs, rows: int, tokens: int, padded: bool | None = None,
+                         shape: ModelShape | None = None) -> tuple[int, int]:
+    """(shared, per_layer) bytes that grow with S² for ``rows`` sequences of ``tokens``.
 
-    Hugging Face builds one bool [rows, 1, S, S] mask (rows·S² B); SDPA converts it to the query
-    dtype inside every attention call and keeps that copy for backward (rows·S²·B per layer).
-    Zero when ``inputs.padding_mask`` is False.
+    With sdpa and a padding mask (``padded``, default ``inputs.padding_mask``) Hugging Face builds
+    one bool [rows, 1, S, S] mask (rows·S² B); SDPA converts it to the query dtype inside every
+    attention call and keeps that copy for backward (rows·S²·B per layer). The eager kernel also
+    keeps [rows, heads, S, S] scores per layer (needs ``shape``). Zero for kernels without an S² tensor.
     """
-    if not inputs.padding_mask:
-        return 0, 0
-    return rows * tokens * tokens, rows * tokens * tokens * _compute_bytes(inputs)
+    padded = inputs.padding_mask if padded is None else padded
+    name = attn_kernels.kernel(inputs.attn_implementation)[0]
+    if shape is None:
+        if name == "eager":
+            raise ValueError("attention_mask_bytes needs the model shape for the eager kernel")
+        shape = ModelShape(family="llama", hidden=1, intermediate=1, layers=1, heads=1, kv_heads=1, vocab=1,
+                           tie=True)
+    shared, per_layer, _ = attn_kernels.quadratic_bytes(shape, name, rows, tokens, _compute_bytes(inputs), padded)
+    return shared, per_layer
 
 
 def inference_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs) -> int:
@@ -338,9 +368,9 @@ def inference_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs) -> in
     attention tensors (q, output, repeated k and v) and the MLP tensors (gate/up/product), plus
     the RMSNorm fp32 upcast.
     """
-    H, I, q, kv = shape.hidden, shape.intermediate, shape.q_dim, shape.kv_dim
+    H, I, q = shape.hidden, shape.intermediate, shape.q_dim
     B = _compute_bytes(inputs)
-    kv_saved = q if (inputs.padding_mask and shape.kv_heads < shape.heads) else kv
+    kv_saved = attn_kernels.kv_width(shape, attn_kernels.kernel(inputs.attn_implementation)[0], inputs.padding_mask)
     return B * (2 * H + max(2 * q + 2 * kv_saved, 3 * I)) + 4 * H
 
 
@@ -420,14 +450,16 @@ def _optimizer_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
 
 def _activation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     B = _compute_bytes(x)
-    m = min(x.micro_batch_rows, x.rows)
+    m = x.micro_rows
     S, L, H = x.seq_len, shape.layers, shape.hidden
     tokens = m * S
     per_layer = activation_bytes_per_token_layer(shape, x)
-    mask_shared, mask_layer = attention_mask_bytes(x, m, S)
+    mask_shared, mask_layer = attention_mask_bytes(x, m, S, padded=False, shape=shape)
     final_norm = tokens * ((4 + 2 * B) * H + 4)
     on_host = x.offload_activations and x.device == "cuda"
-    what = f"a = {_n(per_layer)} B/token/layer, mask = m·S²·B, m·S = {m}·{_n(S)}"
+    kname = attn_kernels.kernel(x.attn_implementation)[0]
+    what = f"a = {_n(per_layer)} B/token/layer, m·S = {m}·{_n(S)}, unpadded rows, {kname}" + (
+        ", mask = S² terms of eager" if mask_layer else "")
     out: list[Component] = []
     if not x.gradient_checkpointing:
         layers = L + BACKWARD_WORKSPACE_LAYERS
@@ -446,13 +478,14 @@ def _activation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
             out.append(Component("offloaded checkpoints", L * inputs_per_layer, "update",
                                  f"L·m·S·H·B = {L}·{m}·{_n(S)}·{H}·{B} in host RAM", location="host"))
     out.append(Component("attention mask", mask_shared, "update",
-                         f"bool [m, 1, S, S] = {m}·{_n(S)}²" if mask_shared else "no padding mask assumed"))
+                         f"eager float causal mask [m, 1, S, S] = {m}·{_n(S)}²·{B}" if mask_shared else
+                         f"unpadded rows, {kname} causal kernel: no mask"))
     return out
 
 
 def _loss_component(shape: ModelShape, x: PlanInputs) -> Component:
     B = _compute_bytes(x)
-    m = min(x.micro_batch_rows, x.rows)
+    m = x.micro_rows
     T, V, H = x.max_completion_length, shape.vocab, shape.hidden
     per_token = LOSS_PER_TOKEN_TENSORS * m * T * 4
     if not x.chunked_loss:
@@ -488,25 +521,36 @@ def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     B = _compute_bytes(x)
     gen_rows = min(x.generation_batch_rows or x.rows, x.rows)
     S, P, V = x.seq_len, x.max_prompt_length, shape.vocab
-    kv = kv_cache_bytes(shape.layers, S, shape.kv_heads, shape.head_dim, gen_rows, B)
+    if x.kv_cache_dtype == "auto":
+        kv = kv_cache_bytes(shape.layers, S, shape.kv_heads, shape.head_dim, gen_rows, B)
+        kv_what = f"2·B·L·S·kv_heads·head_dim·rows = 2·{B}·{shape.layers}·{_n(S)}·{shape.kv_heads}·{shape.head_dim}"
+    else:
+        # one byte per value + an fp32 scale per (token, head); each step dequantises one layer's K and V
+        per_value = 1 + 4 / shape.head_dim
+        kv = math.ceil(kv_cache_bytes(shape.layers, S, shape.kv_heads, shape.head_dim, gen_rows, 1) * per_value)
+        kv += kv_cache_bytes(1, S, shape.kv_heads, shape.head_dim, gen_rows, B)
+        kv_what = (f"{x.kv_cache_dtype}: 2·(1 + 4/head_dim)·L·S·kv_heads·head_dim·rows + one layer dequantised "
+                   f"2·B·S·kv_heads·head_dim·rows; L {shape.layers}, S {_n(S)}, kv_heads {shape.kv_heads}, "
+                   f"head_dim {shape.head_dim}")
     groups = min(x.prompts_per_step, math.ceil(gen_rows / x.num_generations))
     prefill = groups * P * inference_bytes_per_token_layer(shape, x)
-    mask_shared, mask_layer = attention_mask_bytes(x, groups, P)
+    mask_shared, mask_layer = attention_mask_bytes(x, groups, P, shape=shape)
     prefill += mask_shared + mask_layer
     return [
-        Component("KV cache", kv, "generation",
-                  f"2·B·L·S·kv_heads·head_dim·rows = 2·{B}·{shape.layers}·{_n(S)}·{shape.kv_heads}·{shape.head_dim}"
-                  f"·{gen_rows}"),
+        Component("KV cache", kv, "generation", f"{kv_what}·{gen_rows}"),
         Component("generation logits", gen_rows * V * 4 * GEN_LOGITS_COPIES, "generation",
                   f"{GEN_LOGITS_COPIES}·rows·V·4 = {GEN_LOGITS_COPIES}·{gen_rows}·{_n(V)}·4"),
         Component("prefill working set", prefill, "generation",
-                  f"groups·P·(one layer, no grad) + masks = {groups}·{_n(P)}·"
-                  f"{_n(inference_bytes_per_token_layer(shape, x))} + {groups}·{_n(P)}²·(1+B)"),
+                  f"groups·P·(one layer, no grad) + S² terms = {groups}·{_n(P)}·"
+                  f"{_n(inference_bytes_per_token_layer(shape, x))} + {_n(mask_shared + mask_layer)}"),
     ]
 
 
 def _notes(shape: ModelShape, x: PlanInputs) -> list[str]:
     notes = []
+    unknown = attn_kernels.kernel(x.attn_implementation)[1]
+    if unknown:
+        notes.append(unknown)
     if shape.max_positions and x.seq_len > shape.max_positions:
         notes.append(f"prompt + completion = {x.seq_len:,} tokens exceeds the model's "
                      f"max_position_embeddings ({shape.max_positions:,})")
@@ -515,6 +559,20 @@ def _notes(shape: ModelShape, x: PlanInputs) -> list[str]:
     if x.micro_batch_rows > x.rows:
         notes.append(f"micro_batch_rows ({x.micro_batch_rows}) > rows per step ({x.rows}); using {x.rows}")
     return notes
+
+
+def _overlap_step_workspace(optimizer: list[Component], backward: list[Component]) -> list[Component]:
+    """The optimizer step runs after backward has freed activations and the loss working set, so its
+    temporaries only add what exceeds them: the step workspace line holds max(0, temporaries - those)."""
+    held = sum(c.bytes for c in backward if c.location == "device")
+    out = []
+    for c in optimizer:
+        if c.name == "optimizer step workspace" and c.bytes:
+            extra = max(0, c.bytes - held)
+            c = Component(c.name, extra, c.phase, f"{c.formula} = {_n(c.bytes)}, after backward frees "
+                          f"activations + loss ({_n(held)}): max(0, difference)")
+        out.append(c)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -535,11 +593,14 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
         what = "CUDA context and workspaces" if x.device == "cuda" else "measured import RSS of torch+transformers"
     else:
         what = "given by framework_overhead_bytes"
+    activations = _activation_components(shape, x)
+    loss = _loss_component(shape, x)
+    optimizer = _overlap_step_workspace(_optimizer_components(shape, x), activations + [loss])
     components = [
         *_weight_components(shape, x),
-        *_optimizer_components(shape, x),
-        *_activation_components(shape, x),
-        _loss_component(shape, x),
+        *optimizer,
+        *activations,
+        loss,
         *_buffer_components(x),
         *_generation_components(shape, x),
         Component("framework overhead", overhead, "always", what),

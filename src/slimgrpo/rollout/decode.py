@@ -92,16 +92,8 @@ class LlamaStepper:
         self.has_qk_norm = hasattr(first, "q_norm") and hasattr(first, "k_norm")
         self.next_pos = prompt_mask.sum(-1)  # [b]
 
-        # KV buffers [b, kv_heads, P + max_new, head_dim], prompt part copied from the prefill cache.
-        self.keys, self.values = [], []
-        for i in range(len(self.layers)):
-            k, v = cache.layers[i].keys, cache.layers[i].values  # [n, kv_heads, P, head_dim]
-            kb = k.new_empty(n, k.shape[1], P + max_new, k.shape[3])
-            vb = v.new_empty(n, v.shape[1], P + max_new, v.shape[3])
-            kb[:, :, :P], vb[:, :, :P] = k, v
-            self.keys.append(kb)
-            self.values.append(vb)
-        dtype = self.keys[0].dtype
+        dtype = cache.layers[0].keys.dtype
+        self._init_kv(cache, n, P, max_new)
         # Additive mask [b, 1, 1, P + max_new]: -inf on left padding, 0 elsewhere (generated tokens).
         self.mask = torch.zeros(n, 1, 1, P + max_new, dtype=dtype, device=prompt_mask.device)
         self.mask[:, 0, 0, :P].masked_fill_(~prompt_mask.bool(), float("-inf"))
@@ -134,13 +126,12 @@ class LlamaStepper:
             if self.has_qk_norm:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = self._rope(q, cos, sin_signed), self._rope(k, cos, sin_signed)
-            self.keys[i][:, :, col] = k
-            self.values[i][:, :, col] = v
+            keys, values = self._kv(i, col, k, v, end)  # [b, kv_heads, end, d] each
             kv_heads = k.shape[1]
             # Grouped-query attention: the heads sharing a KV head become that head's query rows.
             q = q.view(b, kv_heads, -1, d)  # [b, kv_heads, heads_per_kv, d]
             out = F.scaled_dot_product_attention(
-                q, self.keys[i][:, :, :end], self.values[i][:, :, :end], attn_mask=mask, scale=self.scaling
+                q, keys, values, attn_mask=mask, scale=self.scaling
             )  # [b, kv_heads, heads_per_kv, d]
             x = x + linear(attn.o_proj, out.reshape(b, -1))
             x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
@@ -154,6 +145,24 @@ class LlamaStepper:
             return mlp(h)
         linear = self.parts.linear
         return linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, h)) * linear(mlp.up_proj, h))
+
+    def _init_kv(self, cache, n: int, P: int, max_new: int) -> None:
+        """KV buffers [b, kv_heads, P + max_new, head_dim], prompt part copied from the prefill cache
+        (``kv_quant.QuantLlamaStepper`` stores them quantised instead)."""
+        self.keys, self.values = [], []
+        for i in range(len(self.layers)):
+            k, v = cache.layers[i].keys, cache.layers[i].values  # [n, kv_heads, P, head_dim]
+            kb = k.new_empty(n, k.shape[1], P + max_new, k.shape[3])
+            vb = v.new_empty(n, v.shape[1], P + max_new, v.shape[3])
+            kb[:, :, :P], vb[:, :, :P] = k, v
+            self.keys.append(kb)
+            self.values.append(vb)
+
+    def _kv(self, i: int, col: int, k: torch.Tensor, v: torch.Tensor, end: int):
+        """Write this step's k, v [b, kv_heads, d] of layer ``i`` at ``col``; the keys and values to attend to."""
+        self.keys[i][:, :, col] = k
+        self.values[i][:, :, col] = v
+        return self.keys[i][:, :, :end], self.values[i][:, :, :end]
 
     def select(self, keep: torch.Tensor) -> None:
         self.keys = [k[keep] for k in self.keys]
@@ -171,9 +180,15 @@ def _rope_types(rope: object) -> set[str]:
     return found
 
 
-def make_stepper(parts: CausalLMParts, cache, prompt_mask: torch.Tensor, max_new: int, lean: bool | None):
-    """The lean stepper where it applies (unless ``lean`` is False), else the generic one."""
+def make_stepper(parts: CausalLMParts, cache, prompt_mask: torch.Tensor, max_new: int, lean: bool | None,
+                 kv_cache_dtype: str | None = None):
+    """The lean stepper where it applies (unless ``lean`` is False), else the generic one; a quantised
+    KV cache (``kv_cache_dtype`` fp8_e4m3 / int8, see ``kv_quant``) needs the lean stepper."""
     total = prompt_mask.shape[1] + max_new
+    if kv_cache_dtype not in (None, "auto"):
+        from .kv_quant import make_quant_stepper
+
+        return make_quant_stepper(parts, cache, prompt_mask, max_new, lean, kv_cache_dtype)
     if lean is not False and LlamaStepper.supports(parts, total):
         from . import cuda_graph  # static cache + CUDA graphs: CUDA only, opt-in (SLIMGRPO_CUDA_GRAPHS=1)
 

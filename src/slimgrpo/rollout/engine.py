@@ -74,6 +74,7 @@ class TorchRolloutEngine:
         drop_finished_fraction: float = 0.25,
         pack_weights: str = "auto",
         lean_decode: bool | None = None,
+        kv_cache_dtype: str | None = None,
     ) -> None:
         if max_batch_rows is not None and (not isinstance(max_batch_rows, int) or max_batch_rows < 1):
             raise ValueError(f"max_batch_rows must be a positive int or None, got {max_batch_rows!r}")
@@ -86,6 +87,7 @@ class TorchRolloutEngine:
             raise ValueError(f"pack_weights must be 'auto', 'head', 'all' or 'none', got {pack_weights!r}")
         self.pack_weights = pack_weights
         self.lean_decode = lean_decode
+        self.kv_cache_dtype = kv_cache_dtype  # None/"auto" = model dtype; "fp8_e4m3" / "int8": rollout/kv_quant.py
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -159,7 +161,7 @@ class TorchRolloutEngine:
         # Fan the prompt's KV cache out to its rows (rows of one prompt are adjacent).
         cache.batch_select_indices(row_slot)
 
-        stepper = make_stepper(self.parts, cache, mask[row_slot], max_new, self.lean_decode)
+        stepper = make_stepper(self.parts, cache, mask[row_slot], max_new, self.lean_decode, self.kv_cache_dtype)
         del cache  # the stepper holds what it needs
 
         # Step-major outputs: each step writes one contiguous row (index_copy_), transposed at the end.

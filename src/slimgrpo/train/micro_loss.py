@@ -11,6 +11,7 @@ import torch
 from slimgrpo.loss.fused import completion_loss, fused_applicable
 from slimgrpo.loss.logprobs import completion_logprobs
 from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss
+from slimgrpo.loss.unpadded import unpadded_hidden
 from slimgrpo.train import shared_prompt
 from slimgrpo.train.distributed import is_wrapped
 from slimgrpo.types import LossStats
@@ -45,7 +46,7 @@ def micro_batch_loss(
     unfused path).
     """
     T = comp.shape[1]
-    hidden_fn = None
+    hidden_fn = unpadded_hidden  # rows re-laid without padding: no attention mask, no [rows, 1, S, S] tensor
     if share_prompt and shared_prompt.applicable(_unwrapped(model), ids, am, T):
         hidden_fn = shared_prompt.shared_completion_hidden
     fusable = settings.top_entropy_quantile >= 1.0

@@ -121,7 +121,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.policy.trainable_parameters(), cfg, self.policy.device)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.run.seed + 7919 * self.dist.rank)
-        self.engine = TorchRolloutEngine(self.policy.model, max_batch_rows=cfg.rollout.max_batch_rows)
+        self.engine = TorchRolloutEngine(self.policy.model, max_batch_rows=cfg.rollout.max_batch_rows,
+                                         kv_cache_dtype=cfg.rollout.kv_cache_dtype)
         if self.dist.enabled:  # FSDP2: generation gathers the sharded weights; DDP: a failure stops every rank
             self.engine = launch.wrap_engine(self.engine, self.model, cfg, self.dist)
         from slimgrpo.rollout.agent_setup import setup_agent
@@ -273,12 +274,13 @@ class Trainer:
         cfg = self.cfg
         update = make_update_batch(rollout, advantages, cfg.loss.mask_truncated_completions)
         args = (cfg.memory.micro_batch_size, cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk)
+        tokens = cfg.memory.micro_batch_tokens
         if cfg.loss.num_iterations > 1 or cfg.loss.steps_per_generation > 1:  # the policy moves within the step
-            update.old_logp = batch_logprobs(self.model, update, *args)
+            update.old_logp = batch_logprobs(self.model, update, *args, micro_tokens=tokens)
         if cfg.loss.beta > 0:
             with self.policy.reference() as ref_model:
-                update.ref_logp = batch_logprobs(ref_model, update, *args)
-        update.entropy_cut = entropy_cut(self.model, update, cfg.loss.top_entropy_quantile, *args)
+                update.ref_logp = batch_logprobs(ref_model, update, *args, micro_tokens=tokens)
+        update.entropy_cut = entropy_cut(self.model, update, cfg.loss.top_entropy_quantile, *args, micro_tokens=tokens)
         return update
 
     def normaliser(self, update: UpdateBatch) -> Normaliser:
@@ -309,7 +311,7 @@ class Trainer:
                     cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk,
                     loss_scale=float(self.dist.world_size), no_sync=getattr(self.model, "no_sync", None),
                     offload_activations=cfg.memory.offload_activations, fuse=cfg.loss.fuse_head_loss,
-                    share_prompt=cfg.memory.share_prompt_forward,
+                    share_prompt=cfg.memory.share_prompt_forward, micro_tokens=cfg.memory.micro_batch_tokens,
                 ))
                 max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
                 grad_norm = launch.clip_grad_norm(params, max_norm)

@@ -10,6 +10,8 @@ import torch
 from slimgrpo.loss.logprobs import completion_logprobs
 from slimgrpo.loss.objectives import LossSettings, Normaliser
 from slimgrpo.train.distributed import is_wrapped
+from slimgrpo.loss.unpadded import unpadded_hidden
+from slimgrpo.train.micro import micro_batches, row_lengths
 from slimgrpo.train.micro_loss import micro_batch_loss
 from slimgrpo.types import Rollout
 
@@ -46,13 +48,15 @@ def make_update_batch(rollout: Rollout, advantages: torch.Tensor, mask_truncated
     return UpdateBatch(input_ids, attention_mask, rollout.completion_ids, loss_mask, advantages.float())
 
 
-def micro_slices(rows: int, micro: int | None) -> list[slice]:
-    micro = rows if not micro else min(micro, rows)
-    return [slice(i, min(i + micro, rows)) for i in range(0, rows, micro)]
+def plan_micro(batch: UpdateBatch, micro: int | None, micro_tokens: int | None) -> list[torch.Tensor]:
+    """Row indices of the micro-batches: ``micro`` rows at a time in order, or packed by the token budget
+    ``micro_tokens`` (``train.micro``)."""
+    return [rows.to(batch.input_ids.device)
+            for rows in micro_batches(row_lengths(batch.attention_mask).cpu(), micro, micro_tokens)]
 
 
-def trimmed(batch: UpdateBatch, sl: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, slice]:
-    """Inputs of one micro-batch without columns that are padding in every row of it.
+def trimmed(batch: UpdateBatch, sl: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, slice]:
+    """Inputs of one micro-batch (a slice or row indices) without columns that are padding in every row of it.
 
     Returns (input_ids, attention_mask, completion_ids, tslice) where tslice selects the kept completion
     columns of the [rows, T] tensors."""
@@ -67,22 +71,24 @@ def trimmed(batch: UpdateBatch, sl: slice) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def model_logprobs(model, *args, **kwargs):
-    """``completion_logprobs`` of a causal LM, or through a DDP / FSDP2 wrapper's own forward (so that
-    DDP syncs the gradients and FSDP2 gathers the root weights; see ``distributed.ModelForward``)."""
+    """``completion_logprobs`` of a causal LM on unpadded rows (``loss.unpadded``: no attention mask, no
+    ``[rows, 1, S, S]`` tensor), or through a DDP / FSDP2 wrapper's own forward (so that DDP syncs the
+    gradients and FSDP2 gathers the root weights; see ``distributed.ModelForward``)."""
+    kwargs.setdefault("hidden_fn", unpadded_hidden)
     if is_wrapped(model):
         return model(completion_logprobs, *args, **kwargs)
     return completion_logprobs(model, *args, **kwargs)
 
 
 def batch_logprobs(model, batch: UpdateBatch, micro: int | None, temperature: float, token_chunk: int,
-                   vocab_chunk: int | None, want_entropy: bool = False):
-    """[rows, T] log-probs without gradients (old / reference policy), micro-batch by micro-batch.
-    ``want_entropy``: return ``(logp, entropy)``, both [rows, T]."""
+                   vocab_chunk: int | None, want_entropy: bool = False, micro_tokens: int | None = None):
+    """[rows, T] log-probs without gradients (old / reference policy), micro-batch by micro-batch
+    (``micro`` rows, or the ``micro_tokens`` budget). ``want_entropy``: return ``(logp, entropy)``, both [rows, T]."""
     out = torch.zeros(batch.rows, batch.T, dtype=torch.float32, device=batch.input_ids.device)
     ent = torch.zeros_like(out) if want_entropy else None
     dev = next(model.parameters()).device  # the full-fine-tuning reference may live on the CPU
     with torch.no_grad():
-        for sl in micro_slices(batch.rows, micro):
+        for sl in plan_micro(batch, micro, micro_tokens):
             ids, am, comp, ts = trimmed(batch, sl)
             logp, e = model_logprobs(model, ids.to(dev), am.to(dev), comp.shape[1], comp.to(dev),
                                      temperature=temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk,
@@ -120,6 +126,7 @@ def accumulate_gradients(
     offload_activations: bool = False,
     fuse: bool = True,
     share_prompt: bool = False,
+    micro_tokens: int | None = None,
 ) -> UpdateStats:
     """Forward + backward over all micro-batches; gradients are summed into ``.grad``.
 
@@ -136,10 +143,11 @@ def accumulate_gradients(
     essentially the checkpointed layer inputs; recomputation in backward happens outside this context,
     so it stays on the device. Gradients are unchanged (the same values make the round trip).
     ``fuse``: the fused LM head + loss where it applies; ``share_prompt``: each group's prompt forward and
-    backward once (``micro_loss.micro_batch_loss``)."""
+    backward once (``micro_loss.micro_batch_loss``). Rows run unpadded (``loss.unpadded``); ``micro_tokens``
+    forms micro-batches by a token budget instead of a row count (``train.micro``)."""
     stats = UpdateStats()
     weight_sum = clip_sum = 0
-    slices = micro_slices(batch.rows, micro)
+    slices = plan_micro(batch, micro, micro_tokens)
     for i, sl in enumerate(slices):
         ids, am, comp, ts = trimmed(batch, sl)
         mask = batch.loss_mask[sl, ts]
@@ -179,15 +187,16 @@ def accumulate_gradients(
 
 
 def entropy_cut(model, batch: UpdateBatch, quantile: float, micro: int | None, temperature: float,
-                token_chunk: int, vocab_chunk: int | None) -> torch.Tensor | None:
+                token_chunk: int, vocab_chunk: int | None, micro_tokens: int | None = None) -> torch.Tensor | None:
     """The whole batch's entropy threshold for ``top_entropy_quantile``, from a no-grad pass; None when
     the update is a single micro-batch (the loss then takes it from that micro-batch: the same value,
     recomputed every iteration with the current policy, as TRL does)."""
-    if quantile >= 1.0 or micro is None or micro >= batch.rows:
+    if quantile >= 1.0 or len(plan_micro(batch, micro, micro_tokens)) <= 1:
         return None
     from slimgrpo.loss.policy_losses import entropy_threshold
 
-    _, ent = batch_logprobs(model, batch, micro, temperature, token_chunk, vocab_chunk, want_entropy=True)
+    _, ent = batch_logprobs(model, batch, micro, temperature, token_chunk, vocab_chunk, want_entropy=True,
+                            micro_tokens=micro_tokens)
     return entropy_threshold(ent, batch.loss_mask, quantile)
 
 

@@ -1,0 +1,120 @@
+"""W-long reporting for vs_trl.py: per length and trainer, trained or not, peak RSS, slimgrpo's plan,
+s/step; the longest length each trains; a PNG of peak memory against length.
+
+A run "trained" when it finished its steps (a warm-up and one timed step). Otherwise it "did not fit"
+(killed by the memory cap, or an out-of-memory error) or was "too slow" (its time limit ran out: it is
+not a memory verdict), or "failed" for any other error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import common
+
+
+def status(r) -> str:
+    if r.ok and len(r.steps) >= 2:
+        return "trained"
+    if r.outcome.killed_by_cap:
+        return "did not fit"
+    if r.outcome.error.startswith("timed out"):
+        return "too slow"
+    return "failed"
+
+
+def plan_mib(s, L: int) -> float | None:
+    """slimgrpo's plan (peak, MiB) for the W-long run at completion length ``L``."""
+    try:
+        from slimgrpo.memory.planner import PlanInputs, plan_memory
+        from slimgrpo.memory.shapes import ModelShape
+    except ImportError:
+        return None
+    sh = s.shape
+    shape = ModelShape(family=sh["family"], hidden=sh["hidden"], intermediate=sh["intermediate"], layers=sh["layers"],
+                       heads=sh["heads"], kv_heads=sh["kv_heads"], vocab=sh["vocab"], tie=sh["tie"],
+                       max_positions=sh.get("max_positions", 0))
+    rows = s.prompts_per_step * s.num_generations
+    x = PlanInputs(device="cpu" if s.device == "cpu" else "cuda", param_dtype_bytes=4 if s.dtype == "float32" else 2,
+                   lora=s.lora, lora_rank=s.lora_r, num_generations=s.num_generations,
+                   prompts_per_step=s.prompts_per_step, micro_batch_rows=rows, max_prompt_length=s.max_prompt_length,
+                   max_completion_length=L, beta=s.beta, gradient_checkpointing=s.gradient_checkpointing,
+                   padding_mask=s.prompts_per_step > 1)
+    return plan_memory(shape, x).peak_bytes / common.MIB
+
+
+def table(results: list, trainers: list[str], s, cap) -> tuple[str, dict[str, Any]]:
+    lengths = sorted({r.completion_length for r in results})
+    head = "| completion | " + " | ".join(
+        f"{t}: result | peak RSS MiB{' | plan MiB' if t == 'slimgrpo' else ''} | s/step" for t in trainers) + " |"
+    ncols = sum(4 if t == "slimgrpo" else 3 for t in trainers)
+    lines = [head, "|---:|" + "---|" * ncols]
+    rows = []
+    for L in lengths:
+        cells = []
+        for t in trainers:
+            r = next((r for r in results if r.trainer == t and r.completion_length == L), None)
+            plan = plan_mib(s, L) if t == "slimgrpo" else None
+            if r is None:
+                cells += ["not run", "-"] + (["-" if plan is None else f"{plan:,.0f}"] if t == "slimgrpo" else []) + ["-"]
+                continue
+            st = status(r)
+            rows.append({"trainer": t, "completion_length": L, "result": st,
+                         "peak_rss_mib": r.outcome.peak_rss_mib, "plan_mib": plan, "s_per_step": r.s_per_step(),
+                         "error": r.outcome.error})
+            result = st if st == "trained" else f"{st} ({r.outcome.error})"
+            cells += [result, common.format_mib(r.outcome.peak_rss_mib)]
+            if t == "slimgrpo":
+                cells.append("-" if plan is None else f"{plan:,.0f}")
+            cells.append("-" if r.s_per_step() is None or st != "trained" else f"{r.s_per_step():.1f}")
+        lines.append(f"| {L:,} | " + " | ".join(cells) + " |")
+    longest = {t: max((x["completion_length"] for x in rows if x["trainer"] == t and x["result"] == "trained"),
+                      default=None) for t in trainers}
+    lines.append("")
+    lines.append(f"Longest completion trained under {cap.describe()}: "
+                 + ", ".join(f"{t} {longest[t]:,}" if longest[t] else f"{t} none" for t in trainers))
+    if longest.get("trl") and longest.get("slimgrpo"):
+        lines.append(f"slimgrpo / TRL longest completion: {longest['slimgrpo'] / longest['trl']:.0f}x")
+    return "\n".join(lines), {"longest_completion": longest, "rows": rows}
+
+
+def plot(summary: dict[str, Any], cap_bytes: int | None, path: Path, title: str) -> Path | None:
+    """Peak RSS against completion length for each trainer; failed lengths marked with their reason."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    styles = {"trl": ("tab:red", "o"), "slimgrpo": ("tab:blue", "s")}
+    for t in sorted({x["trainer"] for x in summary["rows"]}):
+        pts = [x for x in summary["rows"] if x["trainer"] == t and x["peak_rss_mib"]]
+        color, marker = styles.get(t, ("tab:gray", "^"))
+        ok = [x for x in pts if x["result"] == "trained"]
+        ax.plot([x["completion_length"] for x in ok], [x["peak_rss_mib"] / 1024 for x in ok], marker=marker,
+                color=color, label=f"{t} (trained)")
+        for x in pts:
+            if x["result"] != "trained":
+                ax.scatter([x["completion_length"]], [x["peak_rss_mib"] / 1024], marker="x", color=color, s=60)
+                ax.annotate(x["result"], (x["completion_length"], x["peak_rss_mib"] / 1024), fontsize=7,
+                            xytext=(4, -10), textcoords="offset points", color=color)
+        plans = [x for x in pts if x.get("plan_mib")]
+        if plans:
+            ax.plot([x["completion_length"] for x in plans], [x["plan_mib"] / 1024 for x in plans], ls="--",
+                    color=color, alpha=0.6, label=f"{t} plan")
+    if cap_bytes:
+        ax.axhline(cap_bytes / 2**30, color="black", ls=":", label=f"cap {cap_bytes / 2**30:.0f} GiB")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("completion length (tokens)")
+    ax.set_ylabel("peak RSS (GiB)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,60 @@
+"""What the attention kernel allocates, for the memory planner.
+
+The update runs unpadded rows with ``attention_mask=None`` (``loss.unpadded``), generation prefills
+left-padded prompts with a padding mask and decodes one token at a time. What that costs depends on
+the kernel ``model.attn_implementation`` names:
+
+    kernel              update (no mask)                       prefill (padding mask)
+    ------------------  -------------------------------------  ----------------------------------
+    sdpa (CPU, CUDA)    flash / memory-efficient: q, k, v,     HF builds a bool [g, 1, P, P] mask,
+                        output and an fp32 log-sum-exp         SDPA converts it to the query dtype
+                        [heads] per token; GQA folded in       (g·P²·(1 + B)); k/v repeated to
+                        (enable_gqa), no S² tensor             query width
+    flash_attention_2   same as sdpa: O(S), lse per token      unpads by the mask: no P² tensor
+    eager               scores and softmax [m, heads, S, S]    the same, P² per head plus the
+                        per layer (saved for backward), a      float mask
+                        float causal mask [m, 1, S, S], k/v
+                        repeated to query width
+    anything else       not modelled: assumed to be O(S) like sdpa, and the plan says so
+
+Decode steps attend one query to the cache: [rows, heads, 1, S] at most, counted in the KV cache
+line's slack, no S² anywhere.
+"""
+
+from __future__ import annotations
+
+KNOWN = ("sdpa", "flash_attention_2", "eager")
+
+
+def kernel(name: str | None) -> tuple[str, str | None]:
+    """(kernel the planner models, a note when it cannot know ``name``'s memory)."""
+    name = (name or "sdpa").lower()
+    if name in KNOWN:
+        return name, None
+    return "sdpa", (f"attention kernel {name!r} is not modelled by the planner; its memory is assumed to be "
+                    f"O(S) like sdpa (known kernels: {', '.join(KNOWN)})")
+
+
+def kv_width(shape, name: str, padded: bool) -> int:
+    """Width of the keys/values the kernel keeps per token: kv_heads·head_dim when grouped-query
+    attention stays folded (sdpa without a mask, flash_attention_2), heads·head_dim when they are
+    repeated to query width (eager always; sdpa whenever a mask is passed)."""
+    if name == "eager" or (name == "sdpa" and padded):
+        return shape.q_dim
+    return shape.kv_dim
+
+
+def quadratic_bytes(shape, name: str, rows: int, tokens: int, B: int, padded: bool) -> tuple[int, int, str]:
+    """(shared, per_layer, formula) bytes that grow with S² for ``rows`` sequences of ``tokens``.
+
+    per_layer is what one layer keeps for backward (and what a no-grad forward holds transiently).
+    """
+    S2 = rows * tokens * tokens
+    if name == "eager":
+        # scores in B, softmax in fp32 (cast back to B when B < 4): kept for the backward matmul
+        per_head = B + (4 if B < 4 else 0)
+        return S2 * B, S2 * shape.heads * per_head, (f"eager: [m, heads, S, S]·{per_head} B per layer + "
+                                                      f"float mask m·S²·{B}")
+    if name == "sdpa" and padded:
+        return S2, S2 * B, f"sdpa padding mask: bool m·S² + m·S²·{B} per layer"
+    return 0, 0, f"{name}: no S² tensor"
