@@ -18,7 +18,7 @@ def static_stepper(monkeypatch):
     """Make the engine decode with StaticCacheStepper (graphs off: the CPU path of the same logic)."""
     made = []
 
-    def make(parts, cache, prompt_mask, max_new, lean):
+    def make(parts, cache, prompt_mask, max_new, lean, kv_cache_dtype=None):
         made.append(StaticCacheStepper(parts, cache, prompt_mask, max_new, graphs=False))
         return made[-1]
 
