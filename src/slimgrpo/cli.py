@@ -113,12 +113,11 @@ def cmd_train(args) -> int:
         overrides.insert(0, config)
         config = None
     cfg = load_config(config, overrides)
+    from slimgrpo.train.console import print_end_summary, quiet_third_party
+
+    quiet_third_party(cfg.log.verbose)
     summary = run_training(cfg)
-    if summary.get("preempted_by"):
-        print(f"stopped by {summary['preempted_by']} at step {summary.get('steps')} of {cfg.run.max_steps}; "
-              f"checkpoint saved in {cfg.run.output_dir}/checkpoints. Run the same command again to resume.")
-    else:
-        print(f"done: {summary.get('steps')} steps; run folder {cfg.run.output_dir}")
+    print_end_summary(summary, cfg)  # rank 0 only under torchrun
     return 0
 
 

@@ -54,9 +54,13 @@ def evaluate(
     seed: int = 0,
     success_threshold: float = 1.0,
     keep_samples: int = 0,
+    engine=None,
+    indices: list[int] | None = None,
 ) -> EvalResult:
-    """Sample ``num_samples`` completions for every prompt and score them."""
-    engine = TorchRolloutEngine(model)
+    """Sample ``num_samples`` completions for every prompt (or the prompts at ``indices``) and score them.
+    ``engine``: a rollout engine to reuse (the trainer's, which knows how to gather sharded weights)."""
+    engine = engine or TorchRolloutEngine(model)
+    order = list(range(len(dataset))) if indices is None else list(indices)
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     correct_per_prompt: list[int] = []
@@ -64,8 +68,8 @@ def evaluate(
     first_scores: list[float] = []
     per_fn: dict[str, list[float]] = {}
     samples: list[dict[str, Any]] = []
-    for start in range(0, len(dataset), prompts_per_batch):
-        batch = dataset.batch(list(range(start, min(start + prompts_per_batch, len(dataset)))))
+    for start in range(0, len(order), prompts_per_batch):
+        batch = dataset.batch(order[start : start + prompts_per_batch])
         rollout = engine.generate(batch.prompt_ids, num_samples, sampling, gen)
         lengths = rollout.completion_lengths
         texts = [tokenizer.decode(r[: int(n)].tolist(), skip_special_tokens=True)

@@ -67,6 +67,10 @@ def console_line(step: int, metrics: dict[str, Any]) -> str:
     for key, v in metrics.items():
         if key.startswith("rewards/") and key.endswith("/mean") and isinstance(v, (int, float)):
             parts.append(f"{key[8:-5]} {v:.3f}")
+    if any(k.startswith("eval/") for k in metrics):
+        from slimgrpo.train.eval_during import describe
+
+        parts.append(f"| eval {describe(metrics)}")
     return "  ".join(parts)
 
 
