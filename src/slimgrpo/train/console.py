@@ -25,9 +25,9 @@ def quiet_third_party(verbose: bool) -> None:
         return
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"^(?!slimgrpo)")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"^(?!slimgrpo)")
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"^(?!slimgrpo)")
     for name in ("transformers", "torch", "torchao", "peft", "datasets", "accelerate", "huggingface_hub"):
         logging.getLogger(name).setLevel(logging.ERROR)  # torch's loggers have their own handlers
     for handler in logging.getLogger().handlers:  # e.g. torchao's "Failed to load ..." at import
