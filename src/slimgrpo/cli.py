@@ -171,6 +171,15 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not raise BrokenPipeError again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (captured in tests)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -184,10 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"train": cmd_train, "plan": cmd_plan, "eval": cmd_eval, "report": cmd_report, "demo": cmd_demo,
                 "export": cmd_export}
     try:
-        return handlers[args.command](args)
+        rc = handlers[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the try, not at interpreter exit
+        return rc
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (``slimgrpo train --help-config | head``): stop quietly
+        _silence_stdout()
+        return 0
     except Exception as e:  # user-facing errors become one paragraph; --debug shows the traceback
         if args.debug:
             traceback.print_exc()

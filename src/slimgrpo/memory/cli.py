@@ -180,7 +180,7 @@ def plan_command(args) -> int:
     console.print("\n[bold]To fit the budget[/bold], cheapest first:")
     for s in suggestions:
         console.print(f"  - {s.description}: {' '.join(overrides_for(s.change)) or '(no config key)'} "
-                      f"-> {format_gib(s.plan_after.peak_bytes)} GiB")
+                      f"-> {format_gib(s.plan_after.peak_bytes)} GiB", soft_wrap=True)
     if fits:
         console.print(f"\nall together: [bold]{' '.join(overrides_for(all_changes(suggestions)))}[/bold] "
                       "(or memory.fit=true)")
