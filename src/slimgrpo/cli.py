@@ -61,8 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--json", dest="json_out", help="write the results as JSON to this file")
     e.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
-    r = sub.add_parser("report", help="plots and an HTML page for a run folder")
-    r.add_argument("run_dir", help="the run's output_dir")
+    r = sub.add_parser("report", help="plots and an HTML page for a run folder (or several runs overlaid)",
+                       description="Write RUN_DIR/report/index.html: status, held-out accuracy, plots, samples and "
+                                   "config of a run. With several run folders: one page overlaying them.")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="the run's output_dir (several to compare)")
+    r.add_argument("--x", choices=["step", "time"], default="step",
+                   help="x axis: optimizer step (default) or training time")
+    r.add_argument("--out", help="folder for the comparison page (several runs; default ./report-compare)")
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     x = sub.add_parser("export", help="merge a LoRA adapter into its base, or copy the adapter alone",
