@@ -407,8 +407,7 @@ def build_report(run_dir: str | Path, x: str = "step") -> Path:
     m, summary, config = load_run(run_dir, x)
     out = run_dir / REPORT_DIR
     _fresh_dir(out)
-    beta_zero = config_value(config, "loss.beta") == 0 and not m.has("kl")
-    beta_zero = beta_zero or (config_value(config, "loss.beta") == 0 and all(v == 0 for v in m.series("kl").finite))
+    beta_zero = config_value(config, "loss.beta") == 0  # no reference model: the kl column is a placeholder
     plots = make_plots([Run(run_dir.resolve().name, m, value_ranges(run_dir))], out, beta_zero=beta_zero)
     page = out / "index.html"
     page.write_text(render_page(run_dir, m, plots, summary, config), encoding="utf-8")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from slimgrpo.report import _esc, _flatten, _fmt, _fresh_dir, _shown, figures_html, load_run, page_html, value_ranges
-from slimgrpo.report_data import deltas, run_status
+from slimgrpo.report_data import config_value, deltas, run_status
 from slimgrpo.report_plots import Run, make_plots
 
 
@@ -66,8 +66,7 @@ def build_comparison(run_dirs: list[str], out: str | None = None, x: str = "step
     out_dir = Path(out or "report-compare")
     _fresh_dir(out_dir)
     runs = [Run(lb, m, value_ranges(Path(d))) for lb, d, (m, _s, _c) in zip(labels, run_dirs, loaded)]
-    plots = make_plots(runs, out_dir, beta_zero=all(
-        not any(v != 0 for v in m.series("kl").finite) for m, _s, _c in loaded))
+    plots = make_plots(runs, out_dir, beta_zero=all(config_value(c, "loss.beta") == 0 for _m, _s, c in loaded))
     links = "".join(
         f"<li><b>{_esc(lb)}</b>: {_esc(os.path.abspath(d))}"
         + (f' (<a href="{_esc(Path(os.path.relpath(Path(d) / "report" / "index.html", out_dir)).as_posix())}">'
