@@ -52,7 +52,14 @@ class DuringTrainingEval:
         return step >= self.trainer.cfg.run.max_steps or bool(every and step % every == 0)
 
     def after_step(self, step: int) -> dict[str, float]:
-        return self.run() if self.due(step) else {}
+        if not self.due(step):
+            return {}
+        metrics = self.run()
+        if step % self.trainer.cfg.log.logging_steps and self.trainer.cfg.log.progress:
+            from slimgrpo.train.console import print_eval  # a logged step shows it in its metrics line
+
+            print_eval(self.trainer, f"after step {step}", metrics)
+        return metrics
 
     def _evaluate(self, sampling, num_samples: int) -> EvalResult:
         t = self.trainer
