@@ -159,12 +159,12 @@ def plot_reward_functions(runs: list[Run], out: Path) -> Plot | None:
             std = run.metrics.series(f"rewards/{name}/std")
             if std.present and len(runs) <= 3:
                 band(ax, mean, std, line.get_color(), _bounds(run, f"reward/{name}", mean))
-        ax.set_title(name, fontsize="medium")
+        ax.set_title(name if len(name) <= 24 else name[:23] + "…", fontsize="medium")
         ax.grid(True, alpha=0.3)
-        if runs[0].metrics.x_kind == "step":
-            from matplotlib.ticker import MaxNLocator
+        ax.tick_params(labelsize="small")
+        from matplotlib.ticker import MaxNLocator
 
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4 if ncols > 1 else 8, integer=runs[0].metrics.x_kind == "step"))
     for ax in axes[len(names):]:
         ax.set_visible(False)
     xlabel = _xlabel(runs)
