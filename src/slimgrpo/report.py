@@ -111,11 +111,11 @@ def eval_headline(m: Metrics, summary: dict[str, Any]) -> str:
     return ""
 
 
-def deltas_table(m: Metrics) -> str:
+def deltas_table(m: Metrics, skip: tuple[str, ...] = ()) -> str:
     rows = "".join(
         f"<tr><td>{_esc(label)}</td><td class='num'>{_esc(_pct_or_num(label, a))}</td>"
         f"<td class='num'>{_esc(_pct_or_num(label, b))}</td><td class='num'>{_esc(_change(label, a, b))}</td></tr>"
-        for label, a, b in deltas(m))
+        for label, a, b in deltas(m) if label not in skip)
     if not rows:
         return ""
     return ('<table class="deltas"><thead><tr><th>metric</th><th>first</th><th>last</th><th>change</th></tr>'
@@ -132,7 +132,8 @@ def _change(label: str, a: float, b: float) -> str:
 
 def summary_section(summary: dict[str, Any], m: Metrics, config: dict[str, Any] | None = None) -> str:
     kind, sentence = run_status(m, summary, config)
-    parts = [f'<p class="status {kind}">{_esc(sentence)}</p>', eval_headline(m, summary), deltas_table(m)]
+    parts = [f'<p class="status {kind}">{_esc(sentence)}</p>', eval_headline(m, summary),
+             deltas_table(m, ("KL to reference",) if config_value(config, "loss.beta") == 0 else ())]
     if summary:
         rows = list(summary.items())
         source = "summary.json"

@@ -56,10 +56,10 @@ def ema(values: list[float], alpha: float) -> list[float]:
 
 
 def auto_alpha(points: int) -> float:
-    """Smoothing for ``points`` values: none up to 30, then an EMA spanning about 1/30 of the run."""
+    """Smoothing for ``points`` values: none up to 30, then an EMA spanning about 1/12 of the run."""
     if points <= 30:
         return 1.0
-    span = points / 30
+    span = points / 12
     return 2.0 / (span + 1.0)
 
 
