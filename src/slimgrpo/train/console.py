@@ -91,6 +91,9 @@ def summary_lines(summary: dict[str, Any], cfg, history: list[dict[str, Any]], w
     """The end of a run: what happened and where to look next."""
     out = cfg.run.output_dir
     steps = summary.get("steps", 0)
+    if summary.get("already_finished"):  # a finished run started again (safe re-runs): nothing was trained
+        return [f"already finished at step {steps}; nothing to do (run folder {out})",
+                f"  report      slimgrpo report {out}"]
     if summary.get("preempted_by"):
         head = f"stopped by {summary['preempted_by']} at step {steps} of {cfg.run.max_steps}"
     elif steps < cfg.run.max_steps:
