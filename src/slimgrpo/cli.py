@@ -65,8 +65,13 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--json", dest="json_out", help="write the results as JSON to this file")
     e.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
-    r = sub.add_parser("report", help="plots and an HTML page for a run folder")
-    r.add_argument("run_dir", help="the run's output_dir")
+    r = sub.add_parser("report", help="plots and an HTML page for a run folder (or several runs overlaid)",
+                       description="Write RUN_DIR/report/index.html: status, held-out accuracy, plots, samples and "
+                                   "config of a run. With several run folders: one page overlaying them.")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="the run's output_dir (several to compare)")
+    r.add_argument("--x", choices=["step", "time"], default="step",
+                   help="x axis: optimizer step (default) or training time")
+    r.add_argument("--out", help="folder for the comparison page (several runs; default ./report-compare)")
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     x = sub.add_parser("export", help="merge a LoRA adapter into its base, or copy the adapter alone",
@@ -106,7 +111,6 @@ def _help_config() -> None:
 
 def cmd_train(args) -> int:
     from slimgrpo.config import load_config
-    from slimgrpo.train.runner import run_training
 
     if args.help_config:
         _help_config()
@@ -116,7 +120,7 @@ def cmd_train(args) -> int:
 
         overrides = ([args.config] if args.config else []) + list(args.overrides)
         cfg = load_trl_config(args.trl_config, overrides)
-        return _finish(run_training(cfg), cfg)
+        return _train(cfg, args)
     if not args.config:
         raise SystemExit("slimgrpo train: give a CONFIG file (see slimgrpo train --help)")
     overrides = list(args.overrides)
@@ -125,22 +129,20 @@ def cmd_train(args) -> int:
         overrides.insert(0, config)
         config = None
     cfg = load_config(config, overrides)
+    return _train(cfg, args)
+
+
+def _train(cfg, args) -> int:
+    from slimgrpo.train.console import print_end_summary, quiet_third_party
+    from slimgrpo.train.runner import run_training
+
     if getattr(args, "from_command_line", False):  # the wait policy must be in place before torch loads
         from slimgrpo import threads
 
         threads.reexec_for(cfg.run.thread_wait_policy)
-    return _finish(run_training(cfg), cfg)
-
-
-def _finish(summary: dict, cfg) -> int:
-    if summary.get("already_finished"):
-        print(f"already finished at step {summary.get('steps')}; nothing to do (run folder {cfg.run.output_dir})")
-        return 0
-    if summary.get("preempted_by"):
-        print(f"stopped by {summary['preempted_by']} at step {summary.get('steps')} of {cfg.run.max_steps}; "
-              f"checkpoint saved in {cfg.run.output_dir}/checkpoints. Run the same command again to resume.")
-    else:
-        print(f"done: {summary.get('steps')} steps; run folder {cfg.run.output_dir}")
+    quiet_third_party(cfg.log.verbose)
+    summary = run_training(cfg)
+    print_end_summary(summary, cfg)  # rank 0 only under torchrun; says "already finished" or "stopped by"
     return 0
 
 
@@ -221,6 +223,15 @@ def _storage_error(e: BaseException) -> str | None:
             "run the same command again to resume from the newest one.")
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not raise BrokenPipeError again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (captured in tests)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -237,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     from slimgrpo.train.trainer import NonFiniteError
 
     try:
-        return handlers[args.command](args)
+        rc = handlers[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the try, not at interpreter exit
+        return rc
     except NonFiniteError as e:  # diverged: an error, never "done"
         if args.debug:
             traceback.print_exc()
@@ -246,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (``slimgrpo train --help-config | head``): stop quietly
+        _silence_stdout()
+        return 0
     except Exception as e:  # user-facing errors become one paragraph; --debug shows the traceback
         if args.debug:
             traceback.print_exc()

@@ -21,6 +21,11 @@ from slimgrpo.rollout.sampling import SamplingParams
 def load_for_eval(path: str, cfg: Config):
     """A model folder, a training checkpoint folder, or a peft adapter folder (base read from it)."""
     p = given = Path(path)
+    from slimgrpo.modeling import looks_like_hub_name
+
+    if not p.exists() and not looks_like_hub_name(path):
+        raise ModelLoadError(f"--model {path}: no such folder; give a model folder, a run's final/ folder, a "
+                             "checkpoints/checkpoint-<step> folder or an adapter folder")
     if (p / "model").is_dir() and (p / "trainer_state.json").is_file():
         p = p / "model"  # a slimgrpo checkpoint
     device = resolve_device(cfg.run.device)
@@ -106,18 +111,84 @@ def eval_command(args) -> int:
         raise ConfigError("slimgrpo eval: give --rewards FN [FN ...] (or a config with rewards.functions)")
     if any(k > args.num_samples for k in args.k):
         raise ConfigError(f"pass@k needs --num-samples >= {max(args.k)}")
+    from slimgrpo.train.console import quiet_third_party
+
+    quiet_third_party(cfg.log.verbose)
     models = [model] + ([args.compare] if args.compare else [])
     results = {m: run_eval(m, cfg, args) for m in models}
-    table = Table(title=f"{results[model].num_prompts} prompts x {args.num_samples} samples")
-    table.add_column("metric")
-    for m in models:
-        table.add_column(m, justify="right")
-    keys = list(results[model].to_dict())
-    for key in keys:
-        if key in ("num_prompts", "num_samples"):
-            continue
-        table.add_row(key, *[f"{results[m].to_dict().get(key, float('nan')):.4f}" for m in models])
-    Console().print(table)
+    table = results_table(results, models, cfg, args)
+    console = Console()
+    need = console.measure(table, options=console.options.update(max_width=10_000)).maximum
+    console = Console(width=max(console.width, need))  # never cut a number or a header
+    console.print(table)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({m: r.to_dict() for m, r in results.items()}, indent=2))
     return 0
+
+
+def column_labels(paths: list[str], width: int = 28) -> list[str]:
+    """Short, distinct column headers: the path after the components all paths share, then (when long)
+    its first and last components, ``alpha/…/checkpoint-40`` vs ``beta/…/checkpoint-40``."""
+    parts = [Path(os.path.abspath(p)).parts[1:] if os.path.exists(p) or len(paths) > 1 else Path(p).parts
+             for p in paths]
+    if len(paths) > 1:
+        common = 0
+        while all(len(q) > common + 1 for q in parts) and len({q[common] for q in parts}) == 1:
+            common += 1
+        parts = [q[common:] for q in parts]
+    labels = []
+    for q in parts:
+        text = "/".join(q) or "."
+        if len(text) > width and len(q) > 1:  # the part that differs (first) and the name (last)
+            head, tail = q[0], q[-1]
+            mid = "/…/" if len(q) > 2 else "/"
+            room = max(width - len(tail) - len(mid), 4)
+            text = (head if len(head) <= room else head[: room - 1] + "…") + mid + tail
+        if len(text) > width:
+            text = "…" + text[-(width - 1):]
+        labels.append(text)
+    if len(set(labels)) < len(labels):  # still alike after cutting: number them
+        labels = [f"{i + 1}: {lb}" for i, lb in enumerate(labels)]
+    return labels
+
+
+def decoding_line(cfg: Config, args) -> str:
+    r = cfg.rollout
+    n = args.num_samples
+    parts = [f"temperature {r.temperature}"] + ([f"top_p {r.top_p}"] if r.top_p < 1 else []) + \
+        ([f"top_k {r.top_k}"] if r.top_k else []) + ([f"min_p {r.min_p}"] if r.min_p else [])
+    return (f"{n} {'sample' if n == 1 else 'samples'} per prompt, {', '.join(parts)}, at most "
+            f"{r.max_completion_length} new tokens, seed {cfg.run.seed}; correct = first reward function >= "
+            f"{args.threshold}")
+
+
+def results_table(results: dict[str, EvalResult], models: list[str], cfg: Config, args) -> Table:
+    """One column per model (mean ± standard error over prompts where known), and B - A when comparing."""
+    first = results[models[0]]
+    n = first.num_prompts
+    table = Table(title=f"{n} {'prompt' if n == 1 else 'prompts'}: {decoding_line(cfg, args)}",
+                  title_justify="left")
+    table.add_column("metric", no_wrap=True)
+    labels = column_labels(models)
+    for label in labels:
+        table.add_column(label, justify="right", no_wrap=True)
+    if len(models) == 2:
+        table.add_column("change", justify="right", no_wrap=True)
+    for key in first.to_dict():
+        if key in ("num_prompts", "num_samples"):
+            continue
+        row = [key]
+        for m in models:
+            v = results[m].to_dict().get(key, float("nan"))
+            se = results[m].stderr.get(key)
+            row.append(f"{v:.4f}" + (f" ± {se:.4f}" if se is not None and se == se else ""))
+        if len(models) == 2:
+            a, b = (results[m].to_dict().get(key, float("nan")) for m in models)
+            ses = [results[m].stderr.get(key) for m in models]
+            se = (ses[0] ** 2 + ses[1] ** 2) ** 0.5 if None not in ses else None
+            row.append(f"{b - a:+.4f}" + (f" ± {se:.4f}" if se is not None and se == se else ""))
+        table.add_row(*row)
+    table.caption = "± = standard error over prompts" + (
+        f"; change = {labels[1]} - {labels[0]} (its ± treats the two as independent)" if len(models) == 2 else "")
+    table.caption_justify = "left"
+    return table

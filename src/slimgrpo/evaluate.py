@@ -32,6 +32,8 @@ class EvalResult:
     num_prompts: int
     num_samples: int
     samples: list[dict[str, Any]] = field(default_factory=list)
+    # Standard error over prompts of "accuracy" and "mean_reward": std of the per-prompt means / sqrt(prompts)
+    stderr: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,18 +56,23 @@ def evaluate(
     seed: int = 0,
     success_threshold: float = 1.0,
     keep_samples: int = 0,
+    engine=None,
+    indices: list[int] | None = None,
 ) -> EvalResult:
-    """Sample ``num_samples`` completions for every prompt and score them."""
-    engine = TorchRolloutEngine(model)
+    """Sample ``num_samples`` completions for every prompt (or the prompts at ``indices``) and score them.
+    ``engine``: a rollout engine to reuse (the trainer's, which knows how to gather sharded weights)."""
+    engine = engine or TorchRolloutEngine(model)
+    order = list(range(len(dataset))) if indices is None else list(indices)
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     correct_per_prompt: list[int] = []
+    reward_per_prompt: list[float] = []
     totals: list[float] = []
     first_scores: list[float] = []
     per_fn: dict[str, list[float]] = {}
     samples: list[dict[str, Any]] = []
-    for start in range(0, len(dataset), prompts_per_batch):
-        batch = dataset.batch(list(range(start, min(start + prompts_per_batch, len(dataset)))))
+    for start in range(0, len(order), prompts_per_batch):
+        batch = dataset.batch(order[start : start + prompts_per_batch])
         rollout = engine.generate(batch.prompt_ids, num_samples, sampling, gen)
         lengths = rollout.completion_lengths
         texts = [tokenizer.decode(r[: int(n)].tolist(), skip_special_tokens=True)
@@ -79,6 +86,7 @@ def evaluate(
         first = torch.nan_to_num(out.per_function[:, 0], nan=0.0)
         ok = (first >= success_threshold - 1e-6).view(-1, num_samples)
         correct_per_prompt += ok.sum(dim=1).tolist()
+        reward_per_prompt += torch.nan_to_num(out.total, nan=0.0).view(-1, num_samples).mean(dim=1).tolist()
         first_scores += first.tolist()
         totals += torch.nan_to_num(out.total, nan=0.0).tolist()
         for j, name in enumerate(out.names):
@@ -98,4 +106,15 @@ def evaluate(
         num_prompts=n_prompts,
         num_samples=num_samples,
         samples=samples,
+        stderr={"accuracy": standard_error([c / num_samples for c in correct_per_prompt]),
+                "mean_reward": standard_error(reward_per_prompt)},
     )
+
+
+def standard_error(values: list[float]) -> float:
+    """Standard error of the mean (sample std / sqrt(n)); NaN with fewer than two values."""
+    n = len(values)
+    if n < 2:
+        return float("nan")
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)

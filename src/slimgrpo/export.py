@@ -24,6 +24,10 @@ def export_model(source: str, out: str, merge: bool = True, base: str | None = N
     if dst.exists() and any(dst.iterdir()):
         raise ModelLoadError(f"{dst} exists and is not empty: choose another --out")
     if not (src / "adapter_config.json").is_file():
+        if not merge:  # --adapter-only: there is no adapter to export, and copying the model would mislead
+            raise ModelLoadError(
+                f"{src} holds a full model (a full fine-tune, lora.enabled=false), not a LoRA adapter: "
+                "--adapter-only has nothing to export; drop --adapter-only to copy the full model")
         shutil.copytree(src, dst, dirs_exist_ok=True)  # already a full model
         return dst
     base_path = base or json.loads((src / "adapter_config.json").read_text()).get("base_model_name_or_path")

@@ -12,7 +12,6 @@ import html
 import json
 import logging
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,214 +22,10 @@ MAX_SAMPLES = 48  # completions shown on the page (the first logged step, then t
 MAX_TEXT_CHARS = 4000  # longer prompts/completions are cut on the page (the JSONL keeps them whole)
 
 
-# ----------------------------------------------------------------------------- reading the run
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSONL file; a half-written last line (a run killed mid-write) is skipped."""
-    records = []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                log.warning("%s: skipping a truncated last line", path)
-                continue
-            raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
-def _number(value: Any) -> float:
-    """A plottable float; null, strings and non-finite values become NaN (a gap in the line)."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return float(value)
-    return math.nan
-
-
-@dataclass
-class Series:
-    """One metric over the run: x = steps, y = values with NaN where the metric was null/absent."""
-
-    key: str
-    steps: list[float]
-    values: list[float]
-
-    @property
-    def present(self) -> bool:
-        return any(not math.isnan(v) for v in self.values)
-
-
-class Metrics:
-    def __init__(self, records: list[dict[str, Any]]):
-        self.records = records
-        self.steps = [_number(r.get("step", i + 1)) for i, r in enumerate(records)]
-        self.keys = sorted({k for r in records for k in r})
-
-    def series(self, key: str) -> Series:
-        return Series(key, self.steps, [_number(r.get(key)) for r in self.records])
-
-    def has(self, *keys: str) -> bool:
-        return any(self.series(k).present for k in keys)
-
-    def reward_functions(self) -> list[str]:
-        """Names of the reward functions, from the ``rewards/<fn>/mean`` keys, in first-seen order."""
-        names: list[str] = []
-        for r in self.records:
-            for k in r:
-                if k.startswith("rewards/") and k.endswith("/mean") and k[8:-5] not in names:
-                    names.append(k[8:-5])
-        return names
-
-
-# ----------------------------------------------------------------------------- plots
-
-
-@dataclass
-class Plot:
-    filename: str
-    title: str
-    caption: str
-
-
-def _new_figure(nrows: int = 1):
-    # Figure + Agg canvas directly: no pyplot, so no global backend state and no GUI window.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4, 3.4 if nrows == 1 else 1.9 + 1.5 * nrows), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = [fig.add_subplot(nrows, 1, 1)]
-    axes += [fig.add_subplot(nrows, 1, i + 1, sharex=axes[0]) for i in range(1, nrows)]
-    return fig, axes
-
-
-def _line(ax, s: Series, label: str | None = None, marker_limit: int = 60, **kw):
-    # Markers when points are few: a single step, or a point isolated between nulls, stays visible.
-    sparse = sum(not math.isnan(v) for v in s.values) <= marker_limit
-    return ax.plot(s.steps, s.values, label=label or s.key, marker="o" if sparse else None,
-                   markersize=3.5, linewidth=1.6, **kw)[0]
-
-
-def _band(ax, mean: Series, spread: Series, color) -> None:
-    lo = [m - s for m, s in zip(mean.values, spread.values)]
-    hi = [m + s for m, s in zip(mean.values, spread.values)]
-    ax.fill_between(mean.steps, lo, hi, color=color, alpha=0.18, linewidth=0)
-
-
-def _finish(fig, axes, path: Path, ylabels: list[str]) -> None:
-    for ax, ylabel in zip(axes, ylabels):
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-        if len(ax.get_lines()) > 1:
-            ax.legend(fontsize="small")
-    from matplotlib.ticker import MaxNLocator
-
-    axes[-1].set_xlabel("step")
-    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
-    fig.savefig(path)
-
-
-def _plot_lines(m: Metrics, out: Path, filename: str, title: str, caption: str,
-                panels: list[tuple[str, list[tuple[str, str]]]]) -> Plot | None:
-    """A figure with one panel per (ylabel, [(key, label), ...]); panels without data are dropped."""
-    panels = [(yl, [(k, lb) for k, lb in keys if m.series(k).present]) for yl, keys in panels]
-    panels = [(yl, keys) for yl, keys in panels if keys]
-    if not panels:
-        return None
-    fig, axes = _new_figure(len(panels))
-    for ax, (_, keys) in zip(axes, panels):
-        for key, label in keys:
-            _line(ax, m.series(key), label)
-    axes[0].set_title(title)
-    _finish(fig, axes, out / filename, [yl for yl, _ in panels])
-    return Plot(filename, title, caption)
-
-
-def _plot_reward(m: Metrics, out: Path) -> Plot | None:
-    if not m.has("reward"):
-        return None
-    fig, (ax,) = _new_figure()
-    mean = m.series("reward")
-    line = _line(ax, mean, "reward (mean)")
-    if m.has("reward_std"):
-        _band(ax, mean, m.series("reward_std"), line.get_color())
-    ax.set_title("Total reward (mean ± std over the step's completions)")
-    _finish(fig, [ax], out / "reward.png", ["reward"])
-    return Plot("reward.png", "Total reward", "Weighted sum of all reward functions; the band is ± one std.")
-
-
-def _plot_reward_functions(m: Metrics, out: Path) -> Plot | None:
-    names = [n for n in m.reward_functions() if m.has(f"rewards/{n}/mean")]
-    if not names:
-        return None
-    fig, (ax,) = _new_figure()
-    for name in names:
-        mean = m.series(f"rewards/{name}/mean")
-        line = _line(ax, mean, name)
-        std = m.series(f"rewards/{name}/std")
-        if std.present:
-            _band(ax, mean, std, line.get_color())
-    ax.set_title("Reward per function (mean ± std)")
-    _finish(fig, [ax], out / "reward_functions.png", ["reward"])
-    return Plot("reward_functions.png", "Reward per function", "Each reward function on its own (unweighted).")
-
-
-def _plot_lengths(m: Metrics, out: Path) -> Plot | None:
-    keys = ["completions/mean_length", "completions/min_length", "completions/max_length"]
-    if not m.has(*keys):
-        return None
-    fig, (ax,) = _new_figure()
-    lo, hi = m.series(keys[1]), m.series(keys[2])
-    if lo.present and hi.present:
-        ax.fill_between(lo.steps, lo.values, hi.values, color="tab:blue", alpha=0.12, linewidth=0)
-    for key, label, style in zip(keys, ("mean", "min", "max"), ("-", ":", "--")):
-        if m.series(key).present:
-            _line(ax, m.series(key), label, marker_limit=60 if label == "mean" else 1, linestyle=style,
-                  color="tab:blue")
-    ax.set_title("Completion length (tokens)")
-    _finish(fig, [ax], out / "completion_length.png", ["tokens"])
-    return Plot("completion_length.png", "Completion length", "Mean, shortest and longest completion of each step.")
-
-
-def make_plots(m: Metrics, out: Path) -> list[Plot]:
-    """Write every plot whose metrics exist; return them in page order."""
-    clip = [("clip_ratio/low_mean", "low (ratio < 1 - ε)"), ("clip_ratio/high_mean", "high (ratio > 1 + ε_high)"),
-            ("clip_ratio/region_mean", "any")]
-    plots = [
-        _plot_reward(m, out),
-        _plot_reward_functions(m, out),
-        _plot_lines(m, out, "kl.png", "KL to the reference policy", "k3 estimate, mean over completion tokens.",
-                    [("KL", [("kl", "kl")])]),
-        _plot_lines(m, out, "loss.png", "Loss", "The policy loss that was back-propagated.",
-                    [("loss", [("loss", "loss")])]),
-        _plot_lengths(m, out),
-        _plot_lines(m, out, "fractions.png", "Truncated completions and uninformative groups",
-                    "Share of completions cut at max_completion_length, and of groups whose rewards were all "
-                    "equal (zero advantage, no learning signal).",
-                    [("fraction", [("completions/clipped_ratio", "truncated completions"),
-                                   ("frac_reward_zero_std", "groups with zero reward std")])]),
-        _plot_lines(m, out, "entropy.png", "Entropy", "Mean token entropy of the policy on its completions.",
-                    [("nats", [("entropy", "entropy")])]),
-        _plot_lines(m, out, "clip_ratio.png", "Clipped importance ratios", "Fraction of tokens whose ratio was clipped.",
-                    [("fraction", clip)]),
-        _plot_lines(m, out, "optimizer.png", "Learning rate and gradient norm",
-                    "Scheduled learning rate, and the global gradient norm before clipping.",
-                    [("learning rate", [("learning_rate", "learning rate")]), ("grad norm", [("grad_norm", "grad norm")])]),
-        _plot_lines(m, out, "throughput.png", "Generation throughput", "Completion tokens generated per second.",
-                    [("tokens / s", [("gen/tokens_per_s", "tokens/s")])]),
-        _plot_lines(m, out, "time.png", "Time per step", "Wall time of the whole step and of generation in it.",
-                    [("seconds", [("time/step_s", "step"), ("time/generate_s", "generation")])]),
-        _plot_lines(m, out, "memory.png", "Peak memory", "Peak GPU memory allocated (CUDA) or peak RSS (CPU).",
-                    [("MiB", [("memory/peak_mib", "peak memory")])]),
-    ]
-    return [p for p in plots if p is not None]
+from slimgrpo.report_data import (  # noqa: F401  (re-exported: the report's readers live there)
+    DELTA_KEYS, Metrics, Series, config_value, deltas, number as _number, read_config, read_jsonl, run_status,
+)
+from slimgrpo.report_plots import Plot, Run, make_plots  # noqa: F401
 
 
 # ----------------------------------------------------------------------------- HTML pieces
@@ -257,13 +52,20 @@ def _fmt(value: Any) -> str:
 
 
 def _text_block(content: Any) -> str:
-    """A prompt or completion: plain text, or a conversation shown message by message."""
-    if isinstance(content, list) and all(isinstance(x, dict) for x in content):
-        return "".join(
-            f'<div class="msg"><span class="role">{_esc(x.get("role", "?"))}</span>'
-            f"<pre>{_esc(_cut(x.get('content', '')))}</pre></div>"
-            for x in content
-        )
+    """A prompt or completion: plain text, or a whole conversation shown message by message (role, content,
+    and any tool calls), as completions.jsonl stores multi-turn and tool-using episodes."""
+    if isinstance(content, list) and content and all(isinstance(x, dict) for x in content):
+        out = []
+        for x in content:
+            role = str(x.get("role", "?"))
+            body = x.get("content")
+            if isinstance(body, list):  # content parts: [{"type": "text", "text": ...}, ...]
+                body = "\n".join(str(p.get("text", p)) if isinstance(p, dict) else str(p) for p in body)
+            extra = {k: v for k, v in x.items() if k not in ("role", "content")}
+            extras = f"<pre class='extra'>{_esc(_cut(json.dumps(extra, indent=1)))}</pre>" if extra else ""
+            text = f"<pre>{_esc(_cut(body))}</pre>" if body not in (None, "") else ""
+            out.append(f'<div class="msg {_esc(role)}"><span class="role">{_esc(role)}</span>{text}{extras}</div>')
+        return "".join(out)
     return f"<pre>{_esc(_cut(content if isinstance(content, str) else json.dumps(content)))}</pre>"
 
 
@@ -281,14 +83,57 @@ def _kv_grid(rows: list[tuple[str, Any]]) -> str:
     return f'<div class="kv-grid">{body}</div>'
 
 
-def summary_section(summary: dict[str, Any], m: Metrics) -> str:
+def _pct_or_num(key: str, v: float) -> str:
+    return f"{v:.1%}" if "accuracy" in key or "truncated" in key or "zero reward" in key else _fmt(v)
+
+
+def eval_headline(m: Metrics, summary: dict[str, Any]) -> str:
+    """Held-out accuracy before -> after, from the eval/ records of metrics.jsonl (any run with eval.data), or
+    the summary's ``eval_before``/``eval_after`` (runs written before eval.* existed)."""
     parts = []
+    for key, label in (("eval/accuracy_greedy", "greedy"), ("eval/accuracy_sampled", "sampled")):
+        s = m.series(key)
+        pts = [(st, v) for st, v in zip(m.steps, s.values) if v == v]
+        if not pts:
+            continue
+        (s0, before), (s1, after) = pts[0], pts[-1]
+        if len(pts) > 1:
+            parts.append(f"{label} <b>{before:.1%}</b> at step {int(s0)} → <b>{after:.1%}</b> at step {int(s1)} "
+                         f"({(after - before) * 100:+.1f} points)")
+        else:
+            parts.append(f"{label} <b>{after:.1%}</b> at step {int(s1)}")
+    if parts:
+        return f'<p class="headline">Held-out accuracy: {"; ".join(parts)}.</p>'
     before, after = summary.get("eval_before"), summary.get("eval_after")
     if isinstance(before, (int, float)) and isinstance(after, (int, float)):
-        parts.append(
-            f'<p class="headline">Held-out accuracy: <b>{before:.1%}</b> before training → '
-            f"<b>{after:.1%}</b> after ({(after - before) * 100:+.1f} points).</p>"
-        )
+        return (f'<p class="headline">Held-out accuracy: <b>{before:.1%}</b> before training → '
+                f"<b>{after:.1%}</b> after ({(after - before) * 100:+.1f} points).</p>")
+    return ""
+
+
+def deltas_table(m: Metrics, skip: tuple[str, ...] = ()) -> str:
+    rows = "".join(
+        f"<tr><td>{_esc(label)}</td><td class='num'>{_esc(_pct_or_num(label, a))}</td>"
+        f"<td class='num'>{_esc(_pct_or_num(label, b))}</td><td class='num'>{_esc(_change(label, a, b))}</td></tr>"
+        for label, a, b in deltas(m) if label not in skip)
+    if not rows:
+        return ""
+    return ('<table class="deltas"><thead><tr><th>metric</th><th>first</th><th>last</th><th>change</th></tr>'
+            f"</thead><tbody>{rows}</tbody></table>"
+            '<p class="note">Training metrics smoothed (EMA) before taking the first and last values; held-out '
+            "accuracy as measured.</p>")
+
+
+def _change(label: str, a: float, b: float) -> str:
+    if "accuracy" in label or "truncated" in label or "zero reward" in label:
+        return f"{(b - a) * 100:+.1f} points"
+    return f"{b - a:+.4g}"
+
+
+def summary_section(summary: dict[str, Any], m: Metrics, config: dict[str, Any] | None = None) -> str:
+    kind, sentence = run_status(m, summary, config)
+    parts = [f'<p class="status {kind}">{_esc(sentence)}</p>', eval_headline(m, summary),
+             deltas_table(m, ("KL to reference",) if config_value(config, "loss.beta") == 0 else ())]
     if summary:
         rows = list(summary.items())
         source = "summary.json"
@@ -304,10 +149,28 @@ def summary_section(summary: dict[str, Any], m: Metrics) -> str:
         for k, v in r.items():
             if k.startswith("reward_faults/") and isinstance(v, (int, float)):
                 faults[k[len("reward_faults/"):]] = faults.get(k[len("reward_faults/"):], 0) + v
-    parts.append(f'<p class="note">From {_esc(source)}.</p>' + _kv_grid(rows))
     if faults:
         parts.append("<h3>Reward function faults (summed over the run)</h3>" + _kv_grid(sorted(faults.items())))
+    parts.append(f'<details><summary>Every value of {_esc(source)} ({len(rows)})</summary>{_kv_grid(rows)}'
+                 "</details>")
     return "".join(parts)
+
+
+def config_notes(config: dict[str, Any] | None, m: Metrics) -> list[str]:
+    """Why a metric the reader might look for is missing or flat: it is off by configuration."""
+    notes = []
+    beta = config_value(config, "loss.beta")
+    if isinstance(beta, (int, float)) and beta == 0:
+        notes.append("KL not computed: loss.beta=0 (no reference model; set loss.beta=0.04 to track and "
+                     "penalise the drift from the initial policy).")
+    if config is not None and not config_value(config, "eval.data") and not m.has("eval/accuracy_greedy"):
+        notes.append("No held-out evaluation: set eval.data=heldout.jsonl to measure accuracy before, during and "
+                     "after training.")
+    clip = m.series("clip_ratio/region_mean").finite
+    if config_value(config, "loss.num_iterations") == 1 and clip and max(clip) == 0:
+        notes.append("Clipped ratios are zero by construction: with loss.num_iterations=1 every update is "
+                     "on-policy, so the importance ratio is exactly 1.")
+    return notes
 
 
 def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -328,6 +191,12 @@ def _config_defaults() -> dict[str, Any]:
         return {}
 
 
+def _shown(value: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+
+
 def config_section(run_dir: Path) -> str:
     import yaml
 
@@ -344,18 +213,24 @@ def config_section(run_dir: Path) -> str:
     if not isinstance(data, dict):
         return f"<pre class='config'>{_esc(text)}</pre>"
     defaults = _config_defaults()
-    sections: dict[str, list[str]] = {}
+    changed_rows, sections = [], {}
     for key, value in _flatten(scrub(data)):
         changed = key in defaults and defaults[key] != value
         cls = ' class="changed"' if changed else ""
-        shown = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
-        sections.setdefault(key.split(".")[0], []).append(
-            f"<tr{cls}><td><code>{_esc(key)}</code></td><td><code>{_esc(shown)}</code></td></tr>")
-    tables = "".join(f'<table class="config"><tr class="section"><th colspan="2">{_esc(head)}</th></tr>'
-                     f'{"".join(rows)}</table>' for head, rows in sections.items())
-    return ('<p class="note">Resolved config of the run; <span class="changed-key">highlighted</span> '
-            "rows differ from slimgrpo's defaults.</p>"
-            f'<div class="config-grid">{tables}</div>')
+        row = f"<tr{cls}><td><code>{_esc(key)}</code></td><td><code>{_esc(_shown(value))}</code></td></tr>"
+        sections.setdefault(key.split(".")[0], []).append(row)
+        if changed:
+            changed_rows.append(f"<tr><td><code>{_esc(key)}</code></td><td><code>{_esc(_shown(value))}</code></td>"
+                                f"<td><code>{_esc(_shown(defaults[key]))}</code></td></tr>")
+    changed = ('<table class="config changed-table"><colgroup><col class="k"><col><col></colgroup><thead><tr>'
+               "<th>changed key</th><th>this run</th><th>default</th></tr></thead>"
+               f'<tbody>{"".join(changed_rows)}</tbody></table>') if changed_rows else \
+        '<p class="note">Every key has its default value.</p>'
+    tables = "".join(f'<table class="config"><colgroup><col class="k"><col></colgroup><tr class="section">'
+                     f'<th colspan="2">{_esc(head)}</th></tr>{"".join(rows)}</table>' for head, rows in sections.items())
+    return (f'<p class="note">The run\'s resolved config: {len(changed_rows)} keys differ from slimgrpo\'s '
+            "defaults.</p>" + changed +
+            f'<details><summary>All keys, by section</summary><div class="config-grid">{tables}</div></details>')
 
 
 def _pick_samples(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -401,62 +276,89 @@ def samples_section(run_dir: Path) -> str:
 
 
 CSS = """
+*{box-sizing:border-box}
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1400px;
  padding:1.5rem 2rem;color:#1d2329;background:#fff;line-height:1.45}
 h1{font-size:1.6rem;margin:.2rem 0}h2{margin-top:2.2rem;border-bottom:2px solid #e3e7eb;padding-bottom:.3rem}
 .note{color:#5b6670;font-size:.9rem}.headline{font-size:1.15rem;background:#eef6ee;padding:.6rem .9rem;
  border-left:4px solid #3c9a3c}
+.status{font-size:1.05rem;font-weight:600;padding:.4rem .9rem;border-left:4px solid #888;background:#f4f6f8}
+.status.complete{border-color:#3c9a3c}.status.stopped{border-color:#d08a00;background:#fff7e6}
+.status.running{border-color:#2f6fb5;background:#eef4fb}
+ul.notes{background:#fffbea;border:1px solid #f0e2a8;border-radius:6px;padding:.5rem 1.8rem;font-size:.9rem}
 nav a{margin-right:1rem}
 .plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:1.2rem}
-figure{margin:0;border:1px solid #e3e7eb;border-radius:6px;padding:.5rem;background:#fafbfc}
+figure{margin:0;border:1px solid #e3e7eb;border-radius:6px;padding:.5rem;background:#fafbfc;min-width:0}
 figure img{width:100%;height:auto;display:block}figcaption{font-size:.85rem;color:#5b6670;margin-top:.3rem}
 table{border-collapse:collapse;font-size:.88rem}th,td{border:1px solid #dde2e6;padding:.3rem .5rem;
- vertical-align:top;text-align:left}
+ vertical-align:top;text-align:left;overflow-wrap:anywhere}
+table.deltas{margin:.8rem 0}table.deltas td.num{min-width:6rem}
 .kv-grid{columns:300px;column-gap:2rem;font-size:.9rem}.kv{display:flex;justify-content:space-between;gap:1rem;
- break-inside:avoid;border-bottom:1px solid #eceff2;padding:.18rem 0}.kv .k{color:#3d4750}
-.kv .v{font-weight:600;font-variant-numeric:tabular-nums}
+ break-inside:avoid;border-bottom:1px solid #eceff2;padding:.18rem 0}.kv .k{color:#3d4750;overflow-wrap:anywhere}
+.kv .v{font-weight:600;font-variant-numeric:tabular-nums;overflow-wrap:anywhere;text-align:right}
+details{margin:.8rem 0}summary{cursor:pointer;color:#2f6fb5}
 .config-grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(420px,1fr));gap:1rem;align-items:start}
-table.config{width:100%}table.config tr.section th{background:#e9eef3;font-size:.95rem}table.config tr.changed td,
-.changed-key{background:#fff5d6}
+table.config{width:100%;table-layout:fixed}table.config col.k{width:45%}
+table.changed-table col.k{width:34%}table.config tr.section th{background:#e9eef3;font-size:.95rem}
+table.config tr.changed td,.changed-key{background:#fff5d6}table.config code{white-space:pre-wrap}
 .scroll{overflow-x:auto}table.samples{width:100%}table.samples thead th{background:#f4f6f8;position:sticky;top:0}
 td.text{min-width:18rem;max-width:40rem}td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 td.pos{color:#1f7a1f}td.neg{color:#b3261e}
 pre{white-space:pre-wrap;word-break:break-word;margin:0;font-size:.82rem;font-family:ui-monospace,Menlo,Consolas,monospace}
-.msg{margin-bottom:.3rem}.role{font-size:.75rem;font-weight:600;color:#5b6670;text-transform:uppercase}
+.msg{margin-bottom:.35rem;padding:.2rem .4rem;border-left:3px solid #dde2e6}.msg.assistant{border-color:#7aa7d9}
+.msg.tool{border-color:#c9a54a}.msg.system{border-color:#aaa}.msg.user{border-color:#8bc48b}
+.role{font-size:.75rem;font-weight:600;color:#5b6670;text-transform:uppercase}
 """
 
 
-def render_page(run_dir: Path, m: Metrics, plots: list[Plot], summary: dict[str, Any]) -> str:
-    name = run_dir.resolve().name
-    steps = [s for s in m.steps if not math.isnan(s)]
-    span = f"steps {int(min(steps))}–{int(max(steps))}" if steps else "no steps"
-    figures = "".join(
+def _notes_html(notes: list[str]) -> str:
+    return ('<ul class="notes">' + "".join(f"<li>{_esc(n)}</li>" for n in notes) + "</ul>") if notes else ""
+
+
+def figures_html(plots: list[Plot]) -> str:
+    return "".join(
         f'<figure><img src="{_esc(p.filename)}" alt="{_esc(p.title)}">'
         f"<figcaption><b>{_esc(p.title)}.</b> {_esc(p.caption)}</figcaption></figure>"
         for p in plots
     ) or '<p class="note">No plottable metrics yet.</p>'
+
+
+def page_html(title: str, subtitle: str, nav: list[tuple[str, str]], body: str) -> str:
+    links = "".join(f'<a href="#{_esc(a)}">{_esc(t)}</a>' for a, t in nav)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>slimgrpo report: {_esc(name)}</title><style>{CSS}</style></head>
+<title>{_esc(title)}</title><style>{CSS}</style></head>
 <body>
-<h1>slimgrpo run report: {_esc(name)}</h1>
-<p class="note">{_esc(str(run_dir.resolve()))} · {len(m.records)} metric records · {_esc(span)}</p>
-<nav><a href="#summary">Summary</a><a href="#plots">Plots</a><a href="#samples">Sample completions</a>
-<a href="#config">Config</a></nav>
-<h2 id="summary">Summary</h2>{summary_section(summary, m)}
-<h2 id="plots">Plots</h2><div class="plots">{figures}</div>
-<h2 id="samples">Sample completions</h2>{samples_section(run_dir)}
-<h2 id="config">Config</h2>{config_section(run_dir)}
+<h1>{_esc(title)}</h1>
+<p class="note">{_esc(subtitle)}</p>
+<nav>{links}</nav>
+{body}
 </body></html>
 """
+
+
+def render_page(run_dir: Path, m: Metrics, plots: list[Plot], summary: dict[str, Any],
+                config: dict[str, Any] | None = None) -> str:
+    name = run_dir.resolve().name
+    steps = [s for s in m.steps if not math.isnan(s)]
+    span = f"steps {int(min(steps))}–{int(max(steps))}" if steps else "no steps"
+    x = "" if m.x_kind == "step" else " · x axis: training time"
+    body = (f'<h2 id="summary">Summary</h2>{summary_section(summary, m, config)}'
+            f'<h2 id="plots">Plots</h2>{_notes_html(config_notes(config, m))}<div class="plots">{figures_html(plots)}</div>'
+            f'<h2 id="samples">Sample completions</h2>{samples_section(run_dir)}'
+            f'<h2 id="config">Config</h2>{config_section(run_dir)}')
+    return page_html(f"slimgrpo run report: {name}",
+                     f"{run_dir.resolve()} · {len(m.records)} metric records · {span}{x}",
+                     [("summary", "Summary"), ("plots", "Plots"), ("samples", "Sample completions"),
+                      ("config", "Config")], body)
 
 
 # ----------------------------------------------------------------------------- entry points
 
 
-def build_report(run_dir: str | Path) -> Path:
-    """Write ``RUN_DIR/report/*.png`` and ``RUN_DIR/report/index.html``; return the page's path."""
+def load_run(run_dir: str | Path, x: str = "step") -> tuple[Metrics, dict[str, Any], dict[str, Any] | None]:
+    """metrics, summary and config of a run folder; ValueError naming the file when it cannot be read."""
     run_dir = Path(run_dir)
     metrics_path = run_dir / "metrics.jsonl"
     if not run_dir.is_dir():
@@ -466,7 +368,7 @@ def build_report(run_dir: str | Path) -> Path:
             f"{str(metrics_path)!r} does not exist: `slimgrpo report` needs a run folder written by "
             "`slimgrpo train` (its run.output_dir)"
         )
-    m = Metrics(read_jsonl(metrics_path))
+    m = Metrics(read_jsonl(metrics_path), x=x)
     if not m.records:
         raise ValueError(f"{str(metrics_path)!r} holds no records yet: nothing to report")
     summary: dict[str, Any] = {}
@@ -477,18 +379,52 @@ def build_report(run_dir: str | Path) -> Path:
             summary = loaded if isinstance(loaded, dict) else {}
         except json.JSONDecodeError:
             log.warning("%s is not valid JSON; summarising from metrics.jsonl instead", summary_path)
+    return m, summary, read_config(run_dir)
 
-    out = run_dir / REPORT_DIR
+
+def value_ranges(run_dir: Path) -> dict[str, tuple[float, float]]:
+    """Lowest and highest value of ``reward`` and each ``reward/<fn>`` among the logged completions."""
+    path = run_dir / "completions.jsonl"
+    ranges: dict[str, tuple[float, float]] = {}
+    if not path.is_file():
+        return ranges
+    for s in read_jsonl(path):
+        for k, v in s.items():
+            if (k == "reward" or k.startswith("reward/")) and isinstance(v, (int, float)) and math.isfinite(v):
+                lo, hi = ranges.get(k, (v, v))
+                ranges[k] = (min(lo, v), max(hi, v))
+    return ranges
+
+
+def _fresh_dir(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.png"):  # plots of metrics that vanished must not linger
         old.unlink()
-    plots = make_plots(m, out)
+
+
+def build_report(run_dir: str | Path, x: str = "step") -> Path:
+    """Write ``RUN_DIR/report/*.png`` and ``RUN_DIR/report/index.html``; return the page's path."""
+    run_dir = Path(run_dir)
+    m, summary, config = load_run(run_dir, x)
+    out = run_dir / REPORT_DIR
+    _fresh_dir(out)
+    beta_zero = config_value(config, "loss.beta") == 0  # no reference model: the kl column is a placeholder
+    plots = make_plots([Run(run_dir.resolve().name, m, value_ranges(run_dir))], out, beta_zero=beta_zero)
     page = out / "index.html"
-    page.write_text(render_page(run_dir, m, plots, summary), encoding="utf-8")
+    page.write_text(render_page(run_dir, m, plots, summary, config), encoding="utf-8")
     return page
 
 
 def report_command(args) -> int:
-    page = build_report(args.run_dir)
+    run_dirs = getattr(args, "run_dirs", None) or [args.run_dir]
+    x = getattr(args, "x", "step") or "step"
+    if len(run_dirs) > 1:
+        from slimgrpo.report_compare import build_comparison
+
+        page = build_comparison(run_dirs, getattr(args, "out", None), x)
+    else:
+        if getattr(args, "out", None):
+            raise ValueError("--out is for comparing several runs; one run's report goes to RUN_DIR/report/")
+        page = build_report(run_dirs[0], x)
     print(page)
     return 0

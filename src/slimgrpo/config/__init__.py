@@ -7,12 +7,13 @@ read. Where TRL's ``GRPOConfig`` has an option with the same meaning we use its 
 Errors in user input raise :class:`ConfigError` with a message that names the key and what to do.
 
 Layout: one module per section (``model``, ``data``, ``rollout``, ``rewards``, ``loss``, ``memory``,
-``optim``, ``run``), the root in ``tree``, reading the tree in ``schema``, YAML and overrides in
+``optim``, ``run``, ``eval``), the root in ``tree``, reading the tree in ``schema``, YAML and overrides in
 ``parse``, cross-field checks in ``validate``. Everything is re-exported here.
 """
 
 from slimgrpo.config.data import DataConfig
 from slimgrpo.config.errors import ConfigError
+from slimgrpo.config.eval import EvalConfig
 from slimgrpo.config.loss import LossConfig
 from slimgrpo.config.memory import MemoryConfig
 from slimgrpo.config.model import LoraConfig, ModelConfig
@@ -37,7 +38,7 @@ from slimgrpo.config.tree import Config
 from slimgrpo.config.validate import auto_token_chunk, check_context_length, validate_config
 
 __all__ = [
-    "Config", "ConfigError", "DataConfig", "DistributedConfig", "LogConfig", "LoraConfig", "LossConfig",
+    "Config", "ConfigError", "DataConfig", "DistributedConfig", "EvalConfig", "LogConfig", "LoraConfig", "LossConfig",
     "MemoryConfig", "ModelConfig", "OptimConfig", "RewardsConfig", "RolloutConfig", "RunConfig",
     "all_keys", "auto_token_chunk", "check_context_length", "config_to_json", "dump_config", "field_docs",
     "from_dict", "iter_fields", "load_config", "merge_overrides", "parse_override", "read_yaml",

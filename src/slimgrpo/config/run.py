@@ -60,6 +60,9 @@ class LogConfig:
     """How many completions each time."""
     progress: bool = True
     """Show a progress bar with ETA (false: plain metric lines only, every ``logging_steps``)."""
+    verbose: bool = False
+    """Show third-party warnings and info logs (transformers, torch, peft) in the terminal; off = only
+    slimgrpo's own messages and errors."""
 
 
 @dataclass

@@ -14,6 +14,7 @@ from slimgrpo.config.loss import LossConfig
 from slimgrpo.config.memory import MemoryConfig
 from slimgrpo.config.optim import OptimConfig
 from slimgrpo.config.run import RunConfig, LogConfig, DistributedConfig
+from slimgrpo.config.eval import EvalConfig
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Config:
     """Run length, batch, seed, checkpoints."""
     log: LogConfig = field(default_factory=LogConfig)
     """Logging."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation on held-out prompts during training."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """Multi-process training under torchrun (DDP or FSDP2)."""
 

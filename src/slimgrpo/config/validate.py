@@ -158,6 +158,9 @@ def validate_config(cfg: Config) -> None:
             "distributed.strategy=fsdp shards full fine-tuning; LoRA adapters are small, so every rank can hold "
             "the model: use distributed.strategy=ddp with lora.enabled=true"
         )
+    from slimgrpo.config.eval import validate_eval
+
+    validate_eval(cfg)
 
 
 def _validate_objective(L) -> None:
@@ -234,7 +237,14 @@ def check_context_length(cfg: Config, max_positions: int | None, model_path: str
         return
     need = cfg.data.max_prompt_length + cfg.rollout.max_completion_length
     if need > max_positions:
-        room = max(max_positions - cfg.data.max_prompt_length, 0)
+        room = max_positions - cfg.data.max_prompt_length
+        if room < 1:  # no completion length can help: the prompt budget alone fills the context
+            raise ConfigError(
+                f"data.max_prompt_length ({cfg.data.max_prompt_length}) alone reaches the context of "
+                f"{model_path!r} ({max_positions} positions), leaving no room for a completion: lower "
+                f"data.max_prompt_length below {max_positions} (e.g. {max_positions // 2}) so that prompt + "
+                f"rollout.max_completion_length ({cfg.rollout.max_completion_length}) fits"
+            )
         raise ConfigError(
             f"data.max_prompt_length ({cfg.data.max_prompt_length}) + rollout.max_completion_length "
             f"({cfg.rollout.max_completion_length}) = {need} tokens exceeds the context of {model_path!r} "

@@ -11,13 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from slimgrpo.config import from_dict, merge_overrides, validate_config
-from slimgrpo.data import load_prompt_dataset
-from slimgrpo.evaluate import EvalResult, evaluate
 from slimgrpo.modeling import build_policy
-from slimgrpo.rewards.loading import load_reward_function
-from slimgrpo.rewards.runner import RewardRunner
-from slimgrpo.rollout.sampling import SamplingParams
+from slimgrpo.train.console import quiet_third_party
 from slimgrpo.train.trainer import Trainer
+from slimgrpo.units import human_duration
 
 from slimgrpo.demo import EVAL_NUM_SAMPLES  # noqa: E402
 
@@ -25,7 +22,7 @@ REWARD = "slimgrpo.demo.task:demo_accuracy"
 
 
 def demo_config(output_dir: str, overrides: list[str]):
-    from slimgrpo.demo import EVAL_FILE, MODEL_DIR, TRAIN_FILE, demo_config_dict
+    from slimgrpo.demo import EVAL_FILE, EVAL_TEMPERATURE, MODEL_DIR, TRAIN_FILE, demo_config_dict
 
     d = demo_config_dict()
     data: dict[str, Any] = {
@@ -39,18 +36,15 @@ def demo_config(output_dir: str, overrides: list[str]):
         "run": {"output_dir": output_dir, "max_steps": d["max_steps"], "resume": "never", "device": "cpu",
                 "batch_size": d["prompts_per_step"] * d["num_generations"], "save_steps": 0},
         "log": {"logging_steps": 5, "log_completions_steps": 10},
+        # Held-out accuracy before and after, as the build script measures it: sampled = EVAL_NUM_SAMPLES
+        # completions per prompt at EVAL_TEMPERATURE (about +-1 point of noise on 200 prompts instead of +-3
+        # with one sample), greedy = temperature 0.
+        "eval": {"data": str(EVAL_FILE), "steps": 0, "num_samples": EVAL_NUM_SAMPLES,
+                 "temperature": EVAL_TEMPERATURE, "max_prompts": None},
     }
     cfg = from_dict(merge_overrides(data, overrides))
     validate_config(cfg)
     return cfg, str(EVAL_FILE)
-
-
-def _eval(policy, dataset, runner, temperature: float, max_tokens: int, seed: int, samples: int) -> EvalResult:
-    tok = policy.tokenizer
-    params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature,
-                            eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id)
-    return evaluate(policy.model, tok, dataset, runner, params, num_samples=samples, seed=seed,
-                    prompts_per_batch=100)
 
 
 def _claim_folder(cfg):
@@ -78,29 +72,19 @@ def run_demo(output_dir: str = "outputs/demo", overrides: list[str] | None = Non
     t0 = time.perf_counter()
     cfg, eval_file = demo_config(output_dir, overrides or [])
     lock = _claim_folder(cfg)  # before minutes of evaluation: refuse a used folder now
+    quiet_third_party(cfg.log.verbose)
     console.print(f"[bold]slimgrpo demo[/bold]: GRPO on a bundled tiny model, CPU, {cfg.run.max_steps} steps")
     policy = build_policy(cfg)
-    runner = RewardRunner([load_reward_function(REWARD)], None)
-    eval_set = load_prompt_dataset(eval_file, policy.tokenizer, cfg.data)
-    T, L = cfg.rollout.temperature, cfg.rollout.max_completion_length
-
-    def measure(seed: int) -> dict[str, float]:
-        # Sampled accuracy averages EVAL_NUM_SAMPLES completions per prompt (about +-1 point of noise
-        # on 200 prompts instead of +-3 with one sample).
-        sampled = _eval(policy, eval_set, runner, T, L, seed, EVAL_NUM_SAMPLES)
-        greedy = _eval(policy, eval_set, runner, 0.0, L, seed, 1)
-        return {"sampled": sampled.accuracy, "greedy": greedy.accuracy}
-
-    before = measure(cfg.run.seed)
-    console.print(f"held-out accuracy before: sampled {before['sampled']:.1%}, greedy {before['greedy']:.1%} "
-                  f"({len(eval_set)} prompts)")
+    T = cfg.eval.temperature
     trainer = Trainer(cfg, policy=policy)
     trainer.run_lock = lock
     trainer.setup()
-    summary = trainer.train()
-    after = measure(cfg.run.seed)
+    summary = trainer.train()  # evaluates eval.data before the first step and after the last
+    n_eval = trainer.evaluator.num_prompts
+    before = {m: summary[f"eval_before/accuracy_{m}"] for m in ("sampled", "greedy")}
+    after = {m: summary[f"eval_after/accuracy_{m}"] for m in ("sampled", "greedy")}
 
-    table = Table(title=f"held-out accuracy, {len(eval_set)} prompts")
+    table = Table(title=f"held-out accuracy, {n_eval} prompts")
     for col in ("decoding", "before", "after", "change"):
         table.add_column(col, justify="right" if col != "decoding" else "left")
     for mode in ("sampled", "greedy"):
@@ -114,5 +98,7 @@ def run_demo(output_dir: str = "outputs/demo", overrides: list[str] | None = Non
                     "wall_time_s": wall})
     out = Path(cfg.run.output_dir)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    console.print(f"wall time {wall:.0f} s; metrics in {out / 'metrics.jsonl'}, summary in {out / 'summary.json'}")
+    console.print(f"wall time {human_duration(wall)}; metrics in {out / 'metrics.jsonl'}, summary in "
+                  f"{out / 'summary.json'}\nnext: slimgrpo report {out}   (plots and samples as one HTML page); "
+                  f"the trained model is in {out / 'final'}", soft_wrap=True)
     return 0

@@ -229,11 +229,12 @@ def render_plan(plan: MemoryPlan, console: Any = None, budget_bytes: int | str |
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
+    from slimgrpo.units import human_count
 
     console = console or Console()
     x = plan.inputs
     mode = "QLoRA" if x.load_in_4bit else "LoRA" if x.lora else "full fine-tuning"
-    table = Table(title=f"Memory plan: {plan.shape.family} {plan.shape.num_params / 1e9:.2f}B params, "
+    table = Table(title=f"Memory plan: {plan.shape.family} {human_count(plan.shape.num_params)} params, "
                         f"{mode}, {x.device}, rows {x.rows} × (P {x.max_prompt_length} + T {x.max_completion_length})")
     table.add_column("component")
     table.add_column("phase")

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
+from slimgrpo.units import human_count
 from slimgrpo.config import Config, ConfigError, auto_token_chunk, from_dict, load_config, merge_overrides, resolve_path
 from slimgrpo.memory.advice import Suggestion, fit_to_budget, format_gib, parse_bytes, render_plan
 from slimgrpo.memory.planner import MemoryPlan, PlanInputs, plan_memory
@@ -126,8 +127,8 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
     plan = plan_memory(shape, plan_inputs(cfg, device, world_size, shape.vocab))
     if not cfg.memory.budget:
         if show:
-            console.print(f"memory plan: peak {format_gib(plan.peak_bytes)} during {plan.peak_phase} "
-                          f"(slimgrpo plan CONFIG for the breakdown)")
+            console.print(f"memory plan: peak {format_gib(plan.peak_bytes)} GiB during {plan.peak_phase} "
+                          f"(slimgrpo plan CONFIG for the breakdown)", soft_wrap=True)
         return cfg, plan
     budget = budget_bytes(cfg.memory.budget, device)
     if plan.peak_bytes <= budget:
@@ -138,18 +139,18 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
     fix = overrides_for(all_changes(suggestions))
     if cfg.memory.fit and fits:
         new_cfg = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir)
-        console.print(f"memory.fit: applying {' '.join(fix)} to fit {format_gib(budget)}")
+        console.print(f"memory.fit: applying {' '.join(fix)} to fit {format_gib(budget)} GiB")
         new_plan = plan_memory(shape, plan_inputs(new_cfg, device, world_size, shape.vocab))
         if show:
             render_plan(new_plan, console, budget)
         return new_cfg, new_plan
     if show:
         render_plan(plan, console, budget)
-    advice = (f"these changes bring it to {format_gib(suggestions[-1].plan_after.peak_bytes)}: {' '.join(fix)} "
+    advice = (f"these changes bring it to {format_gib(suggestions[-1].plan_after.peak_bytes)} GiB: {' '.join(fix)} "
               "(or set memory.fit=true to apply them)") if fits else \
         "no combination of the planner's changes fits; use a smaller model, shorter completions or more memory"
-    raise ConfigError(f"the run needs about {format_gib(plan.peak_bytes)} at its peak ({plan.peak_phase}), more "
-                      f"than memory.budget={cfg.memory.budget} ({format_gib(budget)}); {advice}")
+    raise ConfigError(f"the run needs about {format_gib(plan.peak_bytes)} GiB at its peak ({plan.peak_phase}), more "
+                      f"than memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB); {advice}")
 
 
 def plan_command(args) -> int:
@@ -157,7 +158,7 @@ def plan_command(args) -> int:
     console = Console()
     if args.presets:
         for name, shape in preset_shapes().items():
-            console.print(f"{name:16s} {shape.num_params / 1e9:6.2f}B params  vocab {shape.vocab}")
+            console.print(f"{name:16s} {human_count(shape.num_params):>6s} params  vocab {shape.vocab}")
         return 0
     if args.config and "=" in args.config and not os.path.exists(args.config):
         args.overrides.insert(0, args.config)
@@ -178,7 +179,7 @@ def plan_command(args) -> int:
     plan = plan_memory(shape, inputs)
     spec = args.budget or cfg.memory.budget
     budget = budget_bytes(spec, device) if spec else None
-    console.print(f"[bold]{args.model or cfg.model.path}[/bold]: {shape.num_params / 1e9:.2f}B parameters, "
+    console.print(f"[bold]{args.model or cfg.model.path}[/bold]: {human_count(shape.num_params)} parameters, "
                   f"{inputs.rows} completions per step x {inputs.max_completion_length} tokens, on {device}")
     render_plan(plan, console, budget)
     if budget is None or plan.peak_bytes <= budget:
@@ -187,7 +188,7 @@ def plan_command(args) -> int:
     console.print("\n[bold]To fit the budget[/bold], cheapest first:")
     for s in suggestions:
         console.print(f"  - {s.description}: {' '.join(overrides_for(s.change)) or '(no config key)'} "
-                      f"-> {format_gib(s.plan_after.peak_bytes)}")
+                      f"-> {format_gib(s.plan_after.peak_bytes)} GiB", soft_wrap=True)
     if fits:
         console.print(f"\nall together: [bold]{' '.join(overrides_for(all_changes(suggestions)))}[/bold] "
                       "(or memory.fit=true)")

@@ -50,16 +50,16 @@ CONSOLE_KEYS = [
     ("reward", "reward", "{:.3f}"),
     ("kl", "kl", "{:.4f}"),
     ("entropy", "ent", "{:.2f}"),
-    ("completions/mean_length", "len", "{:.0f}"),
+    ("completions/mean_length", "len", "{:.0f} tok"),
     ("grad_norm", "gnorm", "{:.3f}"),
-    ("gen/tokens_per_s", "tok/s", "{:.0f}"),
-    ("time/step_s", "s/step", "{:.2f}"),
-    ("memory/peak_mib", "MiB", "{:.0f}"),
+    ("gen/tokens_per_s", "gen", "{:.0f} tok/s"),
+    ("time/step_s", "step", "{:.2f} s"),
+    ("memory/peak_mib", "peak", "{:.0f} MiB"),
 ]
 
 
 def console_line(step: int, metrics: dict[str, Any]) -> str:
-    parts = [f"step {step}"]
+    parts = [f"step {step}:"]
     for key, label, fmt in CONSOLE_KEYS:
         v = metrics.get(key)
         if isinstance(v, (int, float)) and math.isfinite(v):
@@ -67,6 +67,10 @@ def console_line(step: int, metrics: dict[str, Any]) -> str:
     for key, v in metrics.items():
         if key.startswith("rewards/") and key.endswith("/mean") and isinstance(v, (int, float)):
             parts.append(f"{key[8:-5]} {v:.3f}")
+    if any(k.startswith("eval/") for k in metrics):
+        from slimgrpo.train.eval_during import describe
+
+        parts.append(f"| eval {describe(metrics)}")
     return "  ".join(parts)
 
 

@@ -163,6 +163,9 @@ class Trainer:
         if self.dist.is_main:
             dump_config(cfg, self.output_dir / "config.yaml")
             threads.record(self.output_dir, self.thread_info)
+        from slimgrpo.train.eval_during import make_evaluator
+
+        self.evaluator = make_evaluator(self)  # eval.data: held-out prompts, or None
         self.maybe_resume()
 
     def wrap_model(self, model):
@@ -416,13 +419,22 @@ class Trainer:
 
     def train_loop(self) -> dict[str, Any]:
         cfg = self.cfg
+        from slimgrpo.train.console import print_banner, print_eval
         from slimgrpo.train.progress import Progress
 
+        self.t_start = time.perf_counter()
+        print_banner(self)
+        if self.evaluator and self.step_idx == 0:  # before the first step (a resumed run has it already)
+            before = self.evaluator.run()
+            self.writer.log(0, before)
+            print_eval(self, "before training", before)
         with Progress(cfg.run.max_steps, start=self.step_idx, enabled=self.dist.is_main,
                       bar=cfg.log.progress) as bar:
             while self.step_idx < cfg.run.max_steps and not self.should_stop():
                 result = self.step()
                 self.step_idx += 1
+                if self.evaluator:  # every eval.steps steps and after the last one
+                    result.metrics.update(self.evaluator.after_step(self.step_idx))
                 self.writer.log(self.step_idx, result.metrics)
                 self.maybe_log_completions(result)
                 bar.advance(console_line(self.step_idx, result.metrics) if self.step_idx % cfg.log.logging_steps == 0
@@ -490,6 +502,11 @@ class Trainer:
         if history:
             last = history[-1]
             summary.update({k: v for k, v in last.items() if k != "step"})
+        from slimgrpo.train.eval_during import eval_summary
+
+        summary.update(eval_summary(history))
+        if hasattr(self, "t_start"):
+            summary["wall_time_s"] = time.perf_counter() - self.t_start
         summary.update({"data/prompts": len(self.dataset), "data/prompts_truncated": self.dataset.num_truncated,
                         "data/prompts_skipped": self.dataset.num_skipped})
         # Unfinished: the checkpoint is what counts, no "final" model yet. Every rank decides alike (the

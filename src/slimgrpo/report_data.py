@@ -1,0 +1,194 @@
+"""What ``slimgrpo report`` reads from a run folder: metrics as series (steps or wall time on x), EMA
+smoothing, the run's status, first -> last changes. Only the standard library and PyYAML: no torch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("slimgrpo")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSONL file; a half-written last line (a run killed mid-write) is skipped."""
+    records = []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                log.warning("%s: skipping a truncated last line", path)
+                continue
+            raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def number(value: Any) -> float:
+    """A plottable float; null, strings and non-finite values become NaN (a gap in the line)."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return math.nan
+
+
+def ema(values: list[float], alpha: float) -> list[float]:
+    """Bias-corrected exponential moving average (TensorBoard's smoothing): NaN stays NaN and is skipped;
+    ``alpha`` = weight of the newest point (1 = no smoothing)."""
+    out, acc, weight = [], 0.0, 0.0
+    for v in values:
+        if math.isnan(v):
+            out.append(math.nan)
+            continue
+        acc = (1 - alpha) * acc + alpha * v
+        weight = (1 - alpha) * weight + alpha
+        out.append(acc / weight)
+    return out
+
+
+def auto_alpha(points: int) -> float:
+    """Smoothing for ``points`` values: none up to 30, then an EMA spanning about 1/12 of the run."""
+    if points <= 30:
+        return 1.0
+    span = points / 12
+    return 2.0 / (span + 1.0)
+
+
+@dataclass
+class Series:
+    """One metric over the run: x = steps (or hours of training), y = values with NaN where null/absent."""
+
+    key: str
+    steps: list[float]
+    values: list[float]
+
+    @property
+    def present(self) -> bool:
+        return any(not math.isnan(v) for v in self.values)
+
+    @property
+    def finite(self) -> list[float]:
+        return [v for v in self.values if not math.isnan(v)]
+
+    def smoothed(self, alpha: float | None = None) -> "Series":
+        a = auto_alpha(len(self.finite)) if alpha is None else alpha
+        return Series(self.key, self.steps, ema(self.values, a))
+
+
+class Metrics:
+    """metrics.jsonl of one run. ``x="time"`` puts cumulative training time (``time/step_s``, minutes) on x."""
+
+    def __init__(self, records: list[dict[str, Any]], x: str = "step"):
+        self.records = records
+        self.steps = [number(r.get("step", i + 1)) for i, r in enumerate(records)]
+        self.x_kind = x
+        self.xs = self.steps if x == "step" else _elapsed_minutes(records)
+        self.keys = sorted({k for r in records for k in r})
+
+    def series(self, key: str) -> Series:
+        return Series(key, self.xs, [number(r.get(key)) for r in self.records])
+
+    def has(self, *keys: str) -> bool:
+        return any(self.series(k).present for k in keys)
+
+    def reward_functions(self) -> list[str]:
+        """Names of the reward functions, from the ``rewards/<fn>/mean`` keys, in first-seen order."""
+        names: list[str] = []
+        for r in self.records:
+            for k in r:
+                if k.startswith("rewards/") and k.endswith("/mean") and k[8:-5] not in names:
+                    names.append(k[8:-5])
+        return names
+
+    def first_last(self, key: str) -> tuple[float, float] | None:
+        vals = self.series(key).finite
+        return (vals[0], vals[-1]) if vals else None
+
+    @property
+    def last_step(self) -> int:
+        steps = [s for s in self.steps if not math.isnan(s)]
+        return int(max(steps)) if steps else 0
+
+
+def _elapsed_minutes(records: list[dict[str, Any]]) -> list[float]:
+    """Minutes of training when each record was written: the running sum of ``time/step_s``."""
+    total, out = 0.0, []
+    for r in records:
+        total += number(r.get("time/step_s")) if not math.isnan(number(r.get("time/step_s"))) else 0.0
+        out.append(total / 60)
+    return out
+
+
+def read_config(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
+    except yaml.YAMLError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def config_value(config: dict[str, Any] | None, dotted: str, default: Any = None) -> Any:
+    node: Any = config or {}
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def run_status(m: Metrics, summary: dict[str, Any], config: dict[str, Any] | None) -> tuple[str, str]:
+    """(kind, sentence): kind is ``complete``, ``stopped`` or ``running``."""
+    max_steps = config_value(config, "run.max_steps")
+    of = f" of {max_steps}" if isinstance(max_steps, int) else ""
+    step = int(summary.get("steps", m.last_step)) if summary else m.last_step
+    if summary and (not isinstance(max_steps, int) or step >= max_steps) and not summary.get("preempted_by"):
+        return "complete", f"Complete: {step}{of} steps."
+    if summary:
+        why = f" by {summary['preempted_by']}" if summary.get("preempted_by") else ""
+        return "stopped", (f"Stopped{why} at step {step}{of}; the checkpoint resumes it "
+                           "(run the same command again).")
+    return "running", (f"No summary.json: still running, or stopped without finishing; last record at step "
+                       f"{step}{of}.")
+
+
+# The metrics worth a first -> last line, in page order: (key, label, higher is better?).
+DELTA_KEYS = [
+    ("eval/accuracy_greedy", "held-out accuracy, greedy", True),
+    ("eval/accuracy_sampled", "held-out accuracy, sampled", True),
+    ("reward", "reward (total)", True),
+    ("kl", "KL to reference", None),
+    ("entropy", "entropy", None),
+    ("completions/mean_length", "mean completion length", None),
+    ("completions/clipped_ratio", "truncated completions", False),
+    ("frac_reward_zero_std", "groups with zero reward std", False),
+]
+
+
+def deltas(m: Metrics) -> list[tuple[str, float, float]]:
+    """(label, first, last) for the metrics present; reward functions follow the total reward.
+    Training metrics are smoothed first (a single noisy step should not decide the change)."""
+    rows: list[tuple[str, float, float]] = []
+    keys = list(DELTA_KEYS)
+    at = next(i for i, k in enumerate(keys) if k[0] == "reward") + 1
+    keys[at:at] = [(f"rewards/{n}/mean", f"reward: {n}", True) for n in m.reward_functions()]
+    for key, label, _ in keys:
+        s = m.series(key)
+        if not s.present:
+            continue
+        vals = s.finite if key.startswith("eval/") else s.smoothed().finite
+        rows.append((label, vals[0], vals[-1]))
+    return rows

@@ -1,0 +1,124 @@
+"""Evaluation during training (``eval.*``; TRL's ``eval_dataset`` / ``eval_steps``).
+
+Held-out prompts are evaluated before the first step, every ``eval.steps`` steps and after the last one:
+greedy accuracy (temperature 0, one completion per prompt), sampled accuracy and the unbiased pass@k
+(``eval.num_samples`` completions per prompt at ``eval.temperature``), the mean weighted reward and each
+reward function's mean. "Correct" = the first reward function scores at least ``eval.threshold``.
+
+Under torchrun every rank evaluates an equal share of the prompts with the trainer's rollout engine (so
+FSDP2 gathers weights the same way as in training) and the counts are summed across ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+from slimgrpo.config import resolve_path
+from slimgrpo.data import load_prompt_dataset
+from slimgrpo.evaluate import EvalResult, evaluate
+
+PREFIX = "eval/"
+
+
+class DuringTrainingEval:
+    """Built by the trainer after setup; ``None`` from :func:`make_evaluator` when ``eval.data`` is empty."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        cfg = trainer.cfg
+        self.cfg = cfg.eval
+        data_cfg = dataclasses.replace(cfg.data, max_samples=cfg.eval.max_prompts)
+        self.dataset = load_prompt_dataset(resolve_path(cfg, cfg.eval.data), trainer.policy.tokenizer, data_cfg)
+        world, rank = trainer.dist.world_size, trainer.dist.rank
+        per_rank = len(self.dataset) // world  # equal shares: every rank runs the same generate calls
+        if per_rank == 0:
+            raise ValueError(f"eval.data={cfg.eval.data!r} has {len(self.dataset)} prompts, fewer than the "
+                             f"{world} processes: give at least {world}")
+        self.indices = list(range(rank * per_rank, (rank + 1) * per_rank))
+        self.num_prompts = per_rank * world
+        temperature = cfg.eval.temperature if cfg.eval.temperature is not None else cfg.rollout.temperature
+        self.sampled = dataclasses.replace(trainer.sampling, temperature=temperature)
+        self.greedy = dataclasses.replace(trainer.sampling, temperature=0.0)
+        # Prompts per generate call: about the rows of one training step (what we know fits).
+        self.prompts_per_batch = max(1, cfg.run.batch_size // trainer.dist.world_size // cfg.eval.num_samples)
+
+    def due(self, step: int) -> bool:
+        """After optimizer step ``step``: every ``eval.steps`` steps, and after the last step."""
+        every = self.cfg.steps
+        return step >= self.trainer.cfg.run.max_steps or bool(every and step % every == 0)
+
+    def after_step(self, step: int) -> dict[str, float]:
+        if not self.due(step):
+            return {}
+        metrics = self.run()
+        if step % self.trainer.cfg.log.logging_steps:
+            from slimgrpo.train.console import print_eval  # a logged step shows it in its metrics line
+
+            print_eval(self.trainer, f"after step {step}", metrics)
+        return metrics
+
+    def _evaluate(self, sampling, num_samples: int) -> EvalResult:
+        t = self.trainer
+        return evaluate(t.policy.model, t.policy.tokenizer, self.dataset, t.reward_runner, sampling,
+                        num_samples=num_samples, ks=(num_samples,), prompts_per_batch=self.prompts_per_batch,
+                        seed=t.cfg.run.seed, success_threshold=self.cfg.threshold, engine=t.engine,
+                        indices=self.indices)
+
+    def run(self) -> dict[str, float]:
+        """Evaluate now; ``eval/...`` metrics averaged over every rank's prompts."""
+        n = self.cfg.num_samples
+        greedy = self._evaluate(self.greedy, 1)
+        sampled = self._evaluate(self.sampled, n)
+        names = list(sampled.per_function)
+        local = [greedy.accuracy, sampled.accuracy, sampled.pass_at.get(n, math.nan), sampled.mean_reward]
+        local += [sampled.per_function[k] for k in names]
+        values = self._mean_over_ranks(local)
+        out = {f"{PREFIX}accuracy_greedy": values[0], f"{PREFIX}accuracy_sampled": values[1]}
+        if n > 1:
+            out[f"{PREFIX}pass@{n}"] = values[2]
+        out[f"{PREFIX}mean_reward"] = values[3]
+        for name, v in zip(names, values[4:]):
+            out[f"{PREFIX}rewards/{name}"] = v
+        return out
+
+    def _mean_over_ranks(self, values: list[float]) -> list[float]:
+        d = self.trainer.dist
+        if not d.enabled:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.trainer.policy.device)
+        return (d.all_reduce_sum(t) / d.world_size).cpu().tolist()  # equal shares: the mean of the means
+
+
+def make_evaluator(trainer) -> DuringTrainingEval | None:
+    return DuringTrainingEval(trainer) if trainer.cfg.eval.data else None
+
+
+def describe(metrics: dict[str, Any]) -> str:
+    """``greedy 53.5%  sampled 29.5%  pass@8 71.0%`` from eval/ metrics ('' when there are none)."""
+    parts = []
+    for key, label in (("accuracy_greedy", "greedy"), ("accuracy_sampled", "sampled")):
+        v = metrics.get(PREFIX + key)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            parts.append(f"{label} {v:.1%}")
+    for key, v in metrics.items():
+        if key.startswith(PREFIX + "pass@") and isinstance(v, (int, float)) and math.isfinite(v):
+            parts.append(f"{key[len(PREFIX):]} {v:.1%}")
+    return "  ".join(parts)
+
+
+def eval_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """``eval_before/...`` (the step-0 record) and ``eval_after/...`` (the newest eval) for summary.json."""
+    evals = [r for r in history if any(k.startswith(PREFIX) for k in r)]
+    if not evals:
+        return {}
+    out: dict[str, Any] = {}
+    first, last = evals[0], evals[-1]
+    if first.get("step") == 0:
+        out.update({f"eval_before/{k[len(PREFIX):]}": v for k, v in first.items() if k.startswith(PREFIX)})
+    out.update({f"eval_after/{k[len(PREFIX):]}": v for k, v in last.items() if k.startswith(PREFIX)})
+    out["eval_after/step"] = last.get("step")
+    return out
