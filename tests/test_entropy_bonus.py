@@ -52,3 +52,171 @@ def test_entropy_alone_and_without_flag_no_gradient():
     _, ref = naive_token_logprobs(h3, weight, targets, temperature=1.5, entropy_grad=True)
     ref.sum().backward()
     torch.testing.assert_close(h2.grad, h3.grad, rtol=1e-5, atol=1e-5)
+
+
+# --- the loss term ------------------------------------------------------------------------------
+
+from slimgrpo.loss.entropy_control import EntropyController  # noqa: E402
+from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss  # noqa: E402
+
+ROWS, T = 5, 7
+
+
+def _loss_case(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logp = (-2.0 + 0.5 * torch.randn(ROWS, T, generator=g)).requires_grad_()
+    old = logp.detach() + 0.3 * torch.randn(ROWS, T, generator=g)
+    adv = torch.tensor([1.3, -0.7, -0.4, 1.1, 0.0])
+    mask = torch.arange(T)[None, :] < torch.tensor([7, 3, 5, 1, 4])[:, None]
+    entropy = (torch.rand(ROWS, T, generator=g) * 3.0).requires_grad_()
+    return logp, old, adv, mask, entropy
+
+
+@pytest.mark.parametrize("kw", [dict(loss_type="dapo"), dict(loss_type="grpo"), dict(loss_type="luspo"),
+                                dict(loss_type="grpo", top_entropy_quantile=0.4)])
+def test_bonus_equals_token_loop(kw):
+    """loss(coef) = loss(0) - coef * (sum of H over the kept tokens) / (their count), from a plain loop, for
+    every aggregation (TRL: the bonus is a plain mean whatever the loss type)."""
+    coef = 0.37
+    logp, old, adv, mask, ent = _loss_case()
+    with_bonus, stats = grpo_loss(logp, old, None, adv, mask, LossSettings(entropy_coef=coef, **kw),
+                                  Normaliser.of(mask), entropy=ent)
+    without, _ = grpo_loss(logp, old, None, adv, mask, LossSettings(**kw), Normaliser.of(mask), entropy=ent.detach())
+    kept = [(i, t) for i in range(ROWS) for t in range(T) if mask[i, t]]
+    q = kw.get("top_entropy_quantile", 1.0)
+    if q < 1.0:
+        cut = torch.quantile(torch.stack([ent[i, t].detach() for i, t in kept]), 1.0 - q)
+        kept = [(i, t) for i, t in kept if ent[i, t] >= cut]
+    total = sum(float(ent[i, t].detach()) for i, t in kept)
+    assert math.isclose(float(with_bonus - without), -coef * total / len(kept), rel_tol=1e-5)
+    assert stats.bonus_tokens == len(kept) and math.isclose(stats.bonus_entropy_sum, total, rel_tol=1e-5)
+    (g,) = torch.autograd.grad(with_bonus, ent)
+    want = torch.zeros(ROWS, T)
+    for i, t in kept:
+        want[i, t] = -coef / len(kept)
+    torch.testing.assert_close(g, want)
+
+
+def test_zero_applied_coef_leaves_policy_loss():
+    logp, old, adv, mask, ent = _loss_case(1)
+    s = LossSettings(entropy_coef=0.5, use_adaptive_entropy=True)
+    a, st = grpo_loss(logp, old, None, adv, mask, s, Normaliser.of(mask), entropy=ent, entropy_coef=0.0)
+    b, _ = grpo_loss(logp, old, None, adv, mask, LossSettings(), Normaliser.of(mask))
+    torch.testing.assert_close(a, b)
+    assert st.bonus_tokens == int(mask.sum())  # still measured for the controller
+
+
+# --- TRL parity: its _compute_loss, bonus and controller over several optimizer steps --------------
+
+trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
+
+
+class _OneProcess:
+    num_processes = 1
+    sync_gradients = True
+
+    def gather(self, x):
+        return x
+
+    gather_for_metrics = gather
+
+    def reduce(self, x, reduction="sum"):
+        return x
+
+    def pad_across_processes(self, x, dim=0, pad_index=0):
+        return x
+
+
+def _trl_trainer(coef, adaptive, target, delta=0.05, cmin=0.0, cmax=0.2, quantile=1.0):
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    cls = trl_grpo.GRPOTrainer
+    args = SimpleNamespace(use_bias_correction_kl=True, delta=None, steps_per_generation=1, entropy_target=target,
+                           entropy_coef_delta=delta, entropy_coef_min=cmin, entropy_coef_max=cmax)
+    fake = SimpleNamespace(
+        args=args, loss_type="dapo", importance_sampling_level="token", beta=0.0, epsilon_low=0.2,
+        epsilon_high=0.2, top_entropy_quantile=quantile, off_policy_mask_threshold=None, use_vllm=False,
+        vllm_importance_sampling_correction=False, model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1, max_completion_length=T, entropy_coef=coef,
+        use_adaptive_entropy=adaptive, _entropy_bonus_enabled=coef != 0.0 or adaptive,
+        _last_world_entropy=float("inf"), _entropy_window_stats=None, aux_loss_enabled=False,
+        _metrics={"train": defaultdict(list)}, accelerator=_OneProcess())
+    fake.get_high_entropy_mask = lambda e, m, q: cls.get_high_entropy_mask(fake, e, m, q)
+    return fake
+
+
+def _trl_step(fake, logp, old, adv, mask, ent):
+    fake._get_per_token_logps_and_entropies = lambda *a, **k: (logp, ent, None)
+    inputs = {"prompt_ids": torch.zeros(ROWS, 1, dtype=torch.long), "prompt_mask": torch.ones(ROWS, 1),
+              "completion_ids": torch.zeros(ROWS, T, dtype=torch.long), "completion_mask": mask.float(),
+              "advantages": adv, "old_per_token_logps": old, "ref_per_token_logps": None,
+              "num_items_in_batch": mask.sum().float()}
+    return trl_grpo.GRPOTrainer._compute_loss(fake, None, inputs)
+
+
+@pytest.mark.parametrize("adaptive,quantile", [(False, 1.0), (True, 1.0), (True, 0.5)])
+def test_same_losses_gradients_and_coefficients_as_trl(adaptive, quantile):
+    """Seven optimizer steps whose entropy crosses the target both ways: each step's loss, gradient wrt log-probs
+    and entropies, and logged entropy_coef equal TRL's (one process, one micro-batch per step)."""
+    target = 1.2
+    fake = _trl_trainer(0.1, adaptive, target, quantile=quantile)
+    ctrl = EntropyController(coef=0.1, adaptive=adaptive, coef_min=0.0, coef_max=0.2, delta=0.05, target=target)
+    s = LossSettings(entropy_coef=0.1, use_adaptive_entropy=adaptive, top_entropy_quantile=quantile)
+    for step, scale in enumerate([0.5, 0.6, 1.5, 2.0, 2.5, 0.4, 0.3]):  # mean entropy ~ scale * 1.5
+        logp, old, adv, mask, ent = _loss_case(step)
+        ent = (ent.detach() * scale).requires_grad_()
+        theirs = _trl_step(fake, logp, old, adv, mask, ent)
+        ours, st = grpo_loss(logp, old, None, adv, mask, s, Normaliser.of(mask), entropy=ent,
+                             entropy_coef=ctrl.applied())
+        ctrl.update(st.bonus_entropy_sum, st.bonus_tokens)
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+        g_ours = torch.autograd.grad(ours, (logp, ent), allow_unused=True)  # entropy unused while gated
+        for a, b in zip(g_ours, torch.autograd.grad(theirs, (logp, ent))):
+            a = torch.zeros_like(b) if a is None else a
+            torch.testing.assert_close(a * mask, b * mask, rtol=1e-5, atol=1e-6)
+        assert math.isclose(ctrl.coef, fake._metrics["train"]["entropy_coef"][-1], abs_tol=1e-12)
+        assert math.isclose(ctrl.coef, fake.entropy_coef, abs_tol=1e-12)
+    assert len(set(fake._metrics["train"]["entropy_coef"])) > (2 if adaptive else 0)
+
+
+# --- the controller -----------------------------------------------------------------------------
+
+
+def test_controller_sequence_follows_the_rule():
+    """Scripted entropies: coefficient and gate step by step, written out by hand from TRL's rule."""
+    c = EntropyController(coef=0.01, adaptive=True, coef_min=0.0, coef_max=0.02, delta=0.005, target=1.0)
+    assert c.applied() == 0.0  # no measurement yet: gated
+    expected = []
+    coef, last = 0.01, math.inf
+    for h in [0.5, 0.9, 1.0, 0.2, 3.0, 2.0, 1.5, 1.2, 0.7]:
+        applied = coef if last <= 1.0 else 0.0
+        assert c.applied() == pytest.approx(applied)
+        c.update(h * 10.0, 10.0)
+        coef = min(coef + 0.005, 0.02) if h <= 1.0 else max(coef - 0.005, 0.0)
+        last = h
+        expected.append(coef)
+        assert c.coef == pytest.approx(coef) and c.last_entropy == pytest.approx(h)
+    assert max(expected) == pytest.approx(0.02) and min(expected) == pytest.approx(0.0)  # both bounds reached
+
+
+def test_fixed_coefficient_never_moves():
+    c = EntropyController(coef=0.3)
+    for h in (0.1, 9.0):
+        assert c.applied() == 0.3
+        c.update(h, 1.0)
+    assert c.coef == 0.3
+
+
+def test_controller_state_round_trip():
+    import json
+
+    c = EntropyController(coef=0.01, adaptive=True, target=1.0)
+    fresh = EntropyController(coef=0.01, adaptive=True, target=1.0)
+    fresh.load_state_dict(json.loads(json.dumps(c.state_dict())))  # before any step: last entropy inf
+    assert fresh.applied() == 0.0 and math.isinf(fresh.last_entropy)
+    for h in (0.5, 0.4, 2.0):
+        c.update(h, 1.0)
+    resumed = EntropyController(coef=0.01, adaptive=True, target=1.0)
+    resumed.load_state_dict(json.loads(json.dumps(c.state_dict())))
+    assert (resumed.coef, resumed.last_entropy, resumed.applied()) == (c.coef, c.last_entropy, c.applied())
