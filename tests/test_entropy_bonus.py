@@ -220,3 +220,62 @@ def test_controller_state_round_trip():
     resumed = EntropyController(coef=0.01, adaptive=True, target=1.0)
     resumed.load_state_dict(json.loads(json.dumps(c.state_dict())))
     assert (resumed.coef, resumed.last_entropy, resumed.applied()) == (c.coef, c.last_entropy, c.applied())
+
+
+# --- micro-batching and the trainer ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_micro_batching_leaves_gradients_unchanged(tiny_model_dir, loss_type):
+    """One micro-batch or three (5 rows, 2 per micro-batch): the same bonus gradient, because the entropy mean
+    divides by the whole batch's token count (``Normaliser.entropy_tokens``), as the trainer sets it."""
+    from transformers import AutoModelForCausalLM
+
+    from slimgrpo.train.update import UpdateBatch, accumulate_gradients
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    g = torch.Generator().manual_seed(5)
+    rows, P, Tc = 5, 4, 7
+    ids = torch.randint(0, model.config.vocab_size, (rows, P + Tc), generator=g)
+    am = torch.ones_like(ids)
+    am[1, :2] = 0
+    am[3, -2:] = 0
+    am[4, -5:] = 0
+    batch = UpdateBatch(ids, am, ids[:, -Tc:], am[:, -Tc:].bool(), torch.randn(rows, generator=g))
+    n = int(batch.loss_mask.sum())
+    norm = Normaliser(num_sequences=rows, num_tokens=n, entropy_tokens=n)
+    results = []
+    for coef, micro in ((0.3, None), (0.3, 2), (0.0, None)):
+        s = LossSettings(loss_type=loss_type, entropy_coef=coef)
+        model.zero_grad(set_to_none=True)
+        st = accumulate_gradients(model, batch, s, norm, micro, 0.8, 3, None)
+        results.append((st, [p.grad.clone() for p in model.parameters()]))
+    (one, g1), (three, g3), (_, g0) = results
+    assert math.isclose(one.loss, three.loss, rel_tol=1e-6)
+    assert one.bonus_tokens == three.bonus_tokens == n
+    assert math.isclose(one.bonus_entropy_sum, three.bonus_entropy_sum, rel_tol=1e-6)
+    for a, b in zip(g1, g3):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(g1, g0))  # the bonus moves the gradient
+
+
+def test_trainer_logs_adapts_and_resumes_the_coefficient(tmp_path, tiny_model_dir):
+    """Through the trainer: entropy_coef is logged after every step, grows by delta per optimizer step while the
+    entropy is under the target, and a resumed run continues from the checkpoint's coefficient."""
+    import json
+
+    from run_helpers import write_run
+    from slimgrpo.config import load_config
+    from slimgrpo.train.runner import run_training
+
+    path = write_run(tmp_path, tiny_model_dir, loss={"beta": 0.0})
+    opts = ["run.save_model=false", "run.save_steps=1", "loss.use_adaptive_entropy=true", "loss.entropy_coef=0.01",
+            "loss.entropy_coef_delta=0.002", "loss.entropy_target=1000", "loss.num_iterations=2",
+            "memory.micro_batch_size=3"]
+    run_training(load_config(path, ["run.max_steps=2", *opts]))
+    run_training(load_config(path, ["run.max_steps=3", *opts]))
+    records = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    coefs = [r["entropy_coef"] for r in records]
+    assert coefs == pytest.approx([0.01 + 0.002 * 2 * k for k in (1, 2, 3)])  # two optimizer steps per step
+    state = json.loads((tmp_path / "run" / "checkpoints" / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["extra"]["entropy_control"]["entropy_coef"] == pytest.approx(0.022)
