@@ -88,7 +88,7 @@ def test_bonus_equals_token_loop(kw):
         cut = torch.quantile(torch.stack([ent[i, t].detach() for i, t in kept]), 1.0 - q)
         kept = [(i, t) for i, t in kept if ent[i, t] >= cut]
     total = sum(float(ent[i, t].detach()) for i, t in kept)
-    assert math.isclose(float(with_bonus - without), -coef * total / len(kept), rel_tol=1e-5)
+    assert math.isclose(float((with_bonus - without).detach()), -coef * total / len(kept), rel_tol=1e-5)
     assert stats.bonus_tokens == len(kept) and math.isclose(stats.bonus_entropy_sum, total, rel_tol=1e-5)
     (g,) = torch.autograd.grad(with_bonus, ent)
     want = torch.zeros(ROWS, T)
