@@ -279,3 +279,37 @@ def test_trainer_logs_adapts_and_resumes_the_coefficient(tmp_path, tiny_model_di
     assert coefs == pytest.approx([0.01 + 0.002 * 2 * k for k in (1, 2, 3)])  # two optimizer steps per step
     state = json.loads((tmp_path / "run" / "checkpoints" / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["extra"]["entropy_control"]["entropy_coef"] == pytest.approx(0.022)
+
+
+@pytest.mark.parametrize("freeze_head", [False, True])
+def test_completion_entropy_gradient_through_a_model(tiny_model_dir, freeze_head):
+    """``completion_logprobs(entropy_grad=True)`` on a real (tiny) causal LM: gradients of a mix of log-probs and
+    entropies equal those through the model's full logits, with a trainable head and a frozen one (LoRA-like)."""
+    from transformers import AutoModelForCausalLM
+
+    from slimgrpo.loss.logprobs import completion_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    if freeze_head:
+        model.get_output_embeddings().weight.requires_grad_(False)
+    g = torch.Generator().manual_seed(9)
+    rows, P, Tc, temp = 3, 4, 6, 0.7
+    ids = torch.randint(0, model.config.vocab_size, (rows, P + Tc), generator=g)
+    am = torch.ones_like(ids)
+    am[2, -2:] = 0
+    mask = am[:, -Tc:].bool()
+    w1, w2 = torch.randn(rows, Tc, generator=g), torch.randn(rows, Tc, generator=g)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    logp, ent = completion_logprobs(model, ids, am, Tc, ids[:, -Tc:], temperature=temp, token_chunk=4,
+                                    entropy_grad=True)
+    got = torch.autograd.grad(((logp * w1 + ent * w2) * mask).sum(), params)
+
+    pos = (am.cumsum(1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=am, position_ids=pos).logits[:, P - 1:-1].float() / temp
+    lp_all = torch.log_softmax(logits, -1)
+    ref_logp = lp_all.gather(-1, ids[:, -Tc:, None]).squeeze(-1)
+    ref_ent = -(lp_all.exp() * lp_all).sum(-1)
+    want = torch.autograd.grad(((ref_logp * w1 + ref_ent * w2) * mask).sum(), params)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
