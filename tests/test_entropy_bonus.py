@@ -313,3 +313,22 @@ def test_completion_entropy_gradient_through_a_model(tiny_model_dir, freeze_head
     want = torch.autograd.grad(((ref_logp * w1 + ref_ent * w2) * mask).sum(), params)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_trl_entropy_keys_map_and_load(tmp_path, tiny_model_dir):
+    """A TRL config with the entropy keys converts without refusals into loss.* keys that load and validate."""
+    from run_helpers import write_run
+    from slimgrpo.config import ConfigError, load_config
+    from slimgrpo.trl_compat import convert
+
+    trl = {"entropy_coef": 0.02, "use_adaptive_entropy": True, "entropy_coef_min": 0.001, "entropy_coef_max": 0.1,
+           "entropy_coef_delta": 0.004, "entropy_target": 1.5}
+    result = convert(trl)
+    assert not result.refused, result.refused
+    assert {k: result.values[f"loss.{k}"] for k in trl} == trl
+    path = write_run(tmp_path, tiny_model_dir)
+    cfg = load_config(path, [f"loss.{k}={str(v).lower()}" for k, v in trl.items()])
+    c = EntropyController.from_config(cfg.loss)
+    assert (c.coef, c.adaptive, c.coef_min, c.coef_max, c.delta, c.target) == (0.02, True, 0.001, 0.1, 0.004, 1.5)
+    with pytest.raises(ConfigError, match="entropy_coef_min"):
+        load_config(path, ["loss.use_adaptive_entropy=true", "loss.entropy_coef_min=1.5"])  # above the max 1.0
