@@ -133,7 +133,9 @@ def test_micro_batched_clip_stats_equal_whole_batch(monkeypatch, level):
         calls.append(ids.shape[0])
         return logp_all[start:start + ids.shape[0], :t], ent_all[start:start + ids.shape[0], :t]
 
-    monkeypatch.setattr(update, "model_logprobs", fake_logprobs)
+    from slimgrpo.train import micro_loss
+
+    monkeypatch.setattr(micro_loss, "completion_logprobs", fake_logprobs)  # the update's log-prob call
     s = LossSettings(importance_sampling_level=level, epsilon=0.05, top_entropy_quantile=0.5)
     norm = Normaliser.of(mask)
     st = update.accumulate_gradients(None, batch, s, norm, micro=2, temperature=1.0, token_chunk=16,

@@ -100,3 +100,6 @@ class LossStats:
     entropy: float = 0.0
     clip_count: int = 0  # what the clip fractions are means over: tokens, or sequences (GSPO, VESPO)
     extra: dict[str, float] = field(default_factory=dict)  # loss-type statistics, means over clip_count
+    # Entropy bonus on: sum of the entropy over the tokens it acts on, and their count (adaptive control).
+    bonus_entropy_sum: float = 0.0
+    bonus_tokens: float = 0.0

@@ -44,6 +44,24 @@ class LossConfig:
     top_entropy_quantile: float = 1.0
     """Keep the policy loss only on this top fraction of tokens by entropy (0.2 in "Beyond the 80/20 rule";
     0 = only the highest-entropy token, 1 = all)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus: the loss minus entropy_coef x the mean per-token entropy of the policy
+    over the tokens the policy term acts on (a plain mean over the whole batch, whatever loss_type; TRL's
+    entropy_coef). 0 = off; the initial value with use_adaptive_entropy."""
+    use_adaptive_entropy: bool = False
+    """Skywork-OR1 adaptive entropy control: after each optimizer step entropy_coef grows by
+    entropy_coef_delta if that step's mean entropy was <= entropy_target, else shrinks by it (within
+    [entropy_coef_min, entropy_coef_max]); the bonus applies only while the last entropy is <= the target."""
+    entropy_coef_min: float = 0.0
+    """Lower bound of the adaptive entropy coefficient."""
+    entropy_coef_max: float = 1.0
+    """Upper bound of the adaptive entropy coefficient."""
+    entropy_coef_delta: float = 0.005
+    """Step of the adaptive entropy coefficient per optimizer step."""
+    entropy_target: float = 0.2
+    """Target mean per-token entropy (nats) of adaptive control, over the same tokens as the policy term.
+    Language models usually sit at 2-10 nats, so 0.2 acts only on near-collapse: set it near the entropy
+    you want to keep."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """Divide advantages by the reward std of the group, of the whole batch, or not at all."""
     advantage_estimator: Literal["grpo", "rloo"] = "grpo"

@@ -182,6 +182,11 @@ def _validate_objective(L) -> None:
                           f"got {L.top_entropy_quantile}")
     if L.steps_per_generation < 1:
         raise ConfigError(f"loss.steps_per_generation must be >= 1, got {L.steps_per_generation}")
+    if L.use_adaptive_entropy:
+        if L.entropy_coef_min > L.entropy_coef_max:
+            raise ConfigError(f"loss.entropy_coef_min={L.entropy_coef_min} is above loss.entropy_coef_max="
+                              f"{L.entropy_coef_max}: the adaptive coefficient needs min <= max")
+        _positive(L.entropy_coef_delta, "loss.entropy_coef_delta", allow_zero=True)
     if L.sync_ref_model:
         if not 0 <= L.ref_model_mixup_alpha <= 1:
             raise ConfigError(f"loss.ref_model_mixup_alpha must be in [0, 1], got {L.ref_model_mixup_alpha}")

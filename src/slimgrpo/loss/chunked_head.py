@@ -24,7 +24,15 @@ Gradient (``g`` is the upstream gradient of ``log p(y)``)::
     dL/dh = dL/da @ W,   dL/dW = dL/da^T h,   dL/db = sum over tokens of dL/da
 
 Gradients are summed over chunks in fp32 and cast to the input dtype at the end.  The entropy is
-returned without gradient (it is a logged statistic).
+returned without gradient (a logged statistic) unless ``entropy_grad`` (the entropy bonus,
+``loss.entropy_coef``): then, with ``ge`` its upstream gradient, ``log p = z - logsumexp(z)`` and
+``H`` the entropy, ``dH/dz = -p (log p + H)``, so backward forms, per vocabulary slice::
+
+    dL/dz = g onehot(y) - p (g + ge (log p + H))
+
+(``dz/da`` carries the temperature, so w.r.t. the untempered logits this is the familiar
+``-(1/T) p (log p + H)``).  Backward then always recomputes the logits (no precomputed
+``dlogp/dh`` for a frozen head), so only runs with the bonus pay for it.
 
 Cost in ``[N, H] x [H, V]`` matmuls: with a trainable head, 1 forward + 3 backward (recompute,
 ``dL/dh``, ``dL/dW``) against the naive path's 1 + 2, so about 4/3 of its time where matmuls
@@ -222,6 +230,7 @@ def _backprop_slice(
     a: int,
     b: int,
     grads: _Grads,
+    q_scaled: bool = False,
 ) -> None:
     """Adds vocabulary slice ``a:b``'s share of the gradients to ``grads``.
 
@@ -238,10 +247,13 @@ def _backprop_slice(
 
     ``q`` [n, b - a] fp32 the softmax ``p`` on this slice (overwritten); ``cap`` the softcap term
     ``1 - tanh^2`` [n, b - a] or None; ``h`` [n, H]; ``g`` [n] fp32 upstream gradient of log p(y).
+    ``q_scaled``: ``q`` already holds the per-element soft part ``p (g + ge (log p + H))`` of the
+    entropy bonus (module docstring) instead of ``p``, so it is not scaled by ``g`` again.
     """
     if cap is not None:
         q.mul_(cap)
     g = g * tf.linear_factor  # [n]
+    soft = torch.full_like(g, tf.linear_factor) if q_scaled else g  # row scale of the q part
     # One-hot part: k at the target for tokens whose target lies in this slice, 0 for the others
     # (a mask rather than a row selection, which would wait on the device for its size).
     in_range = (targets >= a) & (targets < b)  # [n]
@@ -250,16 +262,20 @@ def _backprop_slice(
     q_lo = ws.in_dtype(q, weight.dtype)
     w = weight[a:b]  # [b - a, H]
     if grads.hidden is not None:
-        grads.hidden += g[:, None] * ((k_y[:, None] * w[cols].float()) - (q_lo @ w).float())
+        if q_scaled:
+            grads.hidden += (g * k_y)[:, None] * w[cols].float() - soft[:, None] * (q_lo @ w).float()
+        else:
+            grads.hidden += g[:, None] * ((k_y[:, None] * w[cols].float()) - (q_lo @ w).float())
     if grads.weight is not None:
         gh = g[:, None] * h.float()  # [n, H]
+        sh = soft[:, None] * h.float() if q_scaled else gh
         if weight.dtype == torch.float32:  # in place: no [b - a, H] temporary
-            grads.weight[a:b].addmm_(q_lo.T, gh, alpha=-1.0)
+            grads.weight[a:b].addmm_(q_lo.T, sh, alpha=-1.0)
         else:  # low-precision matmul (tensor cores), summed in fp32
-            grads.weight[a:b] -= (q_lo.T @ gh.to(h.dtype)).float()
+            grads.weight[a:b] -= (q_lo.T @ sh.to(h.dtype)).float()
         grads.weight.index_add_(0, targets, k_y[:, None] * gh)
     if grads.bias is not None:
-        grads.bias[a:b] -= g @ q
+        grads.bias[a:b] -= soft @ q
         grads.bias.index_add_(0, targets, k_y * g)
 
 
@@ -294,7 +310,7 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, tf, token_chunk, vocab_chunk, want_entropy,
-                precompute_hidden_grad):
+                precompute_hidden_grad, entropy_grad=False):
         slices = _vocab_slices(weight.shape[0], vocab_chunk)
         n_tokens = hidden.shape[0]
         ws = _workspace(token_chunk, n_tokens, slices, weight)
@@ -321,24 +337,27 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
         if unit_grad is not None:
             ctx.save_for_backward(unit_grad)
         else:
-            ctx.save_for_backward(hidden, weight, bias, targets, lse)
+            ctx.save_for_backward(hidden, weight, bias, targets, lse,
+                                  entropy if entropy_grad else None)
         ctx.hidden_dtype = hidden.dtype
         ctx.settings = (tf, token_chunk, slices, precompute_hidden_grad)
         if entropy is None:
             return logp, None
-        ctx.mark_non_differentiable(entropy)
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp, _grad_entropy):
+    def backward(ctx, grad_logp, grad_entropy):
         tf, token_chunk, slices, precomputed = ctx.settings
         needs = ctx.needs_input_grad
         g_all = grad_logp.float()  # [N]
         if precomputed:
             (unit_grad,) = ctx.saved_tensors
             grad_hidden = (unit_grad * g_all[:, None]).to(ctx.hidden_dtype)
-            return grad_hidden, None, None, None, None, None, None, None, None
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
+            return grad_hidden, None, None, None, None, None, None, None, None, None
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        ge_all = None if entropy is None or grad_entropy is None else grad_entropy.float()  # [N]
         ws = _workspace(token_chunk, hidden.shape[0], slices, weight)
         f32 = dict(device=hidden.device, dtype=torch.float32)
         grad_hidden = torch.zeros(hidden.shape, **f32) if needs[0] else None  # [N, H]
@@ -352,14 +371,28 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
             for a, b in slices:
                 z = ws.logits(h, weight, bias, a, b, tf)  # recomputed, [n, b - a] fp32
                 cap = tf.softcap_factor(z)
-                p = z.sub_(lse[s:e, None]).exp_()  # softmax of the full vocabulary, on this slice
-                _backprop_slice(ws, p, cap, h, weight, targets[s:e], g_all[s:e], tf, a, b, grads)
+                if ge_all is None:
+                    p = z.sub_(lse[s:e, None]).exp_()  # softmax of the full vocabulary, on this slice
+                    _backprop_slice(ws, p, cap, h, weight, targets[s:e], g_all[s:e], tf, a, b, grads)
+                    continue
+                q = _entropy_soft_part_(z, lse[s:e], entropy[s:e], g_all[s:e], ge_all[s:e])
+                _backprop_slice(ws, q, cap, h, weight, targets[s:e], g_all[s:e], tf, a, b, grads,
+                                q_scaled=True)
         return (
             None if grad_hidden is None else grad_hidden.to(hidden.dtype),
             None if grads.weight is None else grads.weight.to(weight.dtype),
             None if grads.bias is None else grads.bias.to(bias.dtype),
-            None, None, None, None, None, None,
+            None, None, None, None, None, None, None,
         )
+
+
+def _entropy_soft_part_(z: Tensor, lse: Tensor, entropy: Tensor, g: Tensor, ge: Tensor) -> Tensor:
+    """``p (g + ge (log p + H))`` [n, v] from tempered logits ``z`` [n, v] (overwritten), with the
+    full-vocabulary ``lse``, entropy ``H``, and upstream gradients ``g`` (of log p(y)) and ``ge``
+    (of H), all [n]: the softmax part of ``dL/dz`` (module docstring)."""
+    logp = z.sub_(lse[:, None])  # log p on this slice
+    p = logp.exp()  # one extra [n, v] block, only with the entropy bonus
+    return logp.add_(entropy[:, None]).mul_(ge[:, None]).add_(g[:, None]).mul_(p)
 
 
 def _check_inputs(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None,
@@ -400,6 +433,7 @@ def chunked_token_logprobs(
     token_chunk: int | None = None,
     vocab_chunk: int | None = None,
     return_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``log p(targets)`` under ``softmax(z)``, ``z`` as in the module docstring, chunk by chunk.
 
@@ -416,6 +450,7 @@ def chunked_token_logprobs(
             then ``[token_chunk, vocab_chunk]`` (with a frozen head, backward then recomputes the
             logits instead of reusing those of the forward pass).
         return_entropy: also return the entropy of ``softmax(z)`` (without gradient).
+        entropy_grad: give that entropy a gradient (the entropy bonus); implies ``return_entropy``.
 
     Returns:
         ``(logp [N] float32, entropy [N] float32 or None)``.  Peak memory never holds ``[N, V]``.
@@ -429,11 +464,12 @@ def chunked_token_logprobs(
         t is not None and t.requires_grad for t in (hidden, weight, bias))
     if not needs_grad:
         return _no_grad_logprobs(hidden, weight, bias, targets, tf, token_chunk, vocab_chunk,
-                                 return_entropy)
+                                 return_entropy or entropy_grad)
     head_frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
-    precompute = head_frozen and len(_vocab_slices(weight.shape[0], vocab_chunk)) == 1
+    precompute = (head_frozen and not entropy_grad
+                  and len(_vocab_slices(weight.shape[0], vocab_chunk)) == 1)
     return _ChunkedHeadLogprob.apply(hidden, weight, bias, targets, tf, token_chunk, vocab_chunk,
-                                     return_entropy, precompute)
+                                     return_entropy or entropy_grad, precompute, entropy_grad)
 
 
 @torch.no_grad()
@@ -467,6 +503,7 @@ def naive_token_logprobs(
     token_chunk: int | None = None,
     vocab_chunk: int | None = None,
     return_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Reference: full ``[N, V]`` logits, ``log_softmax`` and gather (tests and benchmarks only).
 
@@ -485,7 +522,7 @@ def naive_token_logprobs(
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)  # [N, V]
     logp = logp_all.gather(1, targets[:, None]).squeeze(1)  # [N]
-    if not return_entropy:
+    if not (return_entropy or entropy_grad):
         return logp, None
     entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy.detach()
+    return logp, (entropy if entropy_grad else entropy.detach())

@@ -180,6 +180,7 @@ def completion_logprobs(
     return_entropy: bool = False,
     completion_mask: Tensor | None = None,
     hidden_fn=None,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``log pi(o_t | q, o_<t)`` for every completion token, without full logits.
 
@@ -194,6 +195,7 @@ def completion_logprobs(
         temperature: divides the logits, as during sampling.
         token_chunk, vocab_chunk: passed to ``chunked_token_logprobs``.
         return_entropy: also return the per-token entropy (no gradient).
+        entropy_grad: give the entropy a gradient (the entropy bonus, ``loss.entropy_coef``).
         completion_mask: ``[rows, T]`` bool, the tokens to score (default:
             ``attention_mask[:, -T:]``); other positions get 0 and are never sent through the head.
         hidden_fn: replaces ``completion_hidden`` (same signature), e.g.
@@ -219,6 +221,7 @@ def completion_logprobs(
         token_chunk=token_chunk,
         vocab_chunk=vocab_chunk,
         return_entropy=return_entropy,
+        entropy_grad=entropy_grad,
     )
     zeros = torch.zeros(mask.shape, device=logp_flat.device, dtype=torch.float32)  # [rows, T]
     logp = zeros.masked_scatter(mask, logp_flat)

@@ -13,6 +13,11 @@ arXiv:2402.14740; computed by ``slimgrpo.advantages``)::
                     eps_high > eps is DAPO's "clip-higher" (arXiv:2503.14476)
     other policy terms (cispo, sapo, vespo) and the token masks (off-policy sequences, top-entropy
                     tokens) that multiply l_it: see ``policy_losses``
+    entropy bonus   L -= c * sum_it H_it e_it / sum_it e_it over the WHOLE batch (all micro-batches and
+                           ranks), H_it the policy's per-token entropy (with gradient), e_it = m_it times
+                           the top-entropy mask: the tokens the policy term acts on; c = ``entropy_coef``,
+                           fixed or adapted per optimizer step (Skywork-OR1, arXiv:2505.22312; TRL 1.16's
+                           ``entropy_coef`` / ``use_adaptive_entropy``): see ``entropy_bonus``
     KL penalty      l_it += beta * w_it * k3_it,  k3 = exp(ref - logp) - (ref - logp) - 1
                            (Schulman 2020, "Approximating KL divergence"; unbiased, >= 0)
                     w_it = r_it (token level) or s_i (sequence level, gradient through every token
@@ -83,6 +88,8 @@ class LossSettings:
     vespo_lambda_neg: float = 2.0  # VESPO decay lambda for A < 0
     off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2 sequence mask; None = off
     top_entropy_quantile: float = 1.0  # keep the policy term on this top fraction of tokens by entropy
+    entropy_coef: float = 0.0  # weight of the entropy bonus (initial value with use_adaptive_entropy)
+    use_adaptive_entropy: bool = False  # Skywork-OR1 adaptive coefficient (``loss.entropy_control``)
 
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_TYPES:
@@ -121,6 +128,12 @@ class LossSettings:
                              f"{self.top_entropy_quantile}")
 
     @property
+    def entropy_bonus(self) -> bool:
+        """The bonus is part of the objective (TRL: a non-zero coefficient, or adaptive control, where a
+        coefficient decremented to 0 can come back)."""
+        return self.entropy_coef != 0.0 or self.use_adaptive_entropy
+
+    @property
     def upper_epsilon(self) -> float:
         """``epsilon_high``, defaulting to ``epsilon``."""
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
@@ -137,6 +150,10 @@ class Normaliser:
 
     num_sequences: int
     num_tokens: int
+    # Entropy bonus: the tokens its mean runs over, in the whole batch (all micro-batches and ranks); None:
+    # each micro-batch's own count times ``entropy_parts`` (TRL's per-micro-batch mean, averaged).
+    entropy_tokens: int | None = None
+    entropy_parts: int = 1
 
     def __post_init__(self) -> None:
         if self.num_sequences < 1 or self.num_tokens < 1:
@@ -235,6 +252,27 @@ _AGGREGATE: dict[str, Callable[[Tensor, Tensor, LossSettings, Normaliser], Tenso
 assert set(_AGGREGATE) == set(LOSS_TYPES)
 
 
+# --- the entropy bonus --------------------------------------------------------------------------
+
+
+def entropy_bonus(entropy: Tensor, effective_mask: Tensor, coef: float, norm: Normaliser) -> Tensor:
+    """The entropy term added to the loss: ``-c * sum_it H_it e_it / D`` (a scalar, gradient to ``entropy``).
+
+    ``H`` [rows, T] the per-token entropy of the tempered policy, ``e`` [rows, T] the tokens the policy
+    term acts on (completion mask times the top-entropy mask), ``c`` the coefficient applied at this
+    optimizer step.  ``D = norm.entropy_tokens`` (the count of ``e`` over the whole batch, so micro-batch
+    terms add up to ``-c * mean H``), else this micro-batch's count times ``norm.entropy_parts``.
+    TRL 1.16 ``GRPOTrainer._compute_loss``: ``loss - coef * mean_e(H) / gradient_accumulation_steps``;
+    the bonus is a plain mean whatever the loss type; Skywork-OR1 (He et al., arXiv:2505.22312) sec. 3.2.
+    """
+    m = effective_mask.to(entropy.dtype)
+    if norm.entropy_tokens is not None:
+        denom = float(max(norm.entropy_tokens, 1))
+    else:
+        denom = m.sum().clamp(min=1.0) * norm.entropy_parts
+    return -coef * (entropy * m).sum() / denom
+
+
 # --- the loss -----------------------------------------------------------------------------------
 
 
@@ -285,6 +323,7 @@ def grpo_loss(
     norm: Normaliser,
     entropy: Tensor | None = None,
     entropy_cut: Tensor | float | None = None,
+    entropy_coef: float | None = None,
 ) -> tuple[Tensor, LossStats]:
     """The GRPO-family loss of one micro-batch (module docstring for the equations).
 
@@ -297,11 +336,14 @@ def grpo_loss(
         mask: ``[rows, T]`` bool, True on completion tokens that count.
         settings: the objective.
         norm: whole-batch totals, so that micro-batch losses sum to the batch loss.
-        entropy: ``[rows, T]`` per-token entropy of the policy (no grad); needed only when
-            ``top_entropy_quantile < 1``.
+        entropy: ``[rows, T]`` per-token entropy of the policy; needed when ``top_entropy_quantile < 1``
+            (no grad) or with the entropy bonus (``settings.entropy_bonus``; with grad where the
+            coefficient is not 0).
         entropy_cut: the entropy threshold of the whole batch (``policy_losses.entropy_threshold``);
             None computes it from this micro-batch's tokens (TRL's behaviour, where it is taken per
             micro-batch).
+        entropy_coef: the bonus coefficient applied at this optimizer step (adaptive control); None:
+            ``settings.entropy_coef``.
 
     Returns:
         ``(loss, stats)``: a scalar whose gradient flows to ``logp``, and detached ``LossStats``
@@ -317,19 +359,29 @@ def grpo_loss(
     if s.off_policy_mask_threshold is not None:
         keep = off_policy_keep(logp, old, mask, advantages, s.off_policy_mask_threshold)
         per_token = per_token * keep[:, None].to(per_token.dtype)
+    effective = mask  # the tokens the policy term acts on
+    if (s.top_entropy_quantile < 1.0 or s.entropy_bonus) and entropy is None:
+        raise ValueError("top_entropy_quantile < 1 and the entropy bonus need the per-token entropy")
     if s.top_entropy_quantile < 1.0:
-        if entropy is None:
-            raise ValueError("top_entropy_quantile < 1 needs the per-token entropy")
         cut = entropy_threshold(entropy, mask, s.top_entropy_quantile) if entropy_cut is None \
             else entropy_cut
-        per_token = per_token * high_entropy_mask(entropy, mask, cut).to(per_token.dtype)
+        effective = high_entropy_mask(entropy, mask, cut)
+        per_token = per_token * effective.to(per_token.dtype)
     kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
     if s.use_bias_correction_kl and ref_logp is not None:
         kl = kl * kl_weight(logp, old, mask, s.importance_sampling_level)
     if s.beta > 0.0:
         per_token = per_token + s.beta * kl
     loss = _AGGREGATE[s.loss_type](per_token, mask, s, norm)
-    return loss, _stats(ratio, advantages, mask, kl, parts, s)
+    stats = _stats(ratio, advantages, mask, kl, parts, s)
+    if s.entropy_bonus:
+        coef = s.entropy_coef if entropy_coef is None else entropy_coef
+        if coef != 0.0:
+            loss = loss + entropy_bonus(entropy, effective, coef, norm)
+        e = effective.to(torch.float32)
+        sums = torch.stack([(entropy.detach().float() * e).sum(), e.sum()]).tolist()
+        stats.bonus_entropy_sum, stats.bonus_tokens = sums
+    return loss, stats
 
 
 def _stats(ratio: Tensor, advantages: Tensor, mask: Tensor, kl: Tensor, parts: dict[str, Tensor],

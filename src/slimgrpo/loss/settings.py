@@ -9,7 +9,7 @@ _SAME_NAME = (
     "loss_type", "importance_sampling_level", "epsilon", "epsilon_high", "delta", "beta",
     "use_bias_correction_kl", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos",
     "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "off_policy_mask_threshold",
-    "top_entropy_quantile",
+    "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy",
 )
 
 

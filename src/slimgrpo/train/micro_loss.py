@@ -6,6 +6,8 @@ fewer product through the LM head per token chunk (``slimgrpo.loss.fused``).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from slimgrpo.loss.fused import completion_loss, fused_applicable
@@ -35,7 +37,7 @@ def micro_batch_loss(
     old: torch.Tensor | None, ref: torch.Tensor | None, advantages: torch.Tensor,
     settings: LossSettings, norm: Normaliser, temperature: float, token_chunk: int | None,
     vocab_chunk: int | None, fuse: bool = True, share_prompt: bool = False,
-    entropy_cut: torch.Tensor | float | None = None,
+    entropy_cut: torch.Tensor | float | None = None, entropy_coef: float | None = None,
 ) -> tuple[torch.Tensor, LossStats, torch.Tensor | None]:
     """``(loss, stats, entropy [rows, T])`` of one micro-batch; call ``loss.backward()`` afterwards.
 
@@ -43,23 +45,30 @@ def micro_batch_loss(
     ``share_prompt`` (``memory.share_prompt_forward``) runs each group's prompt once where
     ``shared_prompt.applicable`` allows it. ``entropy_cut``: the batch's entropy threshold for
     ``top_entropy_quantile < 1`` (that mask needs every token's entropy before the loss, so it takes the
-    unfused path).
+    unfused path). ``entropy_coef``: the entropy-bonus coefficient of this optimizer step (None:
+    ``settings.entropy_coef``); when it is not 0 the entropy needs its gradient, which the unfused path gives.
     """
     T = comp.shape[1]
     hidden_fn = unpadded_hidden  # rows re-laid without padding: no attention mask, no [rows, 1, S, S] tensor
     if share_prompt and shared_prompt.applicable(_unwrapped(model), ids, am, T):
         hidden_fn = shared_prompt.shared_completion_hidden
-    fusable = settings.top_entropy_quantile >= 1.0
+    coef = settings.entropy_coef if entropy_coef is None else entropy_coef
+    entropy_grad = settings.entropy_bonus and coef != 0.0
+    fusable = settings.top_entropy_quantile >= 1.0 and not entropy_grad
     if fuse and fusable and fused_applicable(settings.importance_sampling_level, old is not None, vocab_chunk):
+        policy_only = dataclasses.replace(settings, entropy_coef=0.0, use_adaptive_entropy=False)
+
         def objective(logp: torch.Tensor) -> torch.Tensor:
-            return grpo_loss(logp, old, ref, advantages, mask, settings, norm)[0]
+            return grpo_loss(logp, old, ref, advantages, mask, policy_only, norm)[0]
 
         loss, logp, entropy = _call(model, completion_loss, ids, am, T, comp, objective,
                                     temperature=temperature, token_chunk=token_chunk, return_entropy=True,
                                     hidden_fn=hidden_fn)
-        _, stats = grpo_loss(logp, old, ref, advantages, mask, settings, norm)
+        _, stats = grpo_loss(logp, old, ref, advantages, mask, settings, norm, entropy=entropy, entropy_coef=0.0)
         return loss, stats, entropy
     logp, entropy = _call(model, completion_logprobs, ids, am, T, comp, temperature=temperature,
-                          token_chunk=token_chunk, vocab_chunk=vocab_chunk, return_entropy=True, hidden_fn=hidden_fn)
-    loss, stats = grpo_loss(logp, old, ref, advantages, mask, settings, norm, entropy=entropy, entropy_cut=entropy_cut)
+                          token_chunk=token_chunk, vocab_chunk=vocab_chunk, return_entropy=True, hidden_fn=hidden_fn,
+                          entropy_grad=entropy_grad)
+    loss, stats = grpo_loss(logp, old, ref, advantages, mask, settings, norm, entropy=entropy, entropy_cut=entropy_cut,
+                            entropy_coef=coef)
     return loss, stats, entropy

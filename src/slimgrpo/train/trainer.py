@@ -23,6 +23,7 @@ from slimgrpo.advantages import zero_std_fraction
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
 from slimgrpo.data import PromptDataset, PromptSampler, check_enough_prompts, load_prompt_dataset, steps_for_epochs
 from slimgrpo.config.validate import loss_warnings
+from slimgrpo.loss.entropy_control import EntropyController
 from slimgrpo.loss.objectives import Normaliser
 from slimgrpo.loss.settings import loss_settings
 from slimgrpo.modeling import Policy, build_policy, looks_like_hub_name, max_positions, read_model_config
@@ -149,6 +150,7 @@ class Trainer:
 
             cfg.loss.token_chunk = auto_token_chunk(base_causal_lm(self.policy.model).config.vocab_size)
         self.loss_settings = loss_settings(cfg)
+        self.entropy_control = EntropyController.from_config(cfg.loss)  # entropy bonus coefficient
         for warning in loss_warnings(cfg) if self.dist.is_main else []:
             log.warning(warning)
         self.plan = self.plan_run_folder()  # resume, fresh, refuse, or already finished: before writing
@@ -198,6 +200,7 @@ class Trainer:
         self.sampler.load_state_dict(state.sampler)
         self.step_idx = state.step
         self.nonfinite_streak = int(state.extra.get("nonfinite_streak", 0))
+        self.entropy_control.load_state_dict(state.extra.get("entropy_control", {}))
         self.writer.truncate_after(state.step, saved_history=path / "metrics.jsonl")
         log.info("resumed from %s at step %d", path, state.step)
 
@@ -291,9 +294,13 @@ class Trainer:
         counts = torch.tensor([update.rows, int(update.loss_mask.sum())], dtype=torch.float64)
         counts = self.dist.all_reduce_sum(counts.to(self.policy.device)).cpu()
         rows, tokens = int(counts[0]), int(counts[1])
+        # Entropy bonus: a mean over every rank's tokens; with top-entropy masks (whose counts are known only
+        # inside the loss) a per-micro-batch mean, averaged over micro-batches and ranks as in TRL.
+        whole = self.cfg.loss.top_entropy_quantile >= 1.0
+        entropy = dict(entropy_tokens=max(tokens, 1) if whole else None, entropy_parts=1 if whole else self.dist.world_size)
         if self.cfg.loss.loss_type == "bnpo":  # tokens of this rank's batch (TRL's "local batch")
             tokens = int(update.loss_mask.sum()) * self.dist.world_size
-        return Normaliser(num_sequences=rows, num_tokens=max(tokens, 1))
+        return Normaliser(num_sequences=rows, num_tokens=max(tokens, 1), **entropy)
 
     def optimize(self, update: UpdateBatch):
         """num_iterations passes over the generated batch, each one optimizer step per steps_per_generation slice."""
@@ -315,7 +322,9 @@ class Trainer:
                     loss_scale=float(self.dist.world_size), no_sync=getattr(self.model, "no_sync", None),
                     offload_activations=cfg.memory.offload_activations, fuse=cfg.loss.fuse_head_loss,
                     share_prompt=cfg.memory.share_prompt_forward, micro_tokens=cfg.memory.micro_batch_tokens,
+                    entropy_coef=self.entropy_control.applied(),
                 ))
+                self.update_entropy_control(step_stats[-1])
                 max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
                 grad_norm = launch.clip_grad_norm(params, max_norm)
                 if not math.isfinite(grad_norm) or not math.isfinite(step_stats[-1].loss):
@@ -332,6 +341,14 @@ class Trainer:
         self.scheduler.step()
         self.track_nonfinite(skipped)
         return stats, grad_norm, skipped
+
+    def update_entropy_control(self, stats) -> None:
+        """Adaptive entropy control after an optimizer step, from every rank's entropy over the bonus tokens."""
+        if not self.entropy_control.adaptive:
+            return
+        local = torch.tensor([stats.bonus_entropy_sum, stats.bonus_tokens], dtype=torch.float64)
+        total, count = self.dist.all_reduce_sum(local.to(self.policy.device)).cpu().tolist()
+        self.entropy_control.update(total, count)
 
     def track_nonfinite(self, skipped: bool) -> None:
         if not skipped:
@@ -382,6 +399,8 @@ class Trainer:
         m.update({"loss": loss, "kl": kl, "entropy": ent, "clip_ratio/low_mean": lo,  # loss: the sum of the shares
                   "clip_ratio/high_mean": hi, "clip_ratio/region_mean": reg, **dict(zip(extra, ex))})
         m["grad_norm"] = grad_norm
+        if self.loss_settings.entropy_bonus:  # after this step's update, as TRL logs it
+            m["entropy_coef"] = self.entropy_control.coef
         m["learning_rate"] = self.scheduler.get_last_lr()[0]
         m["update_skipped"] = int(skipped)
         m["gen/tokens_per_s"] = gen_tokens / max(gen_s, 1e-9)
@@ -483,7 +502,7 @@ class Trainer:
             return dist_ckpt.save_checkpoint(
                 self.output_dir, self.step_idx, self.policy.model, self.optimizer, self.scheduler,
                 self.sampler.state_dict(), self.generator, self.dist, self.cfg.distributed.strategy,
-                keep=self.cfg.run.save_total_limit, extra={"nonfinite_streak": self.nonfinite_streak},
+                keep=self.cfg.run.save_total_limit, extra=self.checkpoint_extra(),
             )
         if not self.dist.is_main:
             self.dist.barrier()
@@ -491,10 +510,14 @@ class Trainer:
         path = ckpt.save_checkpoint(
             self.output_dir, self.step_idx, self.policy.model, self.optimizer, self.scheduler,
             self.sampler.state_dict(), self.generator, keep=self.cfg.run.save_total_limit,
-            extra={"nonfinite_streak": self.nonfinite_streak},
+            extra=self.checkpoint_extra(),
         )
         self.dist.barrier()
         return path
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """Trainer counters saved with a checkpoint (restored by ``maybe_resume``)."""
+        return {"nonfinite_streak": self.nonfinite_streak, "entropy_control": self.entropy_control.state_dict()}
 
     def finish(self) -> dict[str, Any]:
         summary: dict[str, Any] = {"steps": self.step_idx}

@@ -3,6 +3,7 @@ over micro-batches of completions."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -110,6 +111,8 @@ class UpdateStats:
     tokens: int = 0
     clip_count: int = 0  # what the clip ratios average over: tokens, or sequences at sequence level
     extra: dict[str, float] = field(default_factory=dict)
+    bonus_entropy_sum: float = 0.0  # entropy bonus: entropy summed over the tokens it acted on (this rank)
+    bonus_tokens: float = 0.0  # and their count
 
 
 def accumulate_gradients(
@@ -127,6 +130,7 @@ def accumulate_gradients(
     fuse: bool = True,
     share_prompt: bool = False,
     micro_tokens: int | None = None,
+    entropy_coef: float | None = None,
 ) -> UpdateStats:
     """Forward + backward over all micro-batches; gradients are summed into ``.grad``.
 
@@ -144,10 +148,14 @@ def accumulate_gradients(
     so it stays on the device. Gradients are unchanged (the same values make the round trip).
     ``fuse``: the fused LM head + loss where it applies; ``share_prompt``: each group's prompt forward and
     backward once (``micro_loss.micro_batch_loss``). Rows run unpadded (``loss.unpadded``); ``micro_tokens``
-    forms micro-batches by a token budget instead of a row count (``train.micro``)."""
+    forms micro-batches by a token budget instead of a row count (``train.micro``). ``entropy_coef``: the
+    entropy-bonus coefficient of this optimizer step (``loss.entropy_control``); with ``norm.entropy_tokens``
+    unset the bonus is a per-micro-batch mean, averaged over the micro-batches."""
     stats = UpdateStats()
     weight_sum = clip_sum = 0
     slices = plan_micro(batch, micro, micro_tokens)
+    if settings.entropy_bonus and norm.entropy_tokens is None:
+        norm = dataclasses.replace(norm, entropy_parts=norm.entropy_parts * len(slices))
     for i, sl in enumerate(slices):
         ids, am, comp, ts = trimmed(batch, sl)
         mask = batch.loss_mask[sl, ts]
@@ -158,10 +166,13 @@ def accumulate_gradients(
             with offload_context(offload_activations, ids.device):
                 loss, ls, entropy = micro_batch_loss(model, ids, am, comp, mask, old, ref, batch.advantages[sl],
                                                      settings, norm, temperature, token_chunk, vocab_chunk, fuse,
-                                                     share_prompt, entropy_cut=batch.entropy_cut)
+                                                     share_prompt, entropy_cut=batch.entropy_cut,
+                                                     entropy_coef=entropy_coef)
             (loss * loss_scale).backward()
         n = int(mask.sum())
         stats.loss += float(loss.detach())
+        stats.bonus_entropy_sum += ls.bonus_entropy_sum
+        stats.bonus_tokens += ls.bonus_tokens
         if n:
             stats.kl += ls.kl * n
             c = ls.clip_count  # tokens, or sequences at sequence level

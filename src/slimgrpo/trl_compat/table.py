@@ -12,9 +12,6 @@ _LOADER = "prompts are read and tokenized up front; there is no DataLoader to tu
 _LOG = "slimgrpo writes every step to metrics.jsonl and the log.report_to backends"
 _DDP = "slimgrpo's DDP wrapper chooses this itself"
 _LOSS_NEW = "same name and meaning as TRL"
-_ENTROPY = ("the entropy bonus is not implemented yet: it needs the entropy's gradient through the chunked LM "
-            "head, which it does not have")
-_ENTROPY_OFF = "tunes the entropy bonus, which is not implemented yet (see entropy_coef)"
 
 RULES: list[r.Rule] = [
     # ------------------------------------------------------------- model (ModelConfig, model_init_kwargs)
@@ -156,12 +153,13 @@ RULES: list[r.Rule] = [
     M("ref_model_mixup_alpha", "loss.ref_model_mixup_alpha", _LOSS_NEW),
     M("ref_model_sync_steps", "loss.ref_model_sync_steps", _LOSS_NEW),
     M("top_entropy_quantile", "loss.top_entropy_quantile", _LOSS_NEW),
-    R("entropy_coef", _ENTROPY, ok=(0.0, 0, None), source="GRPOConfig"),
-    R("use_adaptive_entropy", _ENTROPY, ok=(False, None), source="GRPOConfig"),
-    R("entropy_coef_min", _ENTROPY_OFF, ok=(0.0, 0, None), source="GRPOConfig"),
-    R("entropy_coef_max", _ENTROPY_OFF, ok=(1.0, 1, None), source="GRPOConfig"),
-    R("entropy_coef_delta", _ENTROPY_OFF, ok=(0.005, None), source="GRPOConfig"),
-    R("entropy_target", _ENTROPY_OFF, ok=(0.2, None), source="GRPOConfig"),
+    M("entropy_coef", "loss.entropy_coef", "same meaning as TRL; the mean entropy runs over the whole batch "
+      "(TRL: per micro-batch, averaged over accumulation steps; equal with one micro-batch)"),
+    M("use_adaptive_entropy", "loss.use_adaptive_entropy", _LOSS_NEW),
+    M("entropy_coef_min", "loss.entropy_coef_min", _LOSS_NEW),
+    M("entropy_coef_max", "loss.entropy_coef_max", _LOSS_NEW),
+    M("entropy_coef_delta", "loss.entropy_coef_delta", _LOSS_NEW),
+    M("entropy_target", "loss.entropy_target", _LOSS_NEW),
     M("off_policy_mask_threshold", "loss.off_policy_mask_threshold", _LOSS_NEW),
     I("use_liger_kernel", "always on in effect: log-probs go through the chunked LM head, full logits never "
       "exist (loss.token_chunk, loss.vocab_chunk)"),
