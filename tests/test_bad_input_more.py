@@ -465,7 +465,7 @@ def test_progress_false_keeps_the_metric_lines(tmp_path, tiny_model_dir, capsys)
     cfg = write_run(tmp_path, tiny_model_dir, run={"max_steps": 2}, log={"progress": False})
     assert train(cfg) == 0
     out = capsys.readouterr().out
-    assert "step 1  reward" in out and "step 2  reward" in out
+    assert "step 1:  reward" in out and "step 2:  reward" in out
 
 
 def test_resumable_keys_are_documented():
