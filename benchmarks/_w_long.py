@@ -27,6 +27,7 @@ def status(r) -> str:
 def plan_mib(s, L: int) -> float | None:
     """slimgrpo's plan (peak, MiB) for the W-long run at completion length ``L``."""
     try:
+        from slimgrpo.config import auto_token_chunk
         from slimgrpo.memory.planner import PlanInputs, plan_memory
         from slimgrpo.memory.shapes import ModelShape
     except ImportError:
@@ -40,7 +41,8 @@ def plan_mib(s, L: int) -> float | None:
                    lora=s.lora, lora_rank=s.lora_r, num_generations=s.num_generations,
                    prompts_per_step=s.prompts_per_step, micro_batch_rows=rows, max_prompt_length=s.max_prompt_length,
                    max_completion_length=L, beta=s.beta, gradient_checkpointing=s.gradient_checkpointing,
-                   padding_mask=s.prompts_per_step > 1)
+                   padding_mask=s.prompts_per_step > 1,
+                   token_chunk=auto_token_chunk(sh["vocab"]))  # what the run uses: loss.token_chunk=None = auto
     return plan_memory(shape, x).peak_bytes / common.MIB
 
 
