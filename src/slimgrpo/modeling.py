@@ -237,6 +237,13 @@ def build_policy(cfg: Config) -> Policy:
     sharded = cfg.distributed.strategy == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) > 1
     model = load_model(mcfg, torch.device("cpu") if sharded else device, dtype)
     model.config.pad_token_id = tokenizer.pad_token_id
+    model, reference_cpu = prepare_for_training(model, cfg)
+    return Policy(model, tokenizer, device, dtype, reference_cpu)
+
+
+def prepare_for_training(model: torch.nn.Module, cfg: Config) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """LoRA adapters (or, for full fine-tuning with beta > 0, a frozen CPU copy as the reference policy),
+    gradient checkpointing, dropout off when asked, train mode: ``(model, reference_cpu or None)``."""
     reference_cpu = None
     if cfg.lora.enabled:
         model = apply_lora(model, cfg.lora, quantized=cfg.model.load_in_4bit)
@@ -249,7 +256,7 @@ def build_policy(cfg: Config) -> Policy:
     if cfg.model.disable_dropout:
         disable_dropout(model)
     model.train()
-    return Policy(model, tokenizer, device, dtype, reference_cpu)
+    return model, reference_cpu
 
 
 def disable_dropout(model: torch.nn.Module) -> int:

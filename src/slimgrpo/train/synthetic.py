@@ -21,7 +21,6 @@ qwen2, qwen3 families). Nothing is downloaded: weights are random.
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -136,34 +135,20 @@ class UpdateOnly:
     full-fine-tuning reference copy are applied as ``build_policy`` applies them."""
 
     def __init__(self, cfg: Config, model, device: str | torch.device | None = None):
-        from slimgrpo.loss.settings import loss_settings
-        from slimgrpo.modeling import Policy, apply_lora, base_causal_lm
+        from slimgrpo.modeling import Policy, prepare_for_training
         from slimgrpo.train.optim import build_optimizer, build_scheduler
         from slimgrpo.train.trainer import Trainer
 
         device = torch.device(device) if device is not None else next(model.parameters()).device
         dtype = next(model.parameters()).dtype
-        reference_cpu = None
-        if cfg.lora.enabled:
-            model = apply_lora(model, cfg.lora, quantized=cfg.model.load_in_4bit)
-        elif cfg.loss.beta > 0:
-            reference_cpu = copy.deepcopy(model).to("cpu").eval().requires_grad_(False)
-        if cfg.memory.gradient_checkpointing:
-            base_causal_lm(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if cfg.lora.enabled:
-                base_causal_lm(model).enable_input_require_grads()
-        model.train()
-        if cfg.loss.token_chunk is None:
-            from slimgrpo.config import auto_token_chunk
-
-            cfg.loss.token_chunk = auto_token_chunk(base_causal_lm(model).config.vocab_size)
+        model, reference_cpu = prepare_for_training(model, cfg)  # exactly as build_policy does
         self.policy = Policy(model, None, device, dtype, reference_cpu)
         trainer = Trainer(cfg, policy=self.policy)
         trainer.policy = self.policy
         trainer.model = model
         trainer.optimizer = build_optimizer(self.policy.trainable_parameters(), cfg, device)
         trainer.scheduler = build_scheduler(trainer.optimizer, cfg)
-        trainer.loss_settings = loss_settings(cfg)  # as Trainer.setup builds them
+        trainer.setup_objective()  # loss settings and entropy control, as Trainer.setup builds them
         self.trainer = trainer
         self.cfg = cfg
 

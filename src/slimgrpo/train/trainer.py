@@ -144,13 +144,7 @@ class Trainer:
             repetition_penalty=r.repetition_penalty,
             eos_token_ids=tuple(sorted(eos)), pad_token_id=tok.pad_token_id,
         )
-        if cfg.loss.token_chunk is None:
-            from slimgrpo.config import auto_token_chunk
-            from slimgrpo.modeling import base_causal_lm
-
-            cfg.loss.token_chunk = auto_token_chunk(base_causal_lm(self.policy.model).config.vocab_size)
-        self.loss_settings = loss_settings(cfg)
-        self.entropy_control = EntropyController.from_config(cfg.loss)  # entropy bonus coefficient
+        self.setup_objective()
         for warning in loss_warnings(cfg) if self.dist.is_main else []:
             log.warning(warning)
         self.plan = self.plan_run_folder()  # resume, fresh, refuse, or already finished: before writing
@@ -169,6 +163,17 @@ class Trainer:
 
         self.evaluator = make_evaluator(self)  # eval.data: held-out prompts, or None
         self.maybe_resume()
+
+    def setup_objective(self) -> None:
+        """The loss settings and the entropy-bonus controller (also used by ``synthetic.UpdateOnly``)."""
+        cfg = self.cfg
+        if cfg.loss.token_chunk is None:
+            from slimgrpo.config import auto_token_chunk
+            from slimgrpo.modeling import base_causal_lm
+
+            cfg.loss.token_chunk = auto_token_chunk(base_causal_lm(self.policy.model).config.vocab_size)
+        self.loss_settings = loss_settings(cfg)
+        self.entropy_control = EntropyController.from_config(cfg.loss)  # entropy bonus coefficient
 
     def wrap_model(self, model):
         """Hook for distributed wrappers (DDP / FSDP2)."""
