@@ -10,8 +10,8 @@ allocated between them pins the freed space under it: the process RSS grows past
 
 Measured (issue 12, ``deep-lora-ckpt`` calibration shape: Llama, hidden 512, 8 layers, LoRA,
 checkpointing, 8 x 128 completion tokens, 2 steps): peak RSS 1,325 MiB with glibc's default
-behaviour, 820 MiB with the threshold pinned (the live working set the planner counts). Full
-fine-tuning hides it better because its own optimizer state is large and allocated once.
+behaviour, 820 MiB with the threshold pinned (plan: 932 MiB). Full fine-tuning probably shows it
+less because its gradients and optimizer moments are large (mmapped) blocks.
 
 ``pin_mmap_threshold`` fixes the threshold at glibc's own starting value, 128 KiB (which also turns
 the dynamic adjustment off), so that tensors of at least that size are mmapped and their memory goes
@@ -21,7 +21,7 @@ unpadded update allocates many per-row tensors of about a megabyte.
 Decoding is the opposite case: every step allocates and frees the same few tensors (logits of
 ``rows x V``, several MiB for a large vocabulary) around very little compute, and mmapping each one
 costs page faults every step (a W-cpu-sized head and softmax: 27 ms instead of 18 ms per step in a
-micro-benchmark). ``generation_heap()`` therefore raises the threshold to glibc's maximum (32 MiB,
+micro-benchmark on a loaded machine). ``generation_heap()`` therefore raises the threshold to glibc's maximum (32 MiB,
 where the dynamic threshold ends up anyway) while the rollout engine generates, then pins it again
 and hands the freed heap pages back (``malloc_trim``). ``SLIMGRPO_MALLOC_MMAP_THRESHOLD`` overrides the
 value (bytes; ``0`` or ``off`` leaves glibc alone); a ``MALLOC_MMAP_THRESHOLD_`` set by the user for
