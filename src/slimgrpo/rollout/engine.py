@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from ..memory.malloc import generation_heap
 from ..types import Rollout
 from .decode import make_stepper
 from .model_parts import CausalLMParts, eval_mode
@@ -108,7 +109,7 @@ class TorchRolloutEngine:
 
         pieces = []
         packed = self.parts.packed_weights(chunk_rows, self.pack_weights)
-        with torch.no_grad(), eval_mode(self.parts.root), packed:
+        with torch.no_grad(), eval_mode(self.parts.root), generation_heap(), packed:
             # no_grad rather than inference_mode: the returned ids feed the training forward later, and
             # inference tensors cannot be saved for backward.
             for start in range(0, rows, chunk_rows):

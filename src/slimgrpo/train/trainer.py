@@ -26,6 +26,7 @@ from slimgrpo.config.validate import loss_warnings
 from slimgrpo.loss.entropy_control import EntropyController
 from slimgrpo.loss.objectives import Normaliser
 from slimgrpo.loss.settings import loss_settings
+from slimgrpo.memory.malloc import pin_mmap_threshold
 from slimgrpo.modeling import Policy, build_policy, looks_like_hub_name, max_positions, read_model_config
 from slimgrpo.rewards.loading import load_reward_functions
 from slimgrpo.rewards.contract import make_trainer_state, step_means
@@ -89,6 +90,7 @@ class Trainer:
     def setup(self) -> None:
         cfg = self.cfg
         self.thread_info = threads.apply(cfg.run.num_threads, cfg.run.thread_wait_policy)
+        pin_mmap_threshold()  # freed update tensors go back to the system (memory/malloc.py, issue 12)
         ckpt.seed_all(cfg.run.seed)  # torch, Python and NumPy: the same seed gives the same run
         with self.dist.agree("locking the run folder"):  # one writer per folder; rank 0 holds the lock
             if self.dist.is_main and self.run_lock is None:
