@@ -111,20 +111,7 @@ def test_zero_applied_coef_leaves_policy_loss():
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 
 
-class _OneProcess:
-    num_processes = 1
-    sync_gradients = True
-
-    def gather(self, x):
-        return x
-
-    gather_for_metrics = gather
-
-    def reduce(self, x, reduction="sum"):
-        return x
-
-    def pad_across_processes(self, x, dim=0, pad_index=0):
-        return x
+from test_trl_parity import _OneProcess  # noqa: E402  (the one-process accelerator stand-in TRL's loss reads)
 
 
 def _trl_trainer(coef, adaptive, target, delta=0.05, cmin=0.0, cmax=0.2, quantile=1.0):
