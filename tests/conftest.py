@@ -56,6 +56,17 @@ def build_tiny_model(folder: Path, vocab_size: int, seed: int = 0, tie: bool = T
     return model
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from intra-op threads, and on a shared machine OpenMP barriers waiting for
+    a descheduled thread make every op slow: one thread for the module, the setting restored afterwards.
+    Test modules opt in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random Qwen2 model + tokenizer folder."""

@@ -15,12 +15,7 @@ ROWS, T, H, V = 3, 13, 16, 211  # 3 x 13 with holes: the scored tokens divide no
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny tensors, one intra-op thread
 
 
 def _case(seed=0, bias=True, head_grad=True):

@@ -20,13 +20,7 @@ FP32 = dict(rtol=1e-5, atol=1e-5)
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from threads, and lose a lot on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny tensors, one intra-op thread
 
 
 TRANSFORMS = {

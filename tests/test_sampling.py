@@ -31,14 +31,7 @@ CASES = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads, and on a shared machine OpenMP barriers
-    waiting for a descheduled thread make every op slow; restore the setting afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny tensors, one intra-op thread
 
 
 def params(**kw) -> SamplingParams:

@@ -12,12 +12,7 @@ from slimgrpo.train.update import UpdateBatch, accumulate_gradients
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny tensors, one intra-op thread
 
 
 def _batch(vocab: int, G: int = 3, P: int = 6, T: int = 5, seed: int = 0) -> UpdateBatch:
