@@ -84,6 +84,19 @@ def plan_for(shape: ModelShape, overrides: dict[str, Any], device: str):
     return plan_memory(shape, plan_inputs(cfg, device, vocab=shape.vocab))
 
 
+def _update_runner(shape: ModelShape, overrides: dict[str, Any], device: torch.device, seed: int):
+    """``(cfg, plan, model, UpdateOnly runner)`` for a random-init model of ``shape`` on ``device``, memory
+    counters reset first so the peak that follows is this run's."""
+    from slimgrpo.train.synthetic import UpdateOnly, random_causal_lm
+
+    cfg = run_config(overrides)
+    plan = plan_for(shape, overrides, device.type)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.model.dtype]
+    fresh_memory(device)
+    model = random_causal_lm(shape, dtype, device, seed=seed)
+    return cfg, plan, model, UpdateOnly(cfg, model, device)
+
+
 def full_steps(shape: ModelShape, overrides: dict[str, Any], device: torch.device, steps: int,
                seed: int = 0) -> dict[str, Any]:
     """``steps`` GRPO steps minus data and rewards: the rollout engine samples L tokens per row for
@@ -92,14 +105,9 @@ def full_steps(shape: ModelShape, overrides: dict[str, Any], device: torch.devic
     steps (weights included) against the plan; s/step = the last step (the first warms up)."""
     from slimgrpo.rollout.engine import TorchRolloutEngine
     from slimgrpo.rollout.sampling import SamplingParams
-    from slimgrpo.train.synthetic import UpdateOnly, random_causal_lm, synthetic_advantages
+    from slimgrpo.train.synthetic import synthetic_advantages
 
-    cfg = run_config(overrides)
-    plan = plan_for(shape, overrides, device.type)
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.model.dtype]
-    fresh_memory(device)
-    model = random_causal_lm(shape, dtype, device, seed=seed)
-    runner = UpdateOnly(cfg, model, device)
+    cfg, plan, model, runner = _update_runner(shape, overrides, device, seed)
     engine = TorchRolloutEngine(runner.model, max_batch_rows=cfg.rollout.max_batch_rows)
     G, P, L = cfg.rollout.num_generations, cfg.data.max_prompt_length, cfg.rollout.max_completion_length
     g = torch.Generator().manual_seed(seed)
@@ -128,14 +136,9 @@ def full_steps(shape: ModelShape, overrides: dict[str, Any], device: torch.devic
 def update_only(shape: ModelShape, overrides: dict[str, Any], device: torch.device, rows: int, P: int, L: int,
                 steps: int = 1, seed: int = 0) -> dict[str, Any]:
     """The update alone on synthetic completions (no decoding): peak and s/update against the plan."""
-    from slimgrpo.train.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout
+    from slimgrpo.train.synthetic import synthetic_rollout
 
-    cfg = run_config(overrides)
-    plan = plan_for(shape, overrides, device.type)
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.model.dtype]
-    fresh_memory(device)
-    model = random_causal_lm(shape, dtype, device, seed=seed)
-    runner = UpdateOnly(cfg, model, device)
+    cfg, plan, model, runner = _update_runner(shape, overrides, device, seed)
     G = cfg.rollout.num_generations
     times = []
     for i in range(steps):
