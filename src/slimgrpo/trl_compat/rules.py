@@ -9,7 +9,6 @@ that every field of those TRL dataclasses has a rule, and docs/trl-migration.md 
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
