@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import pytest
+
 from slimgrpo.memory.advice import fit_to_budget
 from slimgrpo.memory.planner import GiB, PlanInputs, plan_memory
 from slimgrpo.memory.shapes import load_shape
@@ -61,3 +63,71 @@ def test_quantised_kv_cache_is_counted():
         # bf16 -> 1 byte + fp32 scale per 64-value head (1.0625 B), plus one layer dequantised
         expected = full / 2 * (1 + 4 / QWEN.head_dim) + full / QWEN.layers
         assert abs(q - expected) <= 8
+
+
+def _saved_layer_bytes(fn, m: int, P: int, T: int, groups: int, lora: bool) -> int:
+    """Bytes autograd keeps for decoder layer 1 while ``fn`` (an update hidden function) runs on m rows
+    of ``groups`` prompts of P tokens and T completion tokens (parameters and rotary tables excluded)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=8,
+                         num_key_value_heads=2, vocab_size=128, attn_implementation="sdpa")
+    model = Qwen2ForCausalLM(config).float().train()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.0))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        rotary = t.dim() == 4 and t.shape[1] == 1 and t.shape[-1] == 8  # cos/sin [b, 1, S, head_dim]
+        if t.untyped_storage().data_ptr() not in params and not rotary:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    layer = model.get_decoder().layers[1]
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    layer.register_forward_pre_hook(lambda *a: hooks.__enter__())
+    layer.register_forward_hook(lambda *a: hooks.__exit__(None, None, None))
+    prompts = torch.randint(0, 128, (groups, P)).repeat_interleave(m // groups, 0)
+    ids = torch.cat([prompts, torch.randint(0, 128, (m, T))], 1)
+    fn(model, ids, torch.ones_like(ids), T, ids[:, P:])
+    return sum(seen.values())
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("m, G", [(4, 4), (4, 2)])
+def test_update_layer_bytes_match_autograd_plain_and_shared_prompt(lora, m, G):
+    """The planner's one-layer update bytes equal what autograd saves, with and without shared prompts."""
+    from slimgrpo.loss.unpadded import unpadded_hidden
+    from slimgrpo.memory.planner import shared_prompt_groups, update_layer_bytes
+    from slimgrpo.memory.shapes import ModelShape
+    from slimgrpo.train.shared_prompt import shared_completion_hidden
+
+    shape = ModelShape.from_hf_config({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 176,
+                                       "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+                                       "vocab_size": 128})
+    P, T = 23, 10  # 33 tokens per row: divides no chunk size
+    x = PlanInputs(device="cpu", param_dtype_bytes=4, lora=lora, lora_rank=4, num_generations=G,
+                   prompts_per_step=m // G, micro_batch_rows=m, max_prompt_length=P, max_completion_length=T,
+                   padding_mask=False)  # equal-length prompts: no prompt padding
+    groups = shared_prompt_groups(x, shape)
+    assert groups == m // G
+    assert update_layer_bytes(shape, x)[0] == _saved_layer_bytes(shared_completion_hidden, m, P, T, groups, lora)
+    plain = dataclasses.replace(x, share_prompt_forward=False)
+    assert shared_prompt_groups(plain, shape) == 0
+    assert update_layer_bytes(shape, plain)[0] == _saved_layer_bytes(unpadded_hidden, m, P, T, groups, lora)
+
+
+def test_shared_prompt_plan_is_smaller_and_off_with_checkpointing():
+    x = PlanInputs(device="cpu", param_dtype_bytes=4, num_generations=8, micro_batch_rows=8,
+                   max_prompt_length=2048, max_completion_length=256)
+    shared, plain = update_bytes(x), update_bytes(dataclasses.replace(x, share_prompt_forward=False))
+    assert shared < plain / 3
+    ckpt = dataclasses.replace(x, gradient_checkpointing=True)
+    assert plan_memory(QWEN, ckpt).components == plan_memory(
+        QWEN, dataclasses.replace(ckpt, share_prompt_forward=False)).components

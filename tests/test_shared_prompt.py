@@ -74,3 +74,18 @@ def test_not_applicable_with_checkpointing_or_distinct_prompts(tiny_model_dir):
     model.gradient_checkpointing_enable()
     batch = _batch(model.config.vocab_size)
     assert not shared_prompt.applicable(model, batch.input_ids, batch.attention_mask, batch.T)
+
+
+def test_shared_only_where_it_saves_memory(tiny_model_dir):
+    """Long completions after a short prompt: the completion pass's [rows, 1, T, P + T] mask and repeated
+    keys/values would outweigh the prompt saved, so the plain update runs (the planner's verdict)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    short_prompt = _batch(model.config.vocab_size, P=6, T=200)
+    assert not shared_prompt.applicable(model, short_prompt.input_ids, short_prompt.attention_mask, short_prompt.T)
+    long_prompt = _batch(model.config.vocab_size, P=200, T=6)
+    assert shared_prompt.applicable(model, long_prompt.input_ids, long_prompt.attention_mask, long_prompt.T)
+    # the gradient test's micro-batches of 4 rows (groups of 3 split) still share
+    b = _batch(model.config.vocab_size)
+    assert shared_prompt.applicable(model, b.input_ids[:4], b.attention_mask[:4], b.T)

@@ -44,12 +44,13 @@ def kv_width(shape, name: str, padded: bool) -> int:
     return shape.kv_dim
 
 
-def quadratic_bytes(shape, name: str, rows: int, tokens: int, B: int, padded: bool) -> tuple[int, int, str]:
-    """(shared, per_layer, formula) bytes that grow with S² for ``rows`` sequences of ``tokens``.
+def quadratic_bytes(shape, name: str, pairs: int, B: int, padded: bool) -> tuple[int, int, str]:
+    """(shared, per_layer, formula) bytes that grow with S² for ``pairs`` (query, key) positions:
+    rows·S² for ``rows`` sequences of S tokens; g·P² + m·T·(P + T) for a shared-prompt update.
 
     per_layer is what one layer keeps for backward (and what a no-grad forward holds transiently).
     """
-    S2 = rows * tokens * tokens
+    S2 = pairs
     if name == "eager":
         # scores in B, softmax in fp32 (cast back to B when B < 4): kept for the backward matmul
         per_head = B + (4 if B < 4 else 0)

@@ -63,6 +63,7 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
         generation_batch_rows=cfg.rollout.max_batch_rows,
         attn_implementation=cfg.model.attn_implementation or "sdpa",
         micro_batch_tokens=cfg.memory.micro_batch_tokens,
+        share_prompt_forward=cfg.memory.share_prompt_forward,
         kv_cache_dtype=cfg.rollout.kv_cache_dtype,
     )
 

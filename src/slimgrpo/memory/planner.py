@@ -31,7 +31,8 @@ from .shapes import ModelShape
 
 # Component, MemoryPlan, PHASES and PlanInputs are re-exported: callers import them from here.
 __all__ = ["Component", "MemoryPlan", "PHASES", "PlanInputs", "plan_memory", "logits_bytes", "kv_cache_bytes",
-           "lora_num_params", "activation_bytes_per_token_layer", "attention_mask_bytes"]
+           "lora_num_params", "activation_bytes_per_token_layer", "attention_mask_bytes", "update_layer_bytes",
+           "shared_prompt_groups"]
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
@@ -166,8 +167,9 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padd
 
 
 def attention_mask_bytes(inputs: PlanInputs, rows: int, tokens: int, padded: bool | None = None,
-                         shape: ModelShape | None = None) -> tuple[int, int]:
-    """(shared, per_layer) bytes that grow with S² for ``rows`` sequences of ``tokens``.
+                         shape: ModelShape | None = None, pairs: int | None = None) -> tuple[int, int]:
+    """(shared, per_layer) bytes that grow with S² for ``rows`` sequences of ``tokens`` (or for
+    ``pairs`` (query, key) positions when given: a shared-prompt update).
 
     With sdpa and a padding mask (``padded``, default ``inputs.padding_mask``) Hugging Face builds
     one bool [rows, 1, S, S] mask (rows·S² B); SDPA converts it to the query dtype inside every
@@ -181,7 +183,8 @@ def attention_mask_bytes(inputs: PlanInputs, rows: int, tokens: int, padded: boo
             raise ValueError("attention_mask_bytes needs the model shape for the eager kernel")
         shape = ModelShape(family="llama", hidden=1, intermediate=1, layers=1, heads=1, kv_heads=1, vocab=1,
                            tie=True)
-    shared, per_layer, _ = attn_kernels.quadratic_bytes(shape, name, rows, tokens, _compute_bytes(inputs), padded)
+    pairs = rows * tokens * tokens if pairs is None else pairs
+    shared, per_layer, _ = attn_kernels.quadratic_bytes(shape, name, pairs, _compute_bytes(inputs), padded)
     return shared, per_layer
 
 
@@ -272,37 +275,93 @@ def _optimizer_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     return [grads, state, step]
 
 
+def shared_prompt_groups(x: PlanInputs, shape: ModelShape) -> int:
+    """Prompt groups in the largest update micro-batch when each group's prompt runs once
+    (memory.share_prompt_forward), else 0: sharing needs >= 2 rows of one prompt in a micro-batch and
+    no gradient checkpointing (train/shared_prompt.applicable), and is only used where it keeps fewer
+    bytes than the plain update (``shared_prompt_saves``). Micro-batches cut the rows in order, so m rows
+    span ceil(m / G) groups, one more when neither of m and G divides the other."""
+    m, G = x.micro_rows, x.num_generations
+    if not x.share_prompt_forward or x.gradient_checkpointing or m < 2 or G < 2:
+        return 0
+    aligned = G % m == 0 or m % G == 0
+    groups = min(m, -(-m // G) + (0 if aligned else 1))
+    return groups if shared_prompt_saves(x, groups, shape) else 0
+
+
+def shared_prompt_saves(x: PlanInputs, groups: int, shape: ModelShape, prompt_padded: bool | None = None) -> bool:
+    """Whether running ``groups`` prompts once keeps fewer bytes per layer than the plain update.
+
+    The completion pass attends T queries to P + T keys through a [m, 1, T, S] mask (and sdpa then
+    repeats keys and values to query width), so with long completions after a short prompt sharing
+    costs more than it saves; the trainer asks this before it shares (train/shared_prompt.py)."""
+    if groups < 1 or groups >= x.micro_rows:
+        return False
+    shared = update_layer_bytes(shape, x, groups=groups, prompt_padded=prompt_padded)[0]
+    return shared < update_layer_bytes(shape, x, groups=0)[0]
+
+
+def update_layer_bytes(shape: ModelShape, x: PlanInputs, groups: int | None = None,
+                       prompt_padded: bool | None = None) -> tuple[int, int, int, str]:
+    """One decoder layer's saved bytes for the largest micro-batch, the tokens it runs, the S² bytes
+    shared by all layers (a bool mask) and a description.
+
+    Plain update: m unpadded rows of S tokens, no mask (a·m·S + the kernel's S² terms of m·S² pairs).
+    Shared prompt (g groups): the prompt pass runs g·P tokens (padded when the step's prompts differ:
+    prompts_per_step > 1); the completion pass runs m·T tokens against each row's P + T keys and values
+    with a [m, 1, T, S] mask, so it has the masked kernel's behaviour (sdpa repeats keys and values to
+    query width) over m·T·S (query, key) pairs, plus the fanned-out prompt keys/values m·P·2·kv'·B.
+    ``groups`` / ``prompt_padded`` override what the inputs imply (0 groups = the plain update).
+    """
+    B, S, P, T, m = _compute_bytes(x), x.seq_len, x.max_prompt_length, x.max_completion_length, x.micro_rows
+    kname = attn_kernels.kernel(x.attn_implementation)[0]
+    groups = shared_prompt_groups(x, shape) if groups is None else groups
+    if not groups:
+        shared, quad = attention_mask_bytes(x, m, S, padded=False, shape=shape)
+        per_layer = activation_bytes_per_token_layer(shape, x) * m * S + quad
+        what = f"a = {_n(activation_bytes_per_token_layer(shape, x))} B/token/layer, m·S = {m}·{_n(S)}, unpadded rows"
+        return per_layer, m * S, shared, what + (", S² terms of eager" if quad else "")
+    if prompt_padded is None:
+        prompt_padded = x.padding_mask and x.prompts_per_step > 1
+    p_shared, p_quad = attention_mask_bytes(x, groups, P, padded=prompt_padded, shape=shape)
+    c_shared, c_quad = attention_mask_bytes(x, m, S, padded=True, shape=shape, pairs=m * T * S)
+    a_prompt = activation_bytes_per_token_layer(shape, x, padded=prompt_padded)
+    a_comp = activation_bytes_per_token_layer(shape, x, padded=True)
+    fan_out = m * P * 2 * attn_kernels.kv_width(shape, kname, True) * B
+    per_layer = a_prompt * groups * P + p_quad + a_comp * m * T + fan_out + c_quad
+    what = (f"shared prompt: g·P = {groups}·{_n(P)} prompt tokens (a = {_n(a_prompt)}), m·T = {m}·{_n(T)} "
+            f"completion tokens (a = {_n(a_comp)}) + prompt keys/values m·P·2·kv'·B + mask terms")
+    return per_layer, groups * P + m * T, max(p_shared, c_shared), what
+
+
 def _activation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     B = _compute_bytes(x)
     m = x.micro_rows
     S, L, H = x.seq_len, shape.layers, shape.hidden
-    tokens = m * S
-    per_layer = activation_bytes_per_token_layer(shape, x)
-    mask_shared, mask_layer = attention_mask_bytes(x, m, S, padded=False, shape=shape)
+    layer_bytes, tokens, mask_shared, what = update_layer_bytes(shape, x)
     final_norm = tokens * ((4 + 2 * B) * H + 4)
     on_host = x.offload_activations and x.device == "cuda"
     kname = attn_kernels.kernel(x.attn_implementation)[0]
-    what = f"a = {_n(per_layer)} B/token/layer, m·S = {m}·{_n(S)}, unpadded rows, {kname}" + (
-        ", mask = S² terms of eager" if mask_layer else "")
+    what = f"{what}, {kname}"
     out: list[Component] = []
     if not x.gradient_checkpointing:
         layers = L + BACKWARD_WORKSPACE_LAYERS
-        b = math.ceil(layers * (per_layer * tokens + mask_layer)) + final_norm
+        b = math.ceil(layers * layer_bytes) + final_norm
         out.append(Component("activations", b, "update",
-                             f"(L + {BACKWARD_WORKSPACE_LAYERS:g})·(a·m·S + mask) + m·S·(4+2B)·H; {what}"))
+                             f"(L + {BACKWARD_WORKSPACE_LAYERS:g})·(one layer) + tokens·(4+2B)·H; {what}"))
     else:
         inputs_per_layer = tokens * H * B
         work = CHECKPOINT_RECOMPUTE_LAYERS + BACKWARD_WORKSPACE_LAYERS
         resident = min(OFFLOAD_RESIDENT_LAYERS, L) if on_host else L
-        b = resident * inputs_per_layer + math.ceil(work * (per_layer * tokens + mask_layer)) + final_norm
+        b = resident * inputs_per_layer + math.ceil(work * layer_bytes) + final_norm
         kind = "offloaded" if on_host else "checkpointed"
         out.append(Component("activations", b, "update",
-                             f"{kind}: {resident}·m·S·H·B + {work:g}·(a·m·S + mask) + m·S·(4+2B)·H; {what}"))
+                             f"{kind}: {resident}·m·S·H·B + {work:g}·(one layer) + m·S·(4+2B)·H; {what}"))
         if on_host:
             out.append(Component("offloaded checkpoints", L * inputs_per_layer, "update",
                                  f"L·m·S·H·B = {L}·{m}·{_n(S)}·{H}·{B} in host RAM", location="host"))
     out.append(Component("attention mask", mask_shared, "update",
-                         f"eager float causal mask [m, 1, S, S] = {m}·{_n(S)}²·{B}" if mask_shared else
+                         f"S² mask shared by the layers: {_n(mask_shared)} B" if mask_shared else
                          f"unpadded rows, {kname} causal kernel: no mask"))
     return out
 

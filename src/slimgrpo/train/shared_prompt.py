@@ -17,7 +17,10 @@ group still works (each part shares within itself).
 
 Not used with gradient checkpointing (Hugging Face models drop the KV cache while checkpointing in
 training mode) nor under FSDP2 (each sharded layer would run forward twice before one backward, which
-is untested there); ``applicable`` decides.
+is untested there), nor where it would keep more memory than the plain update: the completion pass
+attends through a [rows, 1, T, P + T] mask (and sdpa then repeats keys and values to query width), which
+outweighs the saving when completions are long and the prompt short (``saves_memory`` asks the
+planner); ``applicable`` decides.
 """
 
 from __future__ import annotations
@@ -58,7 +61,32 @@ def applicable(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_
     if P < 1 or input_ids.shape[0] < 2:
         return False
     first_row, _ = row_groups(input_ids[:, :P], attention_mask[:, :P])
-    return first_row.numel() < input_ids.shape[0]
+    if first_row.numel() >= input_ids.shape[0]:
+        return False
+    return saves_memory(lm, input_ids.shape[0], first_row.numel(), P, num_completion_tokens,
+                        prompt_padded=bool((attention_mask[:, :P] == 0).any()))
+
+
+def saves_memory(lm: nn.Module, rows: int, groups: int, P: int, T: int, prompt_padded: bool) -> bool:
+    """The planner's verdict (``memory.planner.shared_prompt_saves``): sharing keeps fewer bytes per layer.
+
+    The completion pass attends T queries to P + T keys through a [rows, 1, T, P + T] mask, so long
+    completions after a short prompt cost more shared than plain. A config the planner cannot read
+    (an architecture without the usual keys) keeps sharing on."""
+    from slimgrpo.memory.plan_types import PlanInputs
+    from slimgrpo.memory.planner import shared_prompt_saves
+    from slimgrpo.memory.shapes import ModelShape
+
+    try:
+        shape = ModelShape.from_hf_config(lm.config.to_dict())
+    except (ValueError, KeyError, TypeError):
+        return True
+    param = next(lm.parameters(), None)
+    B = 4 if param is None or param.element_size() >= 4 else 2
+    attn = getattr(lm.config, "_attn_implementation", None) or "sdpa"
+    x = PlanInputs(device="cpu", param_dtype_bytes=B, num_generations=rows, micro_batch_rows=rows,
+                   max_prompt_length=P, max_completion_length=T, attn_implementation=attn)
+    return shared_prompt_saves(x, groups, shape, prompt_padded=prompt_padded)
 
 
 def shared_completion_hidden(
