@@ -19,7 +19,8 @@ class MemoryConfig:
     share_prompt_forward: bool = True
     """Run each group's prompt through the model once in the update (its KV fanned out to the group's
     completions, gradients summed) instead of once per completion; off automatically with gradient
-    checkpointing. Same gradients."""
+    checkpointing and where the planner says it would keep more memory than the plain update (long
+    completions after a short prompt). Same gradients."""
     offload_activations: bool = False
     """Keep checkpointed layer inputs in CPU memory (needs ``gradient_checkpointing``)."""
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
