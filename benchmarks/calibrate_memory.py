@@ -57,6 +57,7 @@ def update(total: int, completion: int | None = None) -> list[str]:
 
 Q2, L2, Q1 = layers(QWEN05, 2), layers(LLAMA1B, 2), layers(QWEN05, 1)
 G2 = ["rollout.num_generations=2", "run.batch_size=2"]
+G8 = ["rollout.num_generations=8", "run.batch_size=8"]
 LORA, CKPT = ["lora.enabled=true"], ["memory.gradient_checkpointing=true"]
 
 # name, shape, overrides, mode: "train" = real steps with decoding, "update" = _update_child.py
@@ -84,6 +85,8 @@ CONFIGS = [
      "update"),
     ("qwen05x2-lora-eager-1k", Q2, G2 + update(1024, 512) + LORA + ["model.attn_implementation=eager"], "update"),
     ("qwen05x1-lora-ckpt-16k", Q1, G2 + update(16384, 256) + LORA + CKPT, "update"),
+    # one group of 8 completions after a 2K-token prompt: the shared-prompt update (prompt run once)
+    ("qwen05x2-shared8-2k", Q2, G8 + update(2048 + 256, 256), "update"),
 ]
 
 
