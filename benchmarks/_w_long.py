@@ -120,3 +120,44 @@ def plot(summary: dict[str, Any], cap_bytes: int | None, path: Path, title: str)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def merge(paths: list[str], png: Path | None) -> str:
+    """One table (and plot) from the ``--out`` files of separate sweeps, e.g. one per trainer: the rows
+    as measured, the longest length each trained and their ratio."""
+    import json
+
+    rows, caps, machines = [], set(), []
+    for p in paths:
+        data = json.loads(Path(p).read_text())
+        rows += data["summary"]["rows"]
+        caps.add(data.get("memory_cap", "?"))
+        machines.append(f"{p}: load {data.get('machine', {}).get('load_avg_1m', '?')} at the start")
+    trainers = [t for t in ("trl", "slimgrpo") if any(r["trainer"] == t for r in rows)]
+    lines = ["| completion tokens | trainer | result | peak RSS MiB | plan MiB | s/step |", "|---:|---|---|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["completion_length"], trainers.index(r["trainer"]))):
+        plan = "-" if not r.get("plan_mib") else f"{r['plan_mib']:,.0f}"
+        step = "-" if r["result"] != "trained" or r["s_per_step"] is None else f"{r['s_per_step']:.1f}"
+        result = r["result"] if r["result"] == "trained" else f"{r['result']} ({r['error']})"
+        lines.append(f"| {r['completion_length']:,} | {r['trainer']} | {result} | "
+                     f"{common.format_mib(r['peak_rss_mib'])} | {plan} | {step} |")
+    longest = {t: max((r["completion_length"] for r in rows if r["trainer"] == t and r["result"] == "trained"),
+                      default=None) for t in trainers}
+    lines += ["", "Longest completion trained: " + ", ".join(f"{t} {longest[t] or 0:,}" for t in trainers),
+              f"Memory cap: {' / '.join(sorted(caps))}", *machines]
+    if longest.get("trl") and longest.get("slimgrpo"):
+        lines.append(f"slimgrpo / TRL longest completion: {longest['slimgrpo'] / longest['trl']:g}x")
+    if png is not None:
+        cap = 8 * 2**30 if any("8.0 GiB" in c for c in caps) else None
+        plot({"rows": rows}, cap, png, "W-long: peak RSS against completion length (" + ", ".join(trainers) + ")")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Merge W-long --out files (one per trainer) into one table and plot.")
+    ap.add_argument("json", nargs="+")
+    ap.add_argument("--png", type=Path)
+    args = ap.parse_args()
+    print(merge(args.json, args.png))
