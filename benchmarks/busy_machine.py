@@ -36,6 +36,8 @@ VARIANTS = {
     "2/default": (2, {}),
     "2/passive": (2, {"OMP_WAIT_POLICY": "PASSIVE"}),
     "2/spin-10k": (2, {"GOMP_SPINCOUNT": "10000"}),
+    "2/spin-1k": (2, {"GOMP_SPINCOUNT": "1000"}),
+    "2/active": (2, {"OMP_WAIT_POLICY": "ACTIVE"}),
     "1/default": (1, {}),
 }
 
