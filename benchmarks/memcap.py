@@ -6,10 +6,14 @@ Nothing here imports slimgrpo or TRL."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+MIB = 1024 * 1024
+
 
 @dataclass
 class MemoryCap:
