@@ -98,7 +98,8 @@ def base_config(model_dir: Path, prompts: Path, out_dir: Path, steps: int) -> di
         "rewards": {"functions": [str(REPO_ROOT / "benchmarks" / "_rewards.py") + ":digit_reward"]},
         "optim": {"learning_rate": 1e-5},
         "run": {"max_steps": steps, "batch_size": 8, "output_dir": str(out_dir), "device": "cpu",
-                "save_checkpoints": False, "save_model": False, "resume": "never"},
+                "save_checkpoints": False, "save_model": False, "resume": "never",
+                "overwrite": True},  # a re-run moves the previous run folder aside
         "log": {"progress": False, "log_completions_steps": 0},
     }
 
