@@ -61,13 +61,20 @@ ADAMW_8BIT_BYTES_PER_PARAM = 2 * (1 + 4 / 256)
 # On CPU torch.optim.AdamW runs per tensor (no foreach): sqrt and division temporaries of the
 # largest trainable tensor. On CUDA slimgrpo uses fused AdamW, which has no temporaries.
 CPU_ADAMW_STEP_TEMPORARIES = 2
+# From the second micro-batch on, backward hands each parameter a fresh gradient that is then added
+# into the one accumulated so far: one more copy of the largest trainable tensor is alive for a moment
+# (fitted on CPU: full fine-tuning in 1-row micro-batches, where it is the 152K x 896 embedding).
+GRAD_ACCUMULATION_TEMPORARIES = 1
 
 # Backward holds gradient tensors of the layer it is in next to the saved activations: measured
 # 0.21-0.41 of one layer's saved activations (ru_maxrss, tiny Qwen2 on CPU, bf16/fp32, full/LoRA).
 BACKWARD_WORKSPACE_LAYERS = 0.5
-# With checkpointing, backward re-runs one layer's forward and holds its activations (recompute
-# plus workspace measured at 1.19 layers for a tiny fp32 Qwen2 on CPU; we model 1 + 0.5).
-CHECKPOINT_RECOMPUTE_LAYERS = 1.0
+# With checkpointing, backward re-runs one layer's forward. torch's non-reentrant checkpoint
+# recomputes the saved tensors and backward frees each as soon as it has used it, so less than one
+# layer's activations is alive at once: recompute + workspace fitted at 0.6 + 0.5 layers on the CPU
+# calibration (docs/benchmarks.md#calibration: Qwen2.5-0.5B / Llama-3.2-1B widths, LoRA and full,
+# 512 to 16,384 tokens); an earlier fit on one tiny fp32 Qwen2 had 1 + 0.5.
+CHECKPOINT_RECOMPUTE_LAYERS = 0.6
 # With offloading, checkpoints of this many layers sit on the device at once (one in use, one in flight).
 OFFLOAD_RESIDENT_LAYERS = 2
 
@@ -272,7 +279,13 @@ def _optimizer_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     else:
         step = Component("optimizer step workspace", 0, "update",
                          "fused AdamW (cuda) / blockwise 8-bit kernels: no temporaries")
-    return [grads, state, step]
+    micro_batches = -(-x.rows // x.micro_rows)
+    accumulate = GRAD_ACCUMULATION_TEMPORARIES * largest * b if micro_batches > 1 else 0
+    acc = Component("gradient accumulation", accumulate, "update",
+                    f"{micro_batches} micro-batches: the next gradient of the largest trainable tensor before it is "
+                    f"added, {GRAD_ACCUMULATION_TEMPORARIES}·{_n(largest)}·{b} B" if accumulate else
+                    "one micro-batch per step: gradients are written once")
+    return [grads, acc, state, step]
 
 
 def shared_prompt_groups(x: PlanInputs, shape: ModelShape) -> int:
