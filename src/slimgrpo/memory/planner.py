@@ -69,12 +69,10 @@ GRAD_ACCUMULATION_TEMPORARIES = 1
 # Backward holds gradient tensors of the layer it is in next to the saved activations: measured
 # 0.21-0.41 of one layer's saved activations (ru_maxrss, tiny Qwen2 on CPU, bf16/fp32, full/LoRA).
 BACKWARD_WORKSPACE_LAYERS = 0.5
-# With checkpointing, backward re-runs one layer's forward. torch's non-reentrant checkpoint
-# recomputes the saved tensors and backward frees each as soon as it has used it, so less than one
-# layer's activations is alive at once: recompute + workspace fitted at 0.6 + 0.5 layers on the CPU
-# calibration (docs/benchmarks.md#calibration: Qwen2.5-0.5B / Llama-3.2-1B widths, LoRA and full,
-# 512 to 16,384 tokens); an earlier fit on one tiny fp32 Qwen2 had 1 + 0.5.
-CHECKPOINT_RECOMPUTE_LAYERS = 0.6
+# With checkpointing, backward re-runs one layer's forward and holds its activations (recompute
+# plus workspace measured at 1.19 layers for a tiny fp32 Qwen2 on CPU; we model 1 + 0.5). This working
+# set comes after the LM head and loss have freed theirs (plan_memory overlaps the two).
+CHECKPOINT_RECOMPUTE_LAYERS = 1.0
 # With offloading, checkpoints of this many layers sit on the device at once (one in use, one in flight).
 OFFLOAD_RESIDENT_LAYERS = 2
 
@@ -366,10 +364,12 @@ def _activation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
         inputs_per_layer = tokens * H * B
         work = CHECKPOINT_RECOMPUTE_LAYERS + BACKWARD_WORKSPACE_LAYERS
         resident = min(OFFLOAD_RESIDENT_LAYERS, L) if on_host else L
-        b = resident * inputs_per_layer + math.ceil(work * layer_bytes) + final_norm
+        b = resident * inputs_per_layer + final_norm
         kind = "offloaded" if on_host else "checkpointed"
         out.append(Component("activations", b, "update",
-                             f"{kind}: {resident}·m·S·H·B + {work:g}·(one layer) + m·S·(4+2B)·H; {what}"))
+                             f"{kind} layer inputs {resident}·m·S·H·B + final norm m·S·(4+2B)·H; {what}"))
+        out.append(Component("recompute working set", math.ceil(work * layer_bytes), "update",
+                             f"backward re-runs one layer: {work:g}·(one layer); {what}"))
         if on_host:
             out.append(Component("offloaded checkpoints", L * inputs_per_layer, "update",
                                  f"L·m·S·H·B = {L}·{m}·{_n(S)}·{H}·{B} in host RAM", location="host"))
@@ -457,6 +457,20 @@ def _notes(shape: ModelShape, x: PlanInputs) -> list[str]:
     return notes
 
 
+def _overlap_recompute(activations: list[Component], loss: Component) -> list[Component]:
+    """With checkpointing the LM head and loss run (and free their chunks) before backward reaches the
+    decoder, where each layer is recomputed: the two working sets are alive one after the other, so the
+    recompute line only holds what exceeds the loss working set."""
+    out = []
+    for c in activations:
+        if c.name == "recompute working set":
+            extra = max(0, c.bytes - loss.bytes)
+            c = Component(c.name, extra, c.phase, f"{c.formula} = {_n(c.bytes)}, after the loss working set "
+                          f"({_n(loss.bytes)}) is freed: max(0, difference)")
+        out.append(c)
+    return out
+
+
 def _overlap_step_workspace(optimizer: list[Component], backward: list[Component]) -> list[Component]:
     """The optimizer step runs after backward has freed activations and the loss working set, so its
     temporaries only add what exceeds them: the step workspace line holds max(0, temporaries - those)."""
@@ -489,8 +503,8 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
         what = "CUDA context and workspaces" if x.device == "cuda" else "measured import RSS of torch+transformers"
     else:
         what = "given by framework_overhead_bytes"
-    activations = _activation_components(shape, x)
     loss = _loss_component(shape, x)
+    activations = _overlap_recompute(_activation_components(shape, x), loss)
     optimizer = _overlap_step_workspace(_optimizer_components(shape, x), activations + [loss])
     components = [
         *_weight_components(shape, x),
