@@ -54,11 +54,12 @@ class PlanInputs:
     vocab_chunk: int | None = None
     """Vocabulary entries per LM-head chunk (online log-sum-exp); None = whole vocabulary."""
     chunked_loss: bool = True
-    """False = materialise [m, T, V] logits as TRL-style trainers do (for comparisons)."""
+    """False = materialise [m, T, V] logits, as a trainer without a chunked head does (for comparisons)."""
     padding_mask: bool = True
     """Prompts of a step differ in length, so the generation prefill carries a [g, 1, P, P] padding
-    mask (and SDPA repeats keys/values to query width there). The update never has one: its rows run
-    unpadded with no mask (loss/unpadded.py)."""
+    mask (and SDPA repeats keys/values to query width there). The plain update never has one (its rows
+    run unpadded with no mask, loss/unpadded.py); a shared-prompt update's prompt pass has one when
+    prompts_per_step > 1."""
     attn_implementation: str = "sdpa"
     """Attention kernel (model.attn_implementation): "sdpa", "flash_attention_2" or "eager" are
     modelled (memory/attention.py); any other is assumed O(S) like sdpa and the plan says so."""
