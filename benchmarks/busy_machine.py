@@ -13,8 +13,8 @@ microseconds.  This script measures that mechanism: each variant (threads x wait
 W-cpu model in its own process (the policy must be in the environment before torch loads), quiet and
 next to ``--competitors`` busy-loop processes, alternating variants so that drifting load hits all.
 
-Variants: ``2/default`` (torch's default), ``2/passive`` (``OMP_WAIT_POLICY=PASSIVE``), ``2/spin-10k``
-(``GOMP_SPINCOUNT=10000``), ``1/default``.  ``import slimgrpo`` before torch picks ``passive`` unless the
+Variants: ``2/default`` (torch's default), ``2/passive`` (``OMP_WAIT_POLICY=PASSIVE``), ``2/active``
+(``OMP_WAIT_POLICY=ACTIVE``), ``2/spin-10k`` and ``2/spin-1k`` (``GOMP_SPINCOUNT``), ``1/default``.  ``import slimgrpo`` before torch picks ``passive`` unless the
 user set a policy (``slimgrpo.threads``, ``run.thread_wait_policy``).
 """
 
