@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from slimgrpo.config import load_config
-from slimgrpo.rollout.engine import TorchRolloutEngine, _left_pad
+from slimgrpo.rollout.engine import TorchRolloutEngine, left_pad
 from slimgrpo.train.distributed import from_environment
 from slimgrpo.train.trainer import Trainer
 from slimgrpo.types import Rollout
@@ -50,7 +50,7 @@ class FixedEngine:
         for i, (t, _) in enumerate(rows):
             ids[i, : len(t)] = t
             mask[i, : len(t)] = True
-        prompt, prompt_mask = _left_pad(prompt_ids, self.pad_id, torch.device("cpu"))
+        prompt, prompt_mask = left_pad(prompt_ids, self.pad_id, torch.device("cpu"))
         return Rollout(prompt, prompt_mask, ids, mask, torch.tensor([tr for _, tr in rows]),
                        torch.zeros(len(rows), T), num_generations)
 

@@ -31,12 +31,12 @@ def step_logprobs(model, kind, prompts, tokens, suppress_eos):
     from transformers import DynamicCache
 
     from slimgrpo.rollout.decode import make_stepper
-    from slimgrpo.rollout.engine import _left_pad
+    from slimgrpo.rollout.engine import left_pad
     from slimgrpo.rollout.model_parts import CausalLMParts
 
     parts = CausalLMParts(model)
     with torch.no_grad():
-        ids, mask = _left_pad(prompts, 0, torch.device("cpu"))
+        ids, mask = left_pad(prompts, 0, torch.device("cpu"))
         cache = DynamicCache(config=parts.config)
         positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)
         hidden = parts.decoder(input_ids=ids, attention_mask=mask.long(), position_ids=positions,

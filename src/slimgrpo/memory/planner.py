@@ -457,32 +457,30 @@ def _notes(shape: ModelShape, x: PlanInputs) -> list[str]:
     return notes
 
 
+def _after_freed(components: list[Component], name: str, freed: int, what: str) -> list[Component]:
+    """The line ``name`` is only alive after ``freed`` bytes (``what``) were released, so it holds only
+    what exceeds them: max(0, its bytes - freed). The other lines are returned unchanged."""
+    out = []
+    for c in components:
+        if c.name == name and c.bytes:
+            c = Component(c.name, max(0, c.bytes - freed), c.phase,
+                          f"{c.formula} = {_n(c.bytes)}, after {what} ({_n(freed)}) is freed: max(0, difference)")
+        out.append(c)
+    return out
+
+
 def _overlap_recompute(activations: list[Component], loss: Component) -> list[Component]:
     """With checkpointing the LM head and loss run (and free their chunks) before backward reaches the
     decoder, where each layer is recomputed: the two working sets are alive one after the other, so the
     recompute line only holds what exceeds the loss working set."""
-    out = []
-    for c in activations:
-        if c.name == "recompute working set":
-            extra = max(0, c.bytes - loss.bytes)
-            c = Component(c.name, extra, c.phase, f"{c.formula} = {_n(c.bytes)}, after the loss working set "
-                          f"({_n(loss.bytes)}) is freed: max(0, difference)")
-        out.append(c)
-    return out
+    return _after_freed(activations, "recompute working set", loss.bytes, "the loss working set")
 
 
 def _overlap_step_workspace(optimizer: list[Component], backward: list[Component]) -> list[Component]:
     """The optimizer step runs after backward has freed activations and the loss working set, so its
     temporaries only add what exceeds them: the step workspace line holds max(0, temporaries - those)."""
     held = sum(c.bytes for c in backward if c.location == "device")
-    out = []
-    for c in optimizer:
-        if c.name == "optimizer step workspace" and c.bytes:
-            extra = max(0, c.bytes - held)
-            c = Component(c.name, extra, c.phase, f"{c.formula} = {_n(c.bytes)}, after backward frees "
-                          f"activations + loss ({_n(held)}): max(0, difference)")
-        out.append(c)
-    return out
+    return _after_freed(optimizer, "optimizer step workspace", held, "backward's activations + loss")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from slimgrpo.rollout.engine import left_pad
 from slimgrpo.rollout.environments import Toolbox
 from slimgrpo.rollout.model_parts import eval_mode
 from slimgrpo.rollout.sampling import SamplingParams, SamplingWorkspace, sample_next
@@ -174,7 +175,7 @@ class AgentRollout:
         n = len(prompt_ids)
         distinct: dict[tuple[int, ...], int] = {}
         slot = [distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids]
-        ids, mask = _left_pad([list(p) for p in distinct], params.pad_token_id, device)
+        ids, mask = left_pad([list(p) for p in distinct], params.pad_token_id, device)
         cache = DynamicCache(config=self.parts.config)
         positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)
         hidden = self.parts.decoder(input_ids=ids, attention_mask=mask.long(), position_ids=positions,
@@ -203,7 +204,7 @@ class AgentRollout:
             keep = torch.tensor(going, device=device)
             session.select(keep)
             alive = [alive[b] for b in going]
-            block, valid = _left_pad(feeds, params.pad_token_id, device)
+            block, valid = left_pad(feeds, params.pad_token_id, device)
             logits = self.parts.logits(session.feed(block, valid))
         return states
 
@@ -297,7 +298,7 @@ class AgentRollout:
             cmask[i, :k] = True
             tmask[i, :k] = torch.tensor(s.model, dtype=torch.bool)
             logp[i, :k] = torch.tensor(s.logprobs, dtype=torch.float32)
-        pids, pmask = _left_pad(prompt_ids, params.pad_token_id, device)
+        pids, pmask = left_pad(prompt_ids, params.pad_token_id, device)
         tool_tokens = float((cmask & ~tmask).sum())
         model_tokens = float(tmask.sum())
         faults: dict[str, int] = {}
@@ -326,16 +327,6 @@ class AgentRollout:
             prompts_per_row=True, conversations=[s.messages for s in states], reward_columns=columns,
             metrics=metrics,
         )
-
-
-def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    P = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), P), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(seqs), P, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        ids[i, P - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
-        mask[i, P - len(s):] = True
-    return ids.to(device), mask.to(device)
 
 
 __all__ = ["AgentRollout", "KVSession"]

@@ -122,7 +122,7 @@ class TorchRolloutEngine:
         lengths = torch.cat([p[2] for p in pieces])  # [rows]
         is_truncated = torch.cat([p[3] for p in pieces])  # [rows]
         completion_mask = torch.arange(T, device=device)[None, :] < lengths[:, None]  # [rows, T]
-        prompt_tensor, prompt_mask = _left_pad(prompt_ids, params.pad_token_id, device)
+        prompt_tensor, prompt_mask = left_pad(prompt_ids, params.pad_token_id, device)
         return Rollout(
             prompt_ids=prompt_tensor,
             prompt_mask=prompt_mask,
@@ -147,7 +147,7 @@ class TorchRolloutEngine:
         Returns ``(tokens [n, max_new], logprobs [n, max_new], lengths [n], is_truncated [n])``.
         """
         prompt_order, row_slot = torch.unique_consecutive(row_prompt, return_inverse=True)
-        ids, mask = _left_pad([prompt_ids[i] for i in prompt_order.tolist()], params.pad_token_id, device)
+        ids, mask = left_pad([prompt_ids[i] for i in prompt_order.tolist()], params.pad_token_id, device)
         n, P, max_new = row_prompt.numel(), ids.shape[1], params.max_new_tokens
         row_slot = row_slot.to(device)  # [n] which prefilled prompt each row extends
 
@@ -218,7 +218,7 @@ def _check_prompts(prompt_ids: list[list[int]]) -> None:
             raise ValueError(f"prompt_ids[{i}] must be a non-empty list of token ids, got {p!r}")
 
 
-def _left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists: ``(ids [B, P] long, mask [B, P] bool)``."""
     P = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), P), pad_id, dtype=torch.long)
