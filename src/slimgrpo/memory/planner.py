@@ -145,7 +145,7 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padd
 
     Checked tensor by tensor against saved_tensors_hooks on Qwen2 layers (fp32/bf16, full/LoRA).
     """
-    H, I, q, kv = shape.hidden, shape.intermediate, shape.q_dim, shape.kv_dim
+    H, I, q = shape.hidden, shape.intermediate, shape.q_dim
     B = _compute_bytes(inputs)
     A = LORA_ADAPTER_BYTES
     adapted = set(lora_targets(inputs.lora_target_modules)) if inputs.lora else set()

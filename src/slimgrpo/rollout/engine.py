@@ -148,7 +148,7 @@ class TorchRolloutEngine:
         """
         prompt_order, row_slot = torch.unique_consecutive(row_prompt, return_inverse=True)
         ids, mask = left_pad([prompt_ids[i] for i in prompt_order.tolist()], params.pad_token_id, device)
-        n, P, max_new = row_prompt.numel(), ids.shape[1], params.max_new_tokens
+        n, max_new = row_prompt.numel(), params.max_new_tokens
         row_slot = row_slot.to(device)  # [n] which prefilled prompt each row extends
 
         # Prefill each distinct prompt once (batch = prompts), left padding handled by mask + positions.
