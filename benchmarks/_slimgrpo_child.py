@@ -30,7 +30,8 @@ def config_dict(spec: dict) -> dict:
         "lora": {"enabled": bool(spec.get("lora")), "r": spec["lora_r"], "alpha": float(spec["lora_alpha"]),
                  "dropout": 0.0},
         "data": {"path": spec["prompts_path"], "prompt_column": "prompt", "shuffle": False,
-                 "use_chat_template": "never",  # TRL tokenizes plain-text prompts as they are
+                 # TRL tokenizes plain-text prompts as they are and renders message lists with the template
+                "use_chat_template": "auto" if spec.get("conversational") else "never",
                  "max_prompt_length": spec["max_prompt_length"]},
         "rollout": {"num_generations": spec["num_generations"], "max_completion_length": L,
                     "min_completion_length": L if spec["pin_length"] else 0,  # pin the work like TRL's min_new_tokens

@@ -288,6 +288,27 @@ def write_prompts(path: Path, count: int) -> Path:
     return path
 
 
+# The system prompt of the GRPO GSM8K recipes W-real follows (reasoning and answer tags).
+REASONING_SYSTEM_PROMPT = ("Respond in the following format:\n<reasoning>\n...\n</reasoning>\n"
+                           "<answer>\n...\n</answer>")
+
+
+def write_chat_prompts(path: Path, count: int, system_prompt: str = REASONING_SYSTEM_PROMPT) -> Path:
+    """The first ``count`` GSM8K test questions as conversational prompts (system + user messages)."""
+    rows = []
+    with open(GSM8K_DIR / "test.jsonl") as f:
+        for line in f:
+            if len(rows) >= count:
+                break
+            r = json.loads(line)
+            rows.append({"prompt": [{"role": "system", "content": system_prompt},
+                                    {"role": "user", "content": r["question"].strip()}],
+                         "answer": r["answer"].split("####")[-1].strip()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 # ----------------------------------------------------------------------------- one measured run
 
 

@@ -173,12 +173,19 @@ def floor_for(step: Step, machine: Machine | None = None) -> dict[str, float]:
 
 
 def mean_prompt_tokens(model_path: str, prompts_path: str, count: int) -> int:
-    """Mean token count of the first ``count`` prompts of a JSONL file (``prompt`` column)."""
+    """Mean token count of the first ``count`` prompts of a JSONL file (``prompt`` column; a list of
+    messages goes through the tokenizer's chat template, as both trainers do)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_path)
     rows = [json.loads(line) for line in Path(prompts_path).read_text().splitlines() if line.strip()][:count]
-    lengths = [len(tok(r["prompt"])["input_ids"]) for r in rows]
+
+    def text(prompt) -> str:
+        if isinstance(prompt, str):
+            return prompt
+        return tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+    lengths = [len(tok(text(r["prompt"]), add_special_tokens=False)["input_ids"]) for r in rows]
     return round(sum(lengths) / max(len(lengths), 1))
 
 

@@ -4,8 +4,14 @@
     python benchmarks/vs_trl.py --workload w-long [--mem-cap 8GiB] [--max-length 16384] [--png PATH]
     python benchmarks/vs_trl.py --workload w-gpu [--shape qwen2.5-0.5b] [--lora]      (GPU; untested)
     python benchmarks/vs_trl.py --workload w-0.5b                                     (qwen2.5-0.5b shape, LoRA, CPU)
+    python benchmarks/vs_trl.py --workload w-real [--lora] [--model DIR]              (SmolLM2-135M-Instruct, CPU)
     python benchmarks/vs_trl.py --workload demo
     python benchmarks/vs_trl.py --workload w-cpu --quick                              (smoke test)
+
+W-real is a real pretrained model: SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, vocabulary
+49,152, tied head), set up once with ``python scripts/get_smollm2.py .bench/smollm2`` (the default
+``--model``), on GSM8K test questions as chat prompts (a <reasoning>/<answer> system prompt), 2 prompts
+x 8 completions of at most 128 tokens that stop at EOS (not pinned), beta 0.04, fp32.
 
 Runs alternate between the trainers (trl, slimgrpo, trl, slimgrpo, ...), each in its own process
 started through a fresh intermediate process that reports the child's peak RSS. The completion
@@ -63,6 +69,7 @@ class Settings:
     prompts_per_step: int = 1
     completion_length: int = 256
     pin_length: bool = True  # min new tokens = max new tokens: both trainers generate exactly L tokens
+    conversational: bool = False  # prompts are message lists, rendered by the model's chat template
     max_prompt_length: int = 512
     steps: int = 4
     seed: int = 42
@@ -91,7 +98,7 @@ class Settings:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workload", choices=["w-cpu", "w-long", "w-gpu", "w-0.5b", "demo"], default="w-cpu")
+    p.add_argument("--workload", choices=["w-cpu", "w-long", "w-gpu", "w-0.5b", "w-real", "demo"], default="w-cpu")
     p.add_argument("--trainers", default="trl,slimgrpo", help="comma-separated, in the order they alternate")
     p.add_argument("--steps", type=int, help="optimizer steps per run (the first is a warm-up)")
     p.add_argument("--repeats", type=int, default=None, help="runs per trainer, alternating")
@@ -106,6 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", help="cpu or cuda (default: the workload's)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"])
     p.add_argument("--shape", default="qwen2.5-0.5b", help="w-gpu: a name from shared/data/model_shapes.json")
+    p.add_argument("--model", help="w-real: the SmolLM2-135M-Instruct folder (default .bench/smollm2, made by "
+                   "scripts/get_smollm2.py)")
     p.add_argument("--lora", action="store_true", help="train LoRA adapters (r=16, alpha=32) instead of all weights")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--num-threads", type=int, help="torch CPU threads in both children (default: torch's)")
@@ -136,6 +145,8 @@ def workload_settings(a: argparse.Namespace) -> Settings:
         # A real shape on CPU: qwen2.5-0.5b, random init, LoRA, 4 completions x 128 tokens.
         s.shape = common.load_shape("qwen2.5-0.5b")
         s.num_generations, s.completion_length, s.lora, s.steps = 4, 128, True, 3
+    elif w == "w-real":
+        _real_settings(s, a.model)
     elif w == "demo":
         demo = _demo_settings(s)
         if demo is None:
@@ -163,6 +174,21 @@ def workload_settings(a: argparse.Namespace) -> Settings:
     if s.steps < 2:
         print("note: with --steps 1 there is no step after the warm-up; s/step uses the first step", file=sys.stderr)
     return s
+
+
+def _real_settings(s: Settings, model: str | None) -> None:
+    """W-real: SmolLM2-135M-Instruct on GSM8K chat prompts, completions ending at EOS."""
+    folder = Path(model or common.BENCH_DIR / "smollm2")
+    if not (folder / "config.json").is_file():
+        sys.exit(f"w-real needs SmolLM2-135M-Instruct in {folder}: run python scripts/get_smollm2.py {folder}")
+    cfg = json.loads((folder / "config.json").read_text())
+    s.model_path = str(folder)
+    s.shape = {"family": cfg["model_type"], "hidden": cfg["hidden_size"], "intermediate": cfg["intermediate_size"],
+               "layers": cfg["num_hidden_layers"], "heads": cfg["num_attention_heads"],
+               "kv_heads": cfg["num_key_value_heads"], "vocab": cfg["vocab_size"],
+               "tie": cfg.get("tie_word_embeddings", False), "max_positions": cfg["max_position_embeddings"]}
+    s.num_generations, s.prompts_per_step, s.completion_length, s.steps = 8, 2, 128, 3
+    s.pin_length, s.conversational = False, True
 
 
 def _demo_settings(s: Settings) -> Settings | None:
@@ -293,7 +319,12 @@ def prepare_inputs(s: Settings) -> None:
         print(f"model folder: {s.model_path} ({time.perf_counter() - t:.0f} s)", file=sys.stderr)
     if not s.prompts_path:
         count = max(s.steps * s.prompts_per_step, 8)
-        s.prompts_path = str(common.write_prompts(common.BENCH_DIR / "prompts" / f"gsm8k_test_{count}.jsonl", count))
+        if s.conversational:
+            s.prompts_path = str(common.write_chat_prompts(
+                common.BENCH_DIR / "prompts" / f"gsm8k_test_chat_{count}.jsonl", count))
+        else:
+            s.prompts_path = str(common.write_prompts(
+                common.BENCH_DIR / "prompts" / f"gsm8k_test_{count}.jsonl", count))
 
 
 # ----------------------------------------------------------------------------- reporting

@@ -89,3 +89,26 @@ def test_shared_only_where_it_saves_memory(tiny_model_dir):
     # the gradient test's micro-batches of 4 rows (groups of 3 split) still share
     b = _batch(model.config.vocab_size)
     assert shared_prompt.applicable(model, b.input_ids[:4], b.attention_mask[:4], b.T)
+
+
+@pytest.mark.parametrize("micro", [None, 4])  # 4 splits groups of 3
+def test_no_grad_logprobs_shared_equal_plain(tiny_model_dir, micro, monkeypatch):
+    """Reference / old-policy log-probs: the shared-prompt pass gives the plain pass's values, and it is
+    used whenever rows share a prompt, even where the update would not share (no activations are kept)."""
+    from transformers import AutoModelForCausalLM
+
+    from slimgrpo.train.update import batch_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    batch = _batch(model.config.vocab_size, T=7)
+    calls = []
+    real = shared_prompt.shared_completion_hidden
+    monkeypatch.setattr(shared_prompt, "shared_completion_hidden", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(shared_prompt, "saves_memory", lambda *a, **k: False)  # the update would not share
+    shared, ent_s = batch_logprobs(model, batch, micro, 0.7, 4, None, want_entropy=True, share_prompt=True)
+    assert calls, "rows share prompts: the no-grad pass should run each prompt once"
+    plain, ent_p = batch_logprobs(model, batch, micro, 0.7, 4, None, want_entropy=True, share_prompt=False)
+    assert len(calls) == (1 if micro is None else 2)  # micro 4 of 9 rows: the last slice has one row
+    torch.testing.assert_close(shared, plain, **TOL)
+    torch.testing.assert_close(ent_s, ent_p, **TOL)
+    assert bool((plain[batch.loss_mask] < 0).all()) and bool((plain[~batch.loss_mask] == 0).all())

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import torch
 
 from slimgrpo.config import Config, LoraConfig, ModelConfig
+from slimgrpo.model_gguf import GGUFError, gguf_config, is_gguf, load_gguf_model, load_gguf_tokenizer
 
 log = logging.getLogger("slimgrpo")
 
@@ -23,11 +24,22 @@ class ModelLoadError(ValueError):
     """The model folder is missing, incomplete, or cannot be loaded."""
 
 
+def _gguf_call(fn, *args, **kwargs):
+    """A GGUF reader with its errors as ``ModelLoadError`` (exit 2, naming the file)."""
+    try:
+        return fn(*args, **kwargs)
+    except GGUFError as e:
+        raise ModelLoadError(str(e)) from None
+
+
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
 
 
 def read_model_config(path: str) -> dict[str, Any]:
-    """config.json of a local model folder (cheap: no weights are read)."""
+    """config.json of a local model folder, or the same read from a GGUF file's metadata (cheap: no
+    weights are read)."""
+    if is_gguf(path):
+        return _gguf_call(gguf_config, path)
     p = Path(path)
     if not p.exists():
         raise ModelLoadError(
@@ -37,7 +49,7 @@ def read_model_config(path: str) -> dict[str, Any]:
     if p.is_file():
         raise ModelLoadError(
             f"model.path {path!r} is a file; point it at the model folder that holds config.json and the "
-            f"weights (perhaps model.path={str(p.parent)!r})")
+            f"weights (perhaps model.path={str(p.parent)!r}), or at a .gguf file")
     cfg_file = p / "config.json"
     if not cfg_file.is_file():
         raise ModelLoadError(f"model folder {path!r} has no config.json; is it a Hugging Face model folder?")
@@ -110,6 +122,8 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     p = Path(path)
+    if is_gguf(path):
+        return _finish_tokenizer(_gguf_call(load_gguf_tokenizer, path), path)
     if not p.exists() and not looks_like_hub_name(path):  # fail at once instead of asking the hub
         raise ModelLoadError(f"tokenizer folder {path!r} does not exist: set model.tokenizer_path to a local "
                              "folder with tokenizer.json (or leave it empty to use model.path)")
@@ -120,6 +134,11 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
             tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as e:
         raise ModelLoadError(f"could not load a tokenizer from {path!r}: {type(e).__name__}: {e}") from None
+    return _finish_tokenizer(tok, path)
+
+
+def _finish_tokenizer(tok, path: str):
+    """EOS required, padding on the left (EOS as padding when there is no pad token)."""
     if tok.eos_token_id is None:
         raise ModelLoadError(f"the tokenizer in {path!r} has no eos_token: completions could never end")
     if tok.pad_token_id is None:
@@ -148,6 +167,12 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype):
             bnb_4bit_use_double_quant=True,
         )
         kwargs["device_map"] = {"": device.index or 0}
+    if is_gguf(path):
+        if cfg.load_in_4bit:
+            raise ModelLoadError(f"model.load_in_4bit with a GGUF file ({path}): convert it to a Hugging Face "
+                                 "folder first (scripts/get_smollm2.py shows how) and quantise that")
+        model = _gguf_call(load_gguf_model, path, dtype, **{k: v for k, v in kwargs.items() if k != "dtype"})
+        return model.to(device)
     if os.path.isdir(path):
         check_weights_present(path)
         # Never unpickle a .bin the user did not explicitly accept: prefer safetensors.

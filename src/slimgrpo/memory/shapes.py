@@ -32,6 +32,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from slimgrpo.model_gguf import gguf_config, is_gguf
+
 # Per-family architecture details that change the parameter count.
 #   qkv_bias:  q_proj/k_proj/v_proj carry a bias vector (Qwen2).
 #   qk_norm:   an RMSNorm of size head_dim on queries and on keys in every layer (Qwen3).
@@ -204,7 +206,7 @@ def _read_config(path: Path) -> ModelShape:
 def load_shape(spec: str | os.PathLike[str]) -> ModelShape:
     """Resolve ``spec`` to a :class:`ModelShape`.
 
-    Tried in order: an existing file (a ``config.json``), an existing folder holding a
+    Tried in order: a GGUF file (its metadata), an existing file (a ``config.json``), an existing folder holding a
     ``config.json``, then a bundled preset name (case-insensitive; a hub id such as
     ``meta-llama/Llama-3.1-8B-Instruct`` matches the preset ``llama-3.1-8b``).
     Raises ``ValueError`` naming what was tried and the closest preset names.
@@ -213,6 +215,11 @@ def load_shape(spec: str | os.PathLike[str]) -> ModelShape:
     if not text.strip():
         raise ValueError("empty model spec: give a preset name (e.g. 'qwen2.5-0.5b') or a path to config.json")
     path = Path(text).expanduser()
+    if is_gguf(path):
+        try:
+            return ModelShape.from_hf_config(gguf_config(path))
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from err
     if path.is_file():
         return _read_config(path)
     if path.is_dir():

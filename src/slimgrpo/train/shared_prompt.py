@@ -50,20 +50,30 @@ def row_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]
     return first_row, group_of_row
 
 
-def applicable(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion_tokens: int) -> bool:
-    """Sharing saves work (some rows share a prompt) and the model can run it (no checkpointing)."""
+def shares_work(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion_tokens: int) -> int:
+    """How many groups the rows form, where sharing saves work (some rows share a prompt) and the model
+    can run it (no checkpointing, no FSDP2); 0 where it cannot or would not save work."""
     lm = unwrap_causal_lm(model)
     if any(getattr(m, "gradient_checkpointing", False) is True for m in lm.modules()):
-        return False
+        return 0
     if any(hasattr(m, "_fsdp_state") or "FSDP" in type(m).__name__ for m in lm.modules()):
-        return False  # FSDP2: each layer would run forward twice before one backward (untested)
+        return 0  # FSDP2: each layer would run forward twice before one backward (untested)
     P = input_ids.shape[1] - num_completion_tokens
     if P < 1 or input_ids.shape[0] < 2:
-        return False
+        return 0
     first_row, _ = row_groups(input_ids[:, :P], attention_mask[:, :P])
-    if first_row.numel() >= input_ids.shape[0]:
+    return first_row.numel() if first_row.numel() < input_ids.shape[0] else 0
+
+
+def applicable(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion_tokens: int) -> bool:
+    """The update shares: it saves work (``shares_work``) and keeps fewer bytes than the plain update
+    (``saves_memory``). Passes without gradients (reference and old-policy log-probs) keep no
+    activations, so for them ``shares_work`` alone decides."""
+    groups = shares_work(model, input_ids, attention_mask, num_completion_tokens)
+    if not groups:
         return False
-    return saves_memory(lm, input_ids.shape[0], first_row.numel(), P, num_completion_tokens,
+    P = input_ids.shape[1] - num_completion_tokens
+    return saves_memory(unwrap_causal_lm(model), input_ids.shape[0], groups, P, num_completion_tokens,
                         prompt_padded=bool((attention_mask[:, :P] == 0).any()))
 
 

@@ -288,11 +288,12 @@ class Trainer:
         update = make_update_batch(rollout, advantages, cfg.loss.mask_truncated_completions)
         args = (cfg.memory.micro_batch_size, cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk)
         tokens = cfg.memory.micro_batch_tokens
+        share = cfg.memory.share_prompt_forward
         if cfg.loss.num_iterations > 1 or cfg.loss.steps_per_generation > 1:  # the policy moves within the step
-            update.old_logp = batch_logprobs(self.model, update, *args, micro_tokens=tokens)
+            update.old_logp = batch_logprobs(self.model, update, *args, micro_tokens=tokens, share_prompt=share)
         if cfg.loss.beta > 0:
             with self.policy.reference() as ref_model:
-                update.ref_logp = batch_logprobs(ref_model, update, *args, micro_tokens=tokens)
+                update.ref_logp = batch_logprobs(ref_model, update, *args, micro_tokens=tokens, share_prompt=share)
         update.entropy_cut = entropy_cut(self.model, update, cfg.loss.top_entropy_quantile, *args, micro_tokens=tokens)
         return update
 

@@ -10,6 +10,7 @@ import torch
 
 from slimgrpo.loss.logprobs import completion_logprobs
 from slimgrpo.loss.objectives import LossSettings, Normaliser
+from slimgrpo.train import shared_prompt
 from slimgrpo.train.distributed import is_wrapped
 from slimgrpo.loss.unpadded import unpadded_hidden
 from slimgrpo.train.micro import micro_batches, row_lengths
@@ -82,18 +83,25 @@ def model_logprobs(model, *args, **kwargs):
 
 
 def batch_logprobs(model, batch: UpdateBatch, micro: int | None, temperature: float, token_chunk: int,
-                   vocab_chunk: int | None, want_entropy: bool = False, micro_tokens: int | None = None):
+                   vocab_chunk: int | None, want_entropy: bool = False, micro_tokens: int | None = None,
+                   share_prompt: bool = False):
     """[rows, T] log-probs without gradients (old / reference policy), micro-batch by micro-batch
-    (``micro`` rows, or the ``micro_tokens`` budget). ``want_entropy``: return ``(logp, entropy)``, both [rows, T]."""
+    (``micro`` rows, or the ``micro_tokens`` budget). ``want_entropy``: return ``(logp, entropy)``, both [rows, T].
+    ``share_prompt`` (``memory.share_prompt_forward``): each group's prompt runs once where rows share it
+    (``shared_prompt.shares_work``); without gradients nothing is kept for backward, so this saves time
+    at no memory cost."""
     out = torch.zeros(batch.rows, batch.T, dtype=torch.float32, device=batch.input_ids.device)
     ent = torch.zeros_like(out) if want_entropy else None
     dev = next(model.parameters()).device  # the full-fine-tuning reference may live on the CPU
     with torch.no_grad():
         for sl in plan_micro(batch, micro, micro_tokens):
             ids, am, comp, ts = trimmed(batch, sl)
-            logp, e = model_logprobs(model, ids.to(dev), am.to(dev), comp.shape[1], comp.to(dev),
+            ids, am, comp = ids.to(dev), am.to(dev), comp.to(dev)
+            shared = share_prompt and not is_wrapped(model) and shared_prompt.shares_work(model, ids, am, comp.shape[1])
+            extra = {"hidden_fn": shared_prompt.shared_completion_hidden} if shared else {}
+            logp, e = model_logprobs(model, ids, am, comp.shape[1], comp,
                                      temperature=temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk,
-                                     return_entropy=want_entropy)
+                                     return_entropy=want_entropy, **extra)
             out[sl, ts] = logp.float().to(out.device)
             if ent is not None:
                 ent[sl, ts] = e.float().to(out.device)
