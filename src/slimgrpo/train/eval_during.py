@@ -20,8 +20,8 @@ import torch
 from slimgrpo.config import resolve_path
 from slimgrpo.data import load_prompt_dataset
 from slimgrpo.evaluate import EvalResult, evaluate
-
-PREFIX = "eval/"
+from slimgrpo.train.console import print_eval
+from slimgrpo.train.metrics import EVAL_PREFIX as PREFIX
 
 
 class DuringTrainingEval:
@@ -55,9 +55,7 @@ class DuringTrainingEval:
         if not self.due(step):
             return {}
         metrics = self.run()
-        if step % self.trainer.cfg.log.logging_steps:
-            from slimgrpo.train.console import print_eval  # a logged step shows it in its metrics line
-
+        if step % self.trainer.cfg.log.logging_steps:  # a logged step shows it in its metrics line
             print_eval(self.trainer, f"after step {step}", metrics)
         return metrics
 
@@ -95,19 +93,6 @@ class DuringTrainingEval:
 
 def make_evaluator(trainer) -> DuringTrainingEval | None:
     return DuringTrainingEval(trainer) if trainer.cfg.eval.data else None
-
-
-def describe(metrics: dict[str, Any]) -> str:
-    """``greedy 53.5%  sampled 29.5%  pass@8 71.0%`` from eval/ metrics ('' when there are none)."""
-    parts = []
-    for key, label in (("accuracy_greedy", "greedy"), ("accuracy_sampled", "sampled")):
-        v = metrics.get(PREFIX + key)
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            parts.append(f"{label} {v:.1%}")
-    for key, v in metrics.items():
-        if key.startswith(PREFIX + "pass@") and isinstance(v, (int, float)) and math.isfinite(v):
-            parts.append(f"{key[len(PREFIX):]} {v:.1%}")
-    return "  ".join(parts)
 
 
 def eval_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
