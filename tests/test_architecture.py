@@ -16,13 +16,15 @@ Imports by string (``importlib.import_module(name)``) are not seen.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "slimgrpo"
 
-# What the config layer may import besides itself: helpers that import nothing above them.
-CONFIG_MAY_IMPORT = ("config", "secrets", "units", "logging_backends")
+DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+# Every package may import these; they import nothing from slimgrpo.
+FOUNDATIONS = ("types", "units", "secrets", "threads")
 
 
 # memory/cli.py is also a library: the trainer calls its check_before_training (the plan printed before a
@@ -163,17 +165,48 @@ def _describe(cycles: list[list[str]]) -> str:
     return "\n".join("  " + " -> ".join(c) for c in cycles)
 
 
-def layer_violations(graph: dict[str, set[str]], package: str) -> list[str]:
-    """Imports that break the layering rules of docs/architecture.md."""
+def _bare(name: str) -> str:
+    """``rollout/`` / ``data.py`` / ``config`` -> the top-level name."""
+    name = name.strip().rstrip("/")
+    return name[: -len(".py")] if name.endswith(".py") else name
+
+
+def read_layers(text: str) -> dict[str, set[str]]:
+    """The ``| package | owns | may import |`` table of docs/architecture.md: package -> what it may import."""
+    rules: dict[str, set[str]] = {}
+    rows = False
+    for line in text.splitlines():
+        if line.startswith("| package | owns | may import"):
+            rows = True
+        elif rows and not line.startswith("|"):
+            break
+        elif rows and not set(line) <= set("|- "):
+            cells = line.strip().strip("|").split("|")
+            allowed = {_bare(n) for n in re.findall(r"`([^`]+)`", cells[-1])}
+            for name in re.findall(r"`([^`]+)`", cells[0]):
+                rules[_bare(name)] = allowed
+    return rules
+
+
+def layer_violations(graph: dict[str, set[str]], package: str, rules: dict[str, set[str]],
+                     foundations: tuple[str, ...] = FOUNDATIONS) -> list[str]:
+    """Imports that break the layers: a package importing one its row does not list (the foundations are
+    always allowed, to everyone but themselves), or anything but a command importing a command."""
     found = []
     for module, targets in sorted(graph.items()):
-        stage = module.split(".")[1] if "." in module else ""
+        if module == package or is_command(module):
+            continue
+        home = module.split(".")[1]
+        if home not in rules:
+            found.append(f"{module}: {home!r} has no row in the layer table")
+            continue
+        allowed = rules[home] | {home} | (set() if home in foundations else set(foundations))
         for target in sorted(targets):
-            if is_command(target) and not is_command(module) and module != package:
-                found.append(f"{module} imports {target}: only commands import commands (stages never do)")
-            if stage == "config" and target.split(".")[1] not in CONFIG_MAY_IMPORT:
-                found.append(f"{module} imports {target}: config is the bottom layer "
-                             f"(it may import {', '.join(CONFIG_MAY_IMPORT)})")
+            if is_command(target):
+                found.append(f"{module} imports {target}: only commands import commands")
+            elif target.split(".")[1] not in allowed:
+                found.append(f"{module} imports {target}: {home} may import only "
+                             f"{', '.join(sorted(allowed - {home})) or 'nothing'}")
     return found
 
 
@@ -186,8 +219,10 @@ def test_the_package_has_no_import_circles():
 
 
 def test_the_package_keeps_its_layers():
-    problems = layer_violations(import_graph(SRC, PACKAGE), PACKAGE)
-    assert not problems, "layering broken (docs/architecture.md):\n  " + "\n  ".join(problems)
+    rules = read_layers(DOC.read_text())
+    assert all(rules.get(name) == set() for name in FOUNDATIONS), "the foundations' row must say 'nothing'"
+    problems = layer_violations(import_graph(SRC, PACKAGE), PACKAGE, rules)
+    assert not problems, "layers broken (the table in docs/architecture.md):\n  " + "\n  ".join(problems)
 
 
 def test_the_graph_sees_the_package():
@@ -265,7 +300,19 @@ def test_a_stage_importing_the_cli_is_named(tmp_path):
         "pkg/rollout/__init__.py": "",
         "pkg/rollout/engine.py": "def main():\n    from pkg.cli import main\n",
         "pkg/config/__init__.py": "from pkg.rollout import engine\n",
+        "pkg/units.py": "",
+        "pkg/data.py": "import pkg.units\nfrom pkg.config import x\n",
+        "pkg/report/__init__.py": "from .page import x\n",
+        "pkg/report/page.py": "",
     })
-    problems = layer_violations(import_graph(tmp_path, "pkg"), "pkg")
-    assert any("pkg.rollout.engine imports pkg.cli" in p for p in problems), problems
-    assert any("pkg.config imports pkg.rollout.engine" in p for p in problems)
+    rules = read_layers(
+        "| package | owns | may import |\n|---|---|---|\n| `units` | numbers | nothing |\n"
+        "| `config/` | the tree | nothing here |\n| `data.py` | prompts | `config` |\n"
+        "| `rollout/`, `report/` | generation; pages | `config`, `data` |\n\nafter the table: `units`\n")
+    assert rules == {"units": set(), "config": set(), "data": {"config"}, "rollout": {"config", "data"},
+                     "report": {"config", "data"}}
+    problems = layer_violations(import_graph(tmp_path, "pkg"), "pkg", rules, foundations=("units",))
+    assert problems == [
+        "pkg.config imports pkg.rollout.engine: config may import only units",
+        "pkg.rollout.engine imports pkg.cli: only commands import commands",
+    ]
