@@ -10,7 +10,7 @@ import pytest
 import slimgrpo
 from slimgrpo.cli import main
 from slimgrpo.config import Config, ConfigError, check_context_length
-from slimgrpo.eval_cli import column_labels
+from slimgrpo.units import column_labels
 from slimgrpo.evaluate import standard_error
 from slimgrpo.units import human_count, human_duration
 

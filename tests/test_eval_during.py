@@ -8,7 +8,8 @@ import pytest
 from run_helpers import cli, write_run
 
 from slimgrpo.config import ConfigError, from_dict, load_config, merge_overrides, validate_config
-from slimgrpo.train.eval_during import describe, eval_summary
+from slimgrpo.train.eval_during import eval_summary
+from slimgrpo.train.metrics import describe_eval
 
 EVAL_PROMPTS = [{"prompt": f"Name {w} words.", "answer": "x"} for w in ("two", "three", "four", "five", "six")]
 
@@ -81,7 +82,7 @@ def test_eval_summary_and_describe():
     s = eval_summary(history)
     assert s["eval_before/accuracy_greedy"] == 0.25 and s["eval_after/accuracy_greedy"] == 0.5
     assert s["eval_after/step"] == 2 and "eval_before/pass@4" not in s
-    assert describe(history[2]) == "greedy 50.0%  sampled 37.5%  pass@4 75.0%"
+    assert describe_eval(history[2]) == "greedy 50.0%  sampled 37.5%  pass@4 75.0%"
     assert eval_summary([{"step": 1, "reward": 0.1}]) == {}
 
 

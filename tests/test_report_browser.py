@@ -9,8 +9,7 @@ import pytest
 import yaml
 from test_report import make_run
 
-from slimgrpo.report import build_report
-from slimgrpo.report_compare import build_comparison
+from slimgrpo.report import build_comparison, build_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")

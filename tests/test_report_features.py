@@ -9,9 +9,10 @@ import pytest
 import yaml
 from test_report import make_run
 
-from slimgrpo.report import _text_block, build_report, report_command
-from slimgrpo.report_data import Metrics, Series, auto_alpha, deltas, ema, run_status
-from slimgrpo.report_plots import Run, _bounds
+from slimgrpo.report import build_report, report_command
+from slimgrpo.report.data import Metrics, Series, auto_alpha, deltas, ema, run_status
+from slimgrpo.report.page import _text_block
+from slimgrpo.report.plots import Run, _bounds
 
 
 def naive_ema(values, alpha):

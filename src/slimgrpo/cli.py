@@ -153,7 +153,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from slimgrpo.eval_cli import eval_command
+    from slimgrpo.evaluate.cli import eval_command
 
     return eval_command(args)
 

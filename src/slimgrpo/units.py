@@ -1,6 +1,9 @@
-"""Numbers for people: counts with K/M/B, durations with units."""
+"""Numbers and names for people: counts with K/M/B, durations with units, short distinct path labels."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 
 def human_count(n: float) -> str:
@@ -21,3 +24,29 @@ def human_duration(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60} min {s % 60} s"
     return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def column_labels(paths: list[str], width: int = 28) -> list[str]:
+    """Short, distinct column headers: the path after the components all paths share, then (when long)
+    its first and last components, ``alpha/…/checkpoint-40`` vs ``beta/…/checkpoint-40``."""
+    parts = [Path(os.path.abspath(p)).parts[1:] if os.path.exists(p) or len(paths) > 1 else Path(p).parts
+             for p in paths]
+    if len(paths) > 1:
+        common = 0
+        while all(len(q) > common + 1 for q in parts) and len({q[common] for q in parts}) == 1:
+            common += 1
+        parts = [q[common:] for q in parts]
+    labels = []
+    for q in parts:
+        text = "/".join(q) or "."
+        if len(text) > width and len(q) > 1:  # the part that differs (first) and the name (last)
+            head, tail = q[0], q[-1]
+            mid = "/…/" if len(q) > 2 else "/"
+            room = max(width - len(tail) - len(mid), 4)
+            text = (head if len(head) <= room else head[: room - 1] + "…") + mid + tail
+        if len(text) > width:
+            text = "…" + text[-(width - 1):]
+        labels.append(text)
+    if len(set(labels)) < len(labels):  # still alike after cutting: number them
+        labels = [f"{i + 1}: {lb}" for i, lb in enumerate(labels)]
+    return labels

@@ -3,7 +3,7 @@
 A decode step of a small model at a small batch is bound by kernel launches, not by the GPU: each
 layer issues a dozen small kernels, and Python issues them one by one. A CUDA graph records the
 kernels of one step once and replays them with a single launch. Recording needs every step to have
-the same shapes and no host synchronisation, which ``LlamaStepper`` (decode.py) does not offer: it
+the same shapes and no host synchronisation, which ``LlamaStepper`` (llama_stepper.py) does not offer: it
 slices its KV buffer and mask to the current length and keeps the step counter in Python.
 
 :class:`StaticCacheStepper` is the same lean Llama-family step over a **static** cache:
@@ -32,7 +32,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from .decode import LlamaStepper
+from .llama_stepper import LlamaStepper
 from .model_parts import CausalLMParts
 
 ENV = "SLIMGRPO_CUDA_GRAPHS"

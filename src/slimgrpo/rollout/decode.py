@@ -1,29 +1,27 @@
-"""One decode step for a batch of rows: the generic Hugging Face path and a lean Llama-family path.
+"""One decode step for a batch of rows: ``make_stepper`` picks the generic Hugging Face path or a lean one.
 
-Both steppers start from the KV cache that the prefill left in a ``DynamicCache`` (already fanned out
-to one row per completion) and offer the same two operations:
+Every stepper starts from the KV cache that the prefill left in a ``DynamicCache`` (already fanned out
+to one row per completion) and offers the same two operations:
 
     hidden = stepper.step(tokens)      # tokens [b] -> last hidden state [b, H] (after the final norm)
     stepper.select(keep)               # keep only these batch slots (finished rows leave)
 
-``HFStepper`` calls the model's own decoder forward: it works for every architecture, but each call
+``HFStepper`` (here) calls the model's own decoder forward: it works for every architecture, but each call
 rebuilds the attention mask and rotary tables and grows the cache with ``torch.cat``.
 
-``LlamaStepper`` runs the decoder layers itself for Llama-shaped models (Llama, Qwen2, Qwen3, Mistral
-without a sliding window): a preallocated KV buffer written in place, rotary tables computed once,
-one additive padding mask sliced per step, and grouped-query attention folded into the query axis
-(no K/V repetition). It calls the model's own submodules (norms, projections, MLP), so LoRA adapters
-and other module wrappers apply as usual. It is only used where ``LlamaStepper.supports`` says so.
+The lean steppers are built on ``LlamaStepper`` (llama_stepper.py, Llama-shaped models): its quantised-cache
+variant (kv_quant.py) and its static-cache / CUDA-graph variant (cuda_graph.py). They import the base from
+its own module and this one imports them: no circle.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from . import cuda_graph
+from .kv_quant import make_quant_stepper
+from .llama_stepper import LlamaStepper
 from .model_parts import CausalLMParts
-
-_LLAMA_LIKE = ("llama", "qwen2", "qwen3", "mistral")
 
 
 class HFStepper:
@@ -53,145 +51,15 @@ class HFStepper:
         self.attn, self.next_pos = self.attn[keep], self.next_pos[keep]
 
 
-class LlamaStepper:
-    """Lean decode step for Llama-shaped decoders (see the module docstring)."""
-
-    @staticmethod
-    def supports(parts: CausalLMParts, total_len: int) -> bool:
-        """True when this stepper reproduces the model's own forward for sequences up to ``total_len``."""
-        config = parts.config.get_text_config() if hasattr(parts.config, "get_text_config") else parts.config
-        if getattr(config, "model_type", None) not in _LLAMA_LIKE:
-            return False
-        layer_types = getattr(config, "layer_types", None) or []
-        if any(kind != "full_attention" for kind in layer_types):
-            return False
-        window = getattr(config, "sliding_window", None)
-        if layer_types == [] and window is not None and window < total_len:
-            return False
-        # Rotary tables are computed once for all positions: rope types whose frequencies depend on
-        # the current length (dynamic NTK, longrope) or that rotate part of each head are left out.
-        if _rope_types(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)) & {
-            "dynamic", "longrope"
-        } or getattr(config, "partial_rotary_factor", None) not in (None, 1, 1.0):
-            return False
-        decoder = parts.decoder
-        if not all(hasattr(decoder, name) for name in ("layers", "norm", "rotary_emb")):
-            return False
-        # FSDP and similar wrappers gather parameters in hooks on the layer; calling its submodules
-        # directly would skip them.
-        return not any("FSDP" in type(m).__name__ or hasattr(m, "_fsdp_state") for m in decoder.modules())
-
-    def __init__(self, parts: CausalLMParts, cache, prompt_mask: torch.Tensor, max_new: int) -> None:
-        decoder = parts.decoder
-        self.parts, self.layers = parts, list(decoder.layers)
-        n, P = prompt_mask.shape
-        self.P, self.t = P, 0
-        first = self.layers[0].self_attn
-        self.head_dim = first.head_dim
-        self.scaling = getattr(first, "scaling", self.head_dim**-0.5)
-        self.has_qk_norm = hasattr(first, "q_norm") and hasattr(first, "k_norm")
-        self.next_pos = prompt_mask.sum(-1)  # [b]
-
-        dtype = cache.layers[0].keys.dtype
-        self._init_kv(cache, n, P, max_new)
-        # Additive mask [b, 1, 1, P + max_new]: -inf on left padding, 0 elsewhere (generated tokens).
-        self.mask = torch.zeros(n, 1, 1, P + max_new, dtype=dtype, device=prompt_mask.device)
-        self.mask[:, 0, 0, :P].masked_fill_(~prompt_mask.bool(), float("-inf"))
-        # Rotary tables for every position a row can reach; sin carries the sign of rotate_half.
-        positions = torch.arange(P + max_new, device=prompt_mask.device)[None]  # [1, P + max_new]
-        probe = torch.zeros(1, 1, 1, dtype=dtype, device=prompt_mask.device)
-        cos, sin = decoder.rotary_emb(probe, positions)  # [1, P + max_new, head_dim] each
-        half = self.head_dim // 2
-        self.cos = cos[0]
-        self.sin_signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-        """Rotary embedding of ``x`` [b, heads, head_dim]: x*cos + rotate_half(x)*sin."""
-        return torch.addcmul(x * cos, x.roll(self.head_dim // 2, dims=-1), sin_signed)
-
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        b, d, col = tokens.shape[0], self.head_dim, self.P + self.t
-        end = col + 1
-        cos = self.cos[self.next_pos][:, None]  # [b, 1, d]
-        sin_signed = self.sin_signed[self.next_pos][:, None]  # [b, 1, d]
-        x = self.parts.decoder.embed_tokens(tokens)  # [b, H]
-        mask = self.mask[:, :, :, :end]  # [b, 1, 1, end]
-        linear = self.parts.linear  # module(x), or its packed weight when one is held
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = linear(attn.q_proj, h).view(b, -1, d)  # [b, heads, d]
-            k = linear(attn.k_proj, h).view(b, -1, d)  # [b, kv_heads, d]
-            v = linear(attn.v_proj, h).view(b, -1, d)
-            if self.has_qk_norm:
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = self._rope(q, cos, sin_signed), self._rope(k, cos, sin_signed)
-            keys, values = self._kv(i, col, k, v, end)  # [b, kv_heads, end, d] each
-            kv_heads = k.shape[1]
-            # Grouped-query attention: the heads sharing a KV head become that head's query rows.
-            q = q.view(b, kv_heads, -1, d)  # [b, kv_heads, heads_per_kv, d]
-            out = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=self.scaling
-            )  # [b, kv_heads, heads_per_kv, d]
-            x = x + linear(attn.o_proj, out.reshape(b, -1))
-            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
-        self.next_pos = self.next_pos + 1
-        self.t += 1
-        return self.parts.decoder.norm(x)  # [b, H]
-
-    def _mlp(self, mlp, h: torch.Tensor) -> torch.Tensor:
-        """Gated MLP ``down(act(gate(h)) * up(h))`` through ``parts.linear`` (packed weights)."""
-        if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            return mlp(h)
-        linear = self.parts.linear
-        return linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, h)) * linear(mlp.up_proj, h))
-
-    def _init_kv(self, cache, n: int, P: int, max_new: int) -> None:
-        """KV buffers [b, kv_heads, P + max_new, head_dim], prompt part copied from the prefill cache
-        (``kv_quant.QuantLlamaStepper`` stores them quantised instead)."""
-        self.keys, self.values = [], []
-        for i in range(len(self.layers)):
-            k, v = cache.layers[i].keys, cache.layers[i].values  # [n, kv_heads, P, head_dim]
-            kb = k.new_empty(n, k.shape[1], P + max_new, k.shape[3])
-            vb = v.new_empty(n, v.shape[1], P + max_new, v.shape[3])
-            kb[:, :, :P], vb[:, :, :P] = k, v
-            self.keys.append(kb)
-            self.values.append(vb)
-
-    def _kv(self, i: int, col: int, k: torch.Tensor, v: torch.Tensor, end: int):
-        """Write this step's k, v [b, kv_heads, d] of layer ``i`` at ``col``; the keys and values to attend to."""
-        self.keys[i][:, :, col] = k
-        self.values[i][:, :, col] = v
-        return self.keys[i][:, :, :end], self.values[i][:, :, :end]
-
-    def select(self, keep: torch.Tensor) -> None:
-        self.keys = [k[keep] for k in self.keys]
-        self.values = [v[keep] for v in self.values]
-        self.mask, self.next_pos = self.mask[keep], self.next_pos[keep]
-
-
-def _rope_types(rope: object) -> set[str]:
-    """Every ``rope_type`` named in a (possibly per-layer-type, nested) rope config dict."""
-    if not isinstance(rope, dict):
-        return set()
-    found = {str(rope[key]) for key in ("rope_type", "type") if key in rope}
-    for value in rope.values():
-        found |= _rope_types(value)
-    return found
-
-
 def make_stepper(parts: CausalLMParts, cache, prompt_mask: torch.Tensor, max_new: int, lean: bool | None,
                  kv_cache_dtype: str | None = None):
     """The lean stepper where it applies (unless ``lean`` is False), else the generic one; a quantised
     KV cache (``kv_cache_dtype`` fp8_e4m3 / int8, see ``kv_quant``) needs the lean stepper."""
     total = prompt_mask.shape[1] + max_new
     if kv_cache_dtype not in (None, "auto"):
-        from .kv_quant import make_quant_stepper
-
         return make_quant_stepper(parts, cache, prompt_mask, max_new, lean, kv_cache_dtype)
     if lean is not False and LlamaStepper.supports(parts, total):
-        from . import cuda_graph  # static cache + CUDA graphs: CUDA only, opt-in (SLIMGRPO_CUDA_GRAPHS=1)
-
+        # static cache + CUDA graphs: CUDA only, opt-in (SLIMGRPO_CUDA_GRAPHS=1)
         if cuda_graph.enabled(prompt_mask.device):
             return cuda_graph.StaticCacheStepper(parts, cache, prompt_mask, max_new, graphs=True)
         return LlamaStepper(parts, cache, prompt_mask, max_new)

@@ -8,14 +8,14 @@ finite e4m3 value). Memory per cached value: ``1 + 4 / head_dim`` bytes instead 
 Each decode step writes the new token's keys/values quantised and attends to the dequantised prefix
 (one layer at a time, a transient ``[b, kv_heads, end, head_dim]`` pair in the compute dtype). The
 prompt prefill runs at full precision; its cache is quantised once when decoding starts. Only the
-lean Llama-family stepper (``decode.LlamaStepper``) supports it.
+lean Llama-family stepper (``llama_stepper.LlamaStepper``) supports it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .decode import LlamaStepper
+from .llama_stepper import LlamaStepper
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "int8")
 QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}

@@ -9,6 +9,7 @@ import os
 import warnings
 from typing import Any
 
+from slimgrpo.train.metrics import describe_eval
 from slimgrpo.units import human_count, human_duration
 
 
@@ -75,11 +76,9 @@ def print_banner(trainer) -> None:
 
 
 def print_eval(trainer, label: str, metrics: dict[str, Any]) -> None:
-    from slimgrpo.train.eval_during import describe
-
     if trainer.dist.is_main and metrics:
         n = trainer.evaluator.num_prompts
-        print(f"eval {label}: {describe(metrics)}  ({n} held-out {'prompt' if n == 1 else 'prompts'})", flush=True)
+        print(f"eval {label}: {describe_eval(metrics)}  ({n} held-out {'prompt' if n == 1 else 'prompts'})", flush=True)
 
 
 def _first_last(history: list[dict[str, Any]], key: str) -> tuple[float, float] | None:

@@ -20,8 +20,8 @@ import torch
 from slimgrpo.config import resolve_path
 from slimgrpo.data import load_prompt_dataset
 from slimgrpo.evaluate import EvalResult, evaluate
-
-PREFIX = "eval/"
+from slimgrpo.train.console import print_eval
+from slimgrpo.train.metrics import EVAL_PREFIX
 
 
 class DuringTrainingEval:
@@ -55,9 +55,7 @@ class DuringTrainingEval:
         if not self.due(step):
             return {}
         metrics = self.run()
-        if step % self.trainer.cfg.log.logging_steps:
-            from slimgrpo.train.console import print_eval  # a logged step shows it in its metrics line
-
+        if step % self.trainer.cfg.log.logging_steps:  # a logged step shows it in its metrics line
             print_eval(self.trainer, f"after step {step}", metrics)
         return metrics
 
@@ -77,12 +75,12 @@ class DuringTrainingEval:
         local = [greedy.accuracy, sampled.accuracy, sampled.pass_at.get(n, math.nan), sampled.mean_reward]
         local += [sampled.per_function[k] for k in names]
         values = self._mean_over_ranks(local)
-        out = {f"{PREFIX}accuracy_greedy": values[0], f"{PREFIX}accuracy_sampled": values[1]}
+        out = {f"{EVAL_PREFIX}accuracy_greedy": values[0], f"{EVAL_PREFIX}accuracy_sampled": values[1]}
         if n > 1:
-            out[f"{PREFIX}pass@{n}"] = values[2]
-        out[f"{PREFIX}mean_reward"] = values[3]
+            out[f"{EVAL_PREFIX}pass@{n}"] = values[2]
+        out[f"{EVAL_PREFIX}mean_reward"] = values[3]
         for name, v in zip(names, values[4:]):
-            out[f"{PREFIX}rewards/{name}"] = v
+            out[f"{EVAL_PREFIX}rewards/{name}"] = v
         return out
 
     def _mean_over_ranks(self, values: list[float]) -> list[float]:
@@ -97,28 +95,15 @@ def make_evaluator(trainer) -> DuringTrainingEval | None:
     return DuringTrainingEval(trainer) if trainer.cfg.eval.data else None
 
 
-def describe(metrics: dict[str, Any]) -> str:
-    """``greedy 53.5%  sampled 29.5%  pass@8 71.0%`` from eval/ metrics ('' when there are none)."""
-    parts = []
-    for key, label in (("accuracy_greedy", "greedy"), ("accuracy_sampled", "sampled")):
-        v = metrics.get(PREFIX + key)
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            parts.append(f"{label} {v:.1%}")
-    for key, v in metrics.items():
-        if key.startswith(PREFIX + "pass@") and isinstance(v, (int, float)) and math.isfinite(v):
-            parts.append(f"{key[len(PREFIX):]} {v:.1%}")
-    return "  ".join(parts)
-
-
 def eval_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     """``eval_before/...`` (the step-0 record) and ``eval_after/...`` (the newest eval) for summary.json."""
-    evals = [r for r in history if any(k.startswith(PREFIX) for k in r)]
+    evals = [r for r in history if any(k.startswith(EVAL_PREFIX) for k in r)]
     if not evals:
         return {}
     out: dict[str, Any] = {}
     first, last = evals[0], evals[-1]
     if first.get("step") == 0:
-        out.update({f"eval_before/{k[len(PREFIX):]}": v for k, v in first.items() if k.startswith(PREFIX)})
-    out.update({f"eval_after/{k[len(PREFIX):]}": v for k, v in last.items() if k.startswith(PREFIX)})
+        out.update({f"eval_before/{k[len(EVAL_PREFIX):]}": v for k, v in first.items() if k.startswith(EVAL_PREFIX)})
+    out.update({f"eval_after/{k[len(EVAL_PREFIX):]}": v for k, v in last.items() if k.startswith(EVAL_PREFIX)})
     out["eval_after/step"] = last.get("step")
     return out

@@ -14,6 +14,8 @@ import torch
 
 from slimgrpo.secrets import scrub
 
+EVAL_PREFIX = "eval/"  # held-out evaluation metrics (train/eval_during.py writes them)
+
 
 def peak_rss_mib() -> float:
     """Peak resident set size of this process so far (Linux reports KiB, macOS bytes)."""
@@ -67,10 +69,21 @@ def console_line(step: int, metrics: dict[str, Any]) -> str:
     for key, v in metrics.items():
         if key.startswith("rewards/") and key.endswith("/mean") and isinstance(v, (int, float)):
             parts.append(f"{key[8:-5]} {v:.3f}")
-    if any(k.startswith("eval/") for k in metrics):
-        from slimgrpo.train.eval_during import describe
+    if any(k.startswith(EVAL_PREFIX) for k in metrics):
+        parts.append(f"| eval {describe_eval(metrics)}")
+    return "  ".join(parts)
 
-        parts.append(f"| eval {describe(metrics)}")
+
+def describe_eval(metrics: dict[str, Any]) -> str:
+    """``greedy 53.5%  sampled 29.5%  pass@8 71.0%`` from eval/ metrics ('' when there are none)."""
+    parts = []
+    for key, label in (("accuracy_greedy", "greedy"), ("accuracy_sampled", "sampled")):
+        v = metrics.get(EVAL_PREFIX + key)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            parts.append(f"{label} {v:.1%}")
+    for key, v in metrics.items():
+        if key.startswith(EVAL_PREFIX + "pass@") and isinstance(v, (int, float)) and math.isfinite(v):
+            parts.append(f"{key[len(EVAL_PREFIX):]} {v:.1%}")
     return "  ".join(parts)
 
 

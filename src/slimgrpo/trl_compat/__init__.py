@@ -3,7 +3,8 @@
 ``RULES`` (table.py) holds one rule per TRL key: mapped (to which slimgrpo keys, how), ignored (why) or
 refused unless left at a value that changes nothing (why). ``slimgrpo train --trl-config grpo.yaml`` uses
 ``load_trl_config``; docs/trl-migration.md's table is generated from ``RULES``
-(``scripts/gen_trl_migration.py``), and unknown-key hints in the config parser read it too.
+(``scripts/gen_trl_migration.py``), which also writes ``hint_for``'s sentences into
+``slimgrpo/config/trl_names.py`` for the config parser's unknown-key errors (config never imports this package).
 """
 
 from slimgrpo.trl_compat.convert import Conversion, convert, load_trl_config, render

@@ -1,5 +1,6 @@
-"""What ``slimgrpo report`` reads from a run folder: metrics as series (steps or wall time on x), EMA
-smoothing, the run's status, first -> last changes. Only the standard library and PyYAML: no torch."""
+"""What ``slimgrpo report`` reads from a run folder (``load_run``): metrics as series (steps or wall time
+on x), EMA smoothing, the run's status, first -> last changes. Only the standard library and PyYAML: no
+torch."""
 
 from __future__ import annotations
 
@@ -192,3 +193,45 @@ def deltas(m: Metrics) -> list[tuple[str, float, float]]:
         vals = s.finite if key.startswith("eval/") else s.smoothed().finite
         rows.append((label, vals[0], vals[-1]))
     return rows
+
+
+# ----------------------------------------------------------------------------- a run folder
+
+
+def load_run(run_dir: str | Path, x: str = "step") -> tuple[Metrics, dict[str, Any], dict[str, Any] | None]:
+    """metrics, summary and config of a run folder; ValueError naming the file when it cannot be read."""
+    run_dir = Path(run_dir)
+    metrics_path = run_dir / "metrics.jsonl"
+    if not run_dir.is_dir():
+        raise ValueError(f"run folder {str(run_dir)!r} does not exist")
+    if not metrics_path.is_file():
+        raise ValueError(
+            f"{str(metrics_path)!r} does not exist: `slimgrpo report` needs a run folder written by "
+            "`slimgrpo train` (its run.output_dir)"
+        )
+    m = Metrics(read_jsonl(metrics_path), x=x)
+    if not m.records:
+        raise ValueError(f"{str(metrics_path)!r} holds no records yet: nothing to report")
+    summary: dict[str, Any] = {}
+    summary_path = run_dir / "summary.json"
+    if summary_path.is_file():
+        try:
+            loaded = json.loads(summary_path.read_text())
+            summary = loaded if isinstance(loaded, dict) else {}
+        except json.JSONDecodeError:
+            log.warning("%s is not valid JSON; summarising from metrics.jsonl instead", summary_path)
+    return m, summary, read_config(run_dir)
+
+
+def value_ranges(run_dir: Path) -> dict[str, tuple[float, float]]:
+    """Lowest and highest value of ``reward`` and each ``reward/<fn>`` among the logged completions."""
+    path = run_dir / "completions.jsonl"
+    ranges: dict[str, tuple[float, float]] = {}
+    if not path.is_file():
+        return ranges
+    for s in read_jsonl(path):
+        for k, v in s.items():
+            if (k == "reward" or k.startswith("reward/")) and isinstance(v, (int, float)) and math.isfinite(v):
+                lo, hi = ranges.get(k, (v, v))
+                ranges[k] = (min(lo, v), max(hi, v))
+    return ranges

@@ -16,6 +16,7 @@ from slimgrpo.modeling import ModelLoadError, load_model, load_tokenizer, resolv
 from slimgrpo.rewards.loading import load_reward_functions
 from slimgrpo.rewards.runner import RewardRunner
 from slimgrpo.rollout.sampling import SamplingParams
+from slimgrpo.units import column_labels
 
 
 def load_for_eval(path: str, cfg: Config):
@@ -124,32 +125,6 @@ def eval_command(args) -> int:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({m: r.to_dict() for m, r in results.items()}, indent=2))
     return 0
-
-
-def column_labels(paths: list[str], width: int = 28) -> list[str]:
-    """Short, distinct column headers: the path after the components all paths share, then (when long)
-    its first and last components, ``alpha/…/checkpoint-40`` vs ``beta/…/checkpoint-40``."""
-    parts = [Path(os.path.abspath(p)).parts[1:] if os.path.exists(p) or len(paths) > 1 else Path(p).parts
-             for p in paths]
-    if len(paths) > 1:
-        common = 0
-        while all(len(q) > common + 1 for q in parts) and len({q[common] for q in parts}) == 1:
-            common += 1
-        parts = [q[common:] for q in parts]
-    labels = []
-    for q in parts:
-        text = "/".join(q) or "."
-        if len(text) > width and len(q) > 1:  # the part that differs (first) and the name (last)
-            head, tail = q[0], q[-1]
-            mid = "/…/" if len(q) > 2 else "/"
-            room = max(width - len(tail) - len(mid), 4)
-            text = (head if len(head) <= room else head[: room - 1] + "…") + mid + tail
-        if len(text) > width:
-            text = "…" + text[-(width - 1):]
-        labels.append(text)
-    if len(set(labels)) < len(labels):  # still alike after cutting: number them
-        labels = [f"{i + 1}: {lb}" for i, lb in enumerate(labels)]
-    return labels
 
 
 def decoding_line(cfg: Config, args) -> str:

@@ -1,4 +1,8 @@
-"""Held-out evaluation: accuracy and unbiased pass@k with the run's reward functions."""
+"""Held-out evaluation: accuracy and unbiased pass@k with the run's reward functions.
+
+``evaluate`` (here) is what ``slimgrpo eval`` (cli.py) and evaluation during training
+(train/eval_during.py) both call; importing this package does not load the command line.
+"""
 
 from __future__ import annotations
 

@@ -1,31 +1,23 @@
-"""``slimgrpo report RUN_DIR``: PNG plots of a run's metrics and one static HTML page.
+"""One run's report page: HTML pieces (summary, eval headline, deltas, samples, config), the page shell
+with its inline CSS, and ``build_report`` (``RUN_DIR/report/index.html`` and the PNGs beside it).
 
-Everything is read back from the run folder the trainer wrote (metrics.jsonl, completions.jsonl,
-config.yaml, summary.json), so a report can be built for a finished, crashed or running job, on
-any machine, without torch. The page is self-contained: inline CSS, plots as relative <img> links
-to the PNGs next to it, every piece of run text HTML-escaped (completions are model output).
+Every piece of run text is HTML-escaped (completions are model output); plots are relative <img> links.
 """
 
 from __future__ import annotations
 
 import html
 import json
-import logging
 import math
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("slimgrpo")
+from slimgrpo.report.data import Metrics, config_value, deltas, load_run, read_jsonl, run_status, value_ranges
+from slimgrpo.report.plots import Plot, Run, make_plots
 
 REPORT_DIR = "report"
 MAX_SAMPLES = 48  # completions shown on the page (the first logged step, then the newest)
 MAX_TEXT_CHARS = 4000  # longer prompts/completions are cut on the page (the JSONL keeps them whole)
-
-
-from slimgrpo.report_data import (  # noqa: F401  (re-exported: the report's readers live there)
-    DELTA_KEYS, Metrics, Series, config_value, deltas, number as _number, read_config, read_jsonl, run_status,
-)
-from slimgrpo.report_plots import Plot, Run, make_plots  # noqa: F401
 
 
 # ----------------------------------------------------------------------------- HTML pieces
@@ -357,45 +349,6 @@ def render_page(run_dir: Path, m: Metrics, plots: list[Plot], summary: dict[str,
 # ----------------------------------------------------------------------------- entry points
 
 
-def load_run(run_dir: str | Path, x: str = "step") -> tuple[Metrics, dict[str, Any], dict[str, Any] | None]:
-    """metrics, summary and config of a run folder; ValueError naming the file when it cannot be read."""
-    run_dir = Path(run_dir)
-    metrics_path = run_dir / "metrics.jsonl"
-    if not run_dir.is_dir():
-        raise ValueError(f"run folder {str(run_dir)!r} does not exist")
-    if not metrics_path.is_file():
-        raise ValueError(
-            f"{str(metrics_path)!r} does not exist: `slimgrpo report` needs a run folder written by "
-            "`slimgrpo train` (its run.output_dir)"
-        )
-    m = Metrics(read_jsonl(metrics_path), x=x)
-    if not m.records:
-        raise ValueError(f"{str(metrics_path)!r} holds no records yet: nothing to report")
-    summary: dict[str, Any] = {}
-    summary_path = run_dir / "summary.json"
-    if summary_path.is_file():
-        try:
-            loaded = json.loads(summary_path.read_text())
-            summary = loaded if isinstance(loaded, dict) else {}
-        except json.JSONDecodeError:
-            log.warning("%s is not valid JSON; summarising from metrics.jsonl instead", summary_path)
-    return m, summary, read_config(run_dir)
-
-
-def value_ranges(run_dir: Path) -> dict[str, tuple[float, float]]:
-    """Lowest and highest value of ``reward`` and each ``reward/<fn>`` among the logged completions."""
-    path = run_dir / "completions.jsonl"
-    ranges: dict[str, tuple[float, float]] = {}
-    if not path.is_file():
-        return ranges
-    for s in read_jsonl(path):
-        for k, v in s.items():
-            if (k == "reward" or k.startswith("reward/")) and isinstance(v, (int, float)) and math.isfinite(v):
-                lo, hi = ranges.get(k, (v, v))
-                ranges[k] = (min(lo, v), max(hi, v))
-    return ranges
-
-
 def _fresh_dir(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.png"):  # plots of metrics that vanished must not linger
@@ -413,18 +366,3 @@ def build_report(run_dir: str | Path, x: str = "step") -> Path:
     page = out / "index.html"
     page.write_text(render_page(run_dir, m, plots, summary, config), encoding="utf-8")
     return page
-
-
-def report_command(args) -> int:
-    run_dirs = getattr(args, "run_dirs", None) or [args.run_dir]
-    x = getattr(args, "x", "step") or "step"
-    if len(run_dirs) > 1:
-        from slimgrpo.report_compare import build_comparison
-
-        page = build_comparison(run_dirs, getattr(args, "out", None), x)
-    else:
-        if getattr(args, "out", None):
-            raise ValueError("--out is for comparing several runs; one run's report goes to RUN_DIR/report/")
-        page = build_report(run_dirs[0], x)
-    print(page)
-    return 0

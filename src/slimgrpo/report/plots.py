@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from slimgrpo.report_data import Metrics, Series
+from slimgrpo.report.data import Metrics, Series
 
 DPI = 200  # 6.4 in wide -> 1280 px, shown at ~640 CSS px: sharp on 2x screens
 RUN_COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray"]

@@ -7,9 +7,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slimgrpo.report import _esc, _flatten, _fmt, _fresh_dir, _shown, figures_html, load_run, page_html, value_ranges
-from slimgrpo.report_data import config_value, deltas, run_status
-from slimgrpo.report_plots import Run, make_plots
+from slimgrpo.report.data import config_value, deltas, load_run, run_status, value_ranges
+from slimgrpo.report.page import _esc, _flatten, _fmt, _fresh_dir, _shown, figures_html, page_html
+from slimgrpo.report.plots import Run, make_plots
+from slimgrpo.units import column_labels
 
 
 def run_labels(run_dirs: list[str]) -> list[str]:
@@ -17,8 +18,6 @@ def run_labels(run_dirs: list[str]) -> list[str]:
     names = [Path(os.path.abspath(d)).name for d in run_dirs]
     if len(set(names)) == len(names):
         return names
-    from slimgrpo.eval_cli import column_labels
-
     return column_labels([os.path.abspath(d) for d in run_dirs])
 
 
