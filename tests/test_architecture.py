@@ -24,7 +24,7 @@ PACKAGE = "slimgrpo"
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 # Every package may import these; they import nothing from slimgrpo.
-FOUNDATIONS = ("types", "units", "secrets", "threads")
+FOUNDATIONS = ("types", "units", "secrets", "threads", "model_gguf")
 
 
 # memory/cli.py is also a library: the trainer calls its check_before_training (the plan printed before a
