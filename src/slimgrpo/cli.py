@@ -121,8 +121,11 @@ def cmd_train(args) -> int:
         overrides = ([args.config] if args.config else []) + list(args.overrides)
         cfg = load_trl_config(args.trl_config, overrides)
         return _train(cfg, args)
-    if not args.config:
-        raise SystemExit("slimgrpo train: give a CONFIG file (see slimgrpo train --help)")
+    if not args.config:  # a usage error: exit 2 like every other bad input
+        from slimgrpo.config import ConfigError
+
+        raise ConfigError("slimgrpo train: give a CONFIG file and/or key=value overrides, e.g. "
+                          "slimgrpo train run.yaml run.max_steps=10 (see slimgrpo train --help)")
     overrides = list(args.overrides)
     config = args.config
     if "=" in config and not os.path.exists(config):  # only overrides were given
