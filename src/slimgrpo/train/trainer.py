@@ -40,6 +40,7 @@ from slimgrpo.train import run_folder
 from slimgrpo.train.distributed import DistContext, from_environment
 from slimgrpo.train.metrics import MetricsWriter, console_line, masked_stats, peak_memory_mib
 from slimgrpo.train.optim import build_optimizer, build_scheduler
+from slimgrpo.train.storage import write_folder_atomically
 from slimgrpo.train.update import (UpdateBatch, accumulate_gradients, batch_logprobs, entropy_cut,
                                    make_update_batch, merge_stats, split_update)
 from slimgrpo.types import PromptBatch, RewardOutput, Rollout
@@ -552,10 +553,13 @@ class Trainer:
         return summary
 
     def save_model(self, path: Path) -> None:
+        """Written into a hidden temporary folder and renamed to ``path`` when complete: a full disk leaves
+        no half-written ``final/`` (and exits 2 naming it), the last checkpoint stays as it was."""
         if self.dist.enabled:
             return dist_ckpt.save_hf_model(self.policy, path, self.dist)
-        self.policy.model.save_pretrained(str(path), safe_serialization=True)
-        self.policy.tokenizer.save_pretrained(str(path))
+        with write_folder_atomically(path) as tmp:
+            self.policy.model.save_pretrained(str(tmp), safe_serialization=True)
+            self.policy.tokenizer.save_pretrained(str(tmp))
 
 
 def _generation_eos(model) -> list[int]:
