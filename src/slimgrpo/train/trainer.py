@@ -561,7 +561,7 @@ class Trainer:
             summary.update({k: v for k, v in last.items() if k != "step"})
         from slimgrpo.train.eval_during import eval_summary
 
-        summary.update(eval_summary(history))
+        summary.update(eval_summary(history, self.step_idx if self.evaluator else None))
         if hasattr(self, "t_start"):
             summary["wall_time_s"] = time.perf_counter() - self.t_start
         summary.update({"data/prompts": len(self.dataset), "data/prompts_truncated": self.dataset.num_truncated,
