@@ -45,10 +45,8 @@ class DuringTrainingEval:
         self.greedy = dataclasses.replace(trainer.sampling, temperature=0.0)
         # Prompts per generate call: about the rows of one training step (what we know fits).
         self.prompts_per_batch = max(1, cfg.run.batch_size // trainer.dist.world_size // cfg.eval.num_samples)
-        from slimgrpo.rollout.agent import AgentRollout
-
         # Tools / environments: the same multi-turn rollout as training (a custom rollout_function is not used).
-        self.agent = trainer.agent if isinstance(trainer.agent, AgentRollout) else None
+        self.agent = trainer.agent if hasattr(trainer.agent, "toolbox") else None
 
     def due(self, step: int) -> bool:
         """After optimizer step ``step``: every ``eval.steps`` steps, and after the last step."""
