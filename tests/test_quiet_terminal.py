@@ -45,3 +45,13 @@ def test_tool_demo_is_quiet_by_default(tmp_path):
     run = cli("demo", "--task", "tools", "--output-dir", str(tmp_path / "run"), "run.max_steps=1")
     assert run.returncode == 0, run.stderr
     assert not [s for s in THIRD_PARTY if s in run.stderr], run.stderr
+
+
+def test_export_of_a_lora_run_is_quiet_unless_verbose(tmp_path):
+    trained = cli("train", demo_model_config(tmp_path), "lora.enabled=true", "lora.r=4")
+    assert trained.returncode == 0, trained.stderr
+    quiet = cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "merged"))
+    assert quiet.returncode == 0, quiet.stderr
+    assert not [s for s in THIRD_PARTY if s in quiet.stderr], quiet.stderr
+    loud = cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "merged-loud"), "--verbose")
+    assert loud.returncode == 0 and "Loading weights" in loud.stderr, loud.stderr

@@ -75,8 +75,8 @@ class LogConfig:
     progress: bool = True
     """Show a progress bar with ETA (false: plain metric lines only, every ``logging_steps``)."""
     verbose: bool = False
-    """Show third-party warnings and info logs (transformers, torch, peft) in the terminal; off = only
-    slimgrpo's own messages and errors."""
+    """Show third-party warnings, info logs and progress bars (transformers, torch, peft) in the terminal;
+    off = only slimgrpo's own messages and errors."""
 
 
 @dataclass
