@@ -44,7 +44,9 @@ def write_folder_atomically(final: Path) -> Iterator[Path]:
     """Yield a hidden temporary folder beside ``final``; once the body finishes, rename it to ``final``.
 
     If the body fails, the temporary folder is removed and ``final`` (an older copy, if any) is left as
-    it was; a storage failure is re-raised as an ``OSError`` naming ``final``."""
+    it was; a storage failure is re-raised as an ``OSError`` naming ``final``. ``final`` is a folder
+    slimgrpo owns (a run's ``final/``): an older copy there is replaced as a whole."""
+    final = Path(final)
     tmp = final.parent / f".tmp-{final.name}"
     if tmp.exists():  # left by a run killed while writing: never a complete copy
         shutil.rmtree(tmp)
