@@ -54,6 +54,16 @@ def test_a_random_model_with_a_constant_reward_is_not_collapsed():
     assert collapse_streaks([flat] * 6, LIMITS) == [0] * 6
 
 
+def test_max_collapsed_steps_0_only_warns():
+    from slimgrpo.train.health import HealthMonitor
+
+    monitor = HealthMonitor(HealthLimits(vocab_size=17, max_collapsed_steps=0))
+    for i, metrics in enumerate([step(reward=0.27), COLLAPSED, COLLAPSED, COLLAPSED, COLLAPSED], start=1):
+        monitor.observe(i, metrics)
+    assert monitor.streak == 4 and monitor.first_collapsed_step == 2
+    assert not monitor.should_stop and not monitor.in_streak  # checkpoints and final/ as without the guard
+
+
 def test_the_reason_names_the_signs():
     text = collapse_reason(COLLAPSED, best_reward=0.27, worst_reward=0.27, limits=LIMITS)
     assert "vanished" in text and "100% of its ceiling log(17)" in text and "reward 0.000 at its lowest" in text

@@ -95,6 +95,11 @@ class HealthMonitor:
         self._rewards = [min(rewards), max(rewards)] if rewards else []
 
     @property
+    def in_streak(self) -> bool:
+        """Collapsed steps in a row that will stop the run if it goes on (0 = only warn: never)."""
+        return self.streak > 0 and self.limits.max_collapsed_steps > 0
+
+    @property
     def should_stop(self) -> bool:
         return 0 < self.limits.max_collapsed_steps <= self.streak
 

@@ -396,7 +396,7 @@ class Trainer:
         if self.nonfinite_streak:
             raise NonFiniteError(ckpt.nonfinite_diagnosis(self.nonfinite_streak, self.step_idx, self.output_dir,
                                                           at_end=True))
-        if self.health.streak and self.cfg.run.max_collapsed_steps:
+        if self.health.in_streak:
             raise PolicyCollapsedError(health.collapse_diagnosis(self.health, self.step_idx, self.output_dir,
                                                                  self.cfg.optim.learning_rate, at_end=True))
 
@@ -494,7 +494,7 @@ class Trainer:
                 if any(cb(self, self.step_idx, result.metrics) for cb in self.callbacks):
                     self.stop_requested = True
                 if (cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0 and not self.nonfinite_streak
-                        and not self.health.streak):
+                        and not self.health.in_streak):
                     self.save_checkpoint()  # not while updates are skipped or collapsed: keep the last good one
         self.check_not_diverged()  # a run whose last updates were non-finite is not a success
         if not (cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0):
