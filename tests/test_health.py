@@ -112,6 +112,8 @@ def test_lr_1e30_stops_with_exit_3_keeping_the_healthy_checkpoint(tmp_path, caps
     assert "best 0.531" in err  # step 2's reward, from before the resume
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["grad_norm"] for r in records[3:6]] == [0.0, 0.0, 0.0]
+    # The changed optim.learning_rate of a named checkpoint applies (it used to keep the saved 3e-4).
+    assert [r["learning_rate"] for r in records] == [3e-4, 3e-4, 1e30, 1e30, 1e30, 1e30]
     assert not (run / "final").exists() and "done" not in capsys.readouterr().out  # no wrecked model
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
     assert file_hashes(run / "checkpoints" / "checkpoint-2") == healthy
