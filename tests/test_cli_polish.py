@@ -52,6 +52,27 @@ def test_eval_missing_model_is_a_clear_error(capsys, tmp_path):
     assert "missing/" in err and "no such folder" in err and "Repo id" not in err
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["train"], "give a CONFIG file"),
+    (["plan"], "give a CONFIG file or --model"),
+    (["eval"], "give --model PATH"),
+    (["report"], "required: RUN_DIR"),
+    (["export", "somewhere"], "required: --out"),
+    (["demo", "--task", "chess"], "invalid choice"),
+    ([], "COMMAND"),
+])
+def test_usage_errors_exit_2(argv, says, capsys, tmp_path, monkeypatch):
+    """A missing argument is bad input like any other: exit 2 with a sentence, never 1."""
+    monkeypatch.chdir(tmp_path)  # eval reads no config; nothing is written here
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's own usage errors exit 2 themselves
+        rc = e.code
+    assert rc == 2
+    out = capsys.readouterr()
+    assert says in out.err + out.out
+
+
 def test_export_adapter_only_refuses_a_full_model(tmp_path, tiny_model_dir, capsys):
     out = tmp_path / "out"
     assert main(["export", str(tiny_model_dir), "--out", str(out), "--adapter-only"]) == 2

@@ -52,6 +52,19 @@ def test_bad_jsonl_row_named_with_line(tmp_path, tok):
     assert p.read_text().startswith('{"prompt": "ok"}')  # the user's data is untouched
 
 
+def test_files_saved_with_a_byte_order_mark(tmp_path, tok):
+    """Windows editors and Excel write UTF-8 with a BOM: JSONL, JSON and CSV read as without it."""
+    bom = "\ufeff"
+    (tmp_path / "p.jsonl").write_text(bom + "".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
+    (tmp_path / "p.json").write_text(bom + json.dumps(ROWS), encoding="utf-8")
+    (tmp_path / "p.csv").write_text(bom + "prompt,answer\n" + "".join(f"{r['prompt']},{r['answer']}\n" for r in ROWS),
+                                    encoding="utf-8")
+    for name in ("p.jsonl", "p.json", "p.csv"):
+        ds = load_prompt_dataset(str(tmp_path / name), tok, DataConfig())
+        assert ds.prompts == [r["prompt"] for r in ROWS], name
+        assert ds.columns["answer"] == ["3", "4"], name
+
+
 def test_missing_file_and_unsupported_type(tmp_path, tok):
     with pytest.raises(DataError, match="does not exist"):
         read_rows(str(tmp_path / "nope.jsonl"))

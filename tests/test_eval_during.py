@@ -84,6 +84,15 @@ def test_eval_summary_and_describe():
     assert s["eval_after/step"] == 2 and "eval_before/pass@4" not in s
     assert describe_eval(history[2]) == "greedy 50.0%  sampled 37.5%  pass@4 75.0%"
     assert eval_summary([{"step": 1, "reward": 0.1}]) == {}
+    assert "eval_skipped_at_step" not in eval_summary(history, final_step=2)
+
+
+def test_a_run_stopped_early_reports_its_skipped_eval_never_before_as_after():
+    """Stopped at step 1 by a signal, eval.steps=0: the only eval is the one before training."""
+    history = [{"step": 0, "eval/accuracy_greedy": 0.25, "eval/accuracy_sampled": 0.125}, {"step": 1, "reward": 0.5}]
+    s = eval_summary(history, final_step=1)
+    assert s["eval_before/accuracy_greedy"] == 0.25 and "eval_after/accuracy_greedy" not in s
+    assert s["eval_skipped_at_step"] == 1
 
 
 @pytest.mark.parametrize("override, message", [("eval.steps=-1", "eval.steps"), ("eval.num_samples=0", "eval.num_samples"),

@@ -60,3 +60,28 @@ def test_sigterm_then_sigint_save_and_exit_zero(tmp_path, tiny_model_dir, monkey
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]
     assert (run / "final" / "model.safetensors").is_file()
     assert "preempted_by" not in json.loads((run / "summary.json").read_text())
+
+
+def test_a_preempted_run_says_its_final_eval_was_skipped(tmp_path, tiny_model_dir, monkeypatch, capsys,
+                                                        keep_threads):
+    """eval.data set, SIGTERM in step 2 of 4: the checkpoint comes first, the held-out evaluation after the last
+    step is skipped and the end summary says so (it never shows the before-training numbers as "after")."""
+    cfg = write_run(tmp_path, tiny_model_dir, run={"max_steps": 4},
+                    eval={"data": "prompts.jsonl", "max_prompts": 2, "num_samples": 1, "threshold": 0.1})
+    run = tmp_path / "run"
+    # Reward calls: 1 greedy + 1 sampled for the eval before training, then one per step: SIGTERM in step 2.
+    monkeypatch.setenv("TEST_SIGNAL_AT_CALL", "TERM:4")
+    assert main(["train", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "stopped by SIGTERM at step 2 of 4" in out
+    assert "eval        skipped after step 2 (the run stopped early)" in out and "before -> after" not in out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["eval_skipped_at_step"] == 2 and "eval_after/accuracy_greedy" not in summary
+    assert "eval_before/accuracy_greedy" in summary
+
+    monkeypatch.delenv("TEST_SIGNAL_AT_CALL")  # resumed to the end: the evaluation after step 4 happens
+    assert main(["train", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "(held-out, before -> after)" in out and "skipped" not in out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["eval_after/step"] == 4 and "eval_skipped_at_step" not in summary

@@ -86,6 +86,44 @@ def test_runner_timeout_and_truncation():
     assert res.content.startswith("y" * 100) and res.content.endswith("[truncated 9900 characters]")
 
 
+async def fetch_a(x: int) -> str:
+    await asyncio.sleep(0.3)
+    return f"a{x}"
+
+
+async def fetch_b(x: int) -> str:
+    await asyncio.sleep(0.3)
+    return f"b{x}"
+
+
+async def fetch_slow(x: int) -> str:
+    await asyncio.sleep(5)
+    return "late"
+
+
+ASYNC = {f.__name__: f for f in (fetch_a, fetch_b, fetch_slow, boom)}
+
+
+def test_async_tools_of_one_turn_are_awaited_together():
+    """Two 0.3 s async tools of one turn take about 0.3 s, not 0.6 s (a generous bound: a behavioural check)."""
+    calls = [ToolCall("fetch_a", {"x": 1}), ToolCall("boom", {"x": 2}), ToolCall("fetch_b", {"x": 3}),
+             ToolCall("missing", {})]
+    t = time.perf_counter()
+    results = ToolRunner(timeout_s=10).run_turn(calls, ASYNC)
+    assert time.perf_counter() - t < 0.5
+    assert [r.content for r in results] == ["a1", "{'error': 'kaput'}", "b3", "{'error': 'Tool missing not found.'}"]
+    assert [r.fault for r in results] == [None, "exception", None, "not_found"]
+
+
+def test_each_async_tool_of_a_turn_keeps_its_own_timeout():
+    t = time.perf_counter()
+    results = ToolRunner(timeout_s=0.5).run_turn([ToolCall("fetch_slow", {"x": 1}), ToolCall("fetch_a", {"x": 2})],
+                                                 ASYNC)
+    assert time.perf_counter() - t < 2
+    assert results[0].fault == "timeout" and "timed out after 0.5 s" in results[0].content
+    assert results[1].content == "a2" and not results[1].failed
+
+
 def test_wrong_arguments_are_an_exception_message():
     res = ToolRunner().run(ToolCall("boom", {"y": 1}), TABLE)
     assert res.failed and "unexpected keyword argument 'y'" in res.content

@@ -82,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--out", required=True, help="folder to write (must be new or empty)")
     x.add_argument("--adapter-only", action="store_true", help="save the adapter alone (loads with peft)")
     x.add_argument("--base", help="base model folder (default: the one the adapter names)")
+    x.add_argument("--verbose", action="store_true", help="show third-party progress bars and warnings "
+                   "(transformers, torch), as log.verbose=true does for train")
     x.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     d = sub.add_parser("demo", help="watch GRPO improve a bundled tiny model on CPU in minutes",
@@ -121,8 +123,11 @@ def cmd_train(args) -> int:
         overrides = ([args.config] if args.config else []) + list(args.overrides)
         cfg = load_trl_config(args.trl_config, overrides)
         return _train(cfg, args)
-    if not args.config:
-        raise SystemExit("slimgrpo train: give a CONFIG file (see slimgrpo train --help)")
+    if not args.config:  # a usage error: exit 2 like every other bad input
+        from slimgrpo.config import ConfigError
+
+        raise ConfigError("slimgrpo train: give a CONFIG file and/or key=value overrides, e.g. "
+                          "slimgrpo train run.yaml run.max_steps=10 (see slimgrpo train --help)")
     overrides = list(args.overrides)
     config = args.config
     if "=" in config and not os.path.exists(config):  # only overrides were given
@@ -166,6 +171,9 @@ def cmd_report(args) -> int:
 
 def cmd_export(args) -> int:
     from slimgrpo.export import export_command
+    from slimgrpo.train.console import quiet_third_party
+
+    quiet_third_party(args.verbose)
 
     return export_command(args)
 

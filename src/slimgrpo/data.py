@@ -32,9 +32,11 @@ class DataError(ValueError):
 # ----------------------------------------------------------------------------- reading
 
 
+# "utf-8-sig" everywhere: Windows editors and Excel save UTF-8 with a byte-order mark, which is not JSON
+# (and would otherwise become part of the first CSV column's name).
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -52,7 +54,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_json(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8-sig")
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
@@ -69,7 +71,7 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
 
 def _read_csv(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with path.open(encoding="utf-8", newline="") as f:
+    with path.open(encoding="utf-8-sig", newline="") as f:
         reader = csv.DictReader(f)
         for i, r in enumerate(reader, start=1):
             if None in r or any(v is None for v in r.values()):  # more / fewer fields than the header

@@ -208,6 +208,14 @@ def base_causal_lm(model):
     return model.get_base_model() if is_peft(model) else model
 
 
+def generation_eos_ids(model) -> list[int]:
+    """The end-of-sequence ids of the model's generation_config (none, one or several)."""
+    eos = getattr(getattr(base_causal_lm(model), "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        return []
+    return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+
 @dataclass
 class Policy:
     """The trained model and how to evaluate the reference policy without a second copy."""

@@ -46,6 +46,20 @@ class RunConfig:
     max_nonfinite_steps: int = 3
     """Stop (exit code 3) after this many consecutive steps with a NaN/inf loss or gradient (each update is
     skipped); a run whose last update was skipped also ends with exit 3 and no final model."""
+    max_collapsed_steps: int = 3
+    """Stop (exit code 3, no final model) after this many consecutive steps whose policy looks collapsed
+    although every number is finite: the gradient norm vanished or blew up (``collapse_grad_norm_min`` /
+    ``_max``), the token entropy is at its ceiling (``collapse_entropy_ratio`` x log(vocabulary size):
+    near-uniform sampling) and the mean reward fell to the lowest value of the run. Typical cause: a learning
+    rate so high one update wrecked the weights. Each such step logs a warning and writes no checkpoint;
+    a run that ends inside such a streak also exits 3. 0 = only warn."""
+    collapse_entropy_ratio: float = 0.95
+    """Token entropy at or above this fraction of log(vocabulary size) counts as at its ceiling (see
+    ``max_collapsed_steps``)."""
+    collapse_grad_norm_min: float = 1e-8
+    """A gradient norm at or below this counts as vanished (see ``max_collapsed_steps``)."""
+    collapse_grad_norm_max: float = 1e4
+    """A gradient norm (before clipping) at or above this counts as blown up (see ``max_collapsed_steps``)."""
 
 
 @dataclass
@@ -61,8 +75,8 @@ class LogConfig:
     progress: bool = True
     """Show a progress bar with ETA (false: plain metric lines only, every ``logging_steps``)."""
     verbose: bool = False
-    """Show third-party warnings and info logs (transformers, torch, peft) in the terminal; off = only
-    slimgrpo's own messages and errors."""
+    """Show third-party warnings, info logs and progress bars (transformers, torch, peft) in the terminal;
+    off = only slimgrpo's own messages and errors."""
 
 
 @dataclass

@@ -63,6 +63,12 @@ def validate_config(cfg: Config) -> None:
     if run.num_threads is not None and run.num_threads < 1:
         raise ConfigError(f"run.num_threads must be >= 1 (or null for torch's default), got {run.num_threads}")
     _positive(run.max_nonfinite_steps, "run.max_nonfinite_steps")
+    _positive(run.max_collapsed_steps, "run.max_collapsed_steps", allow_zero=True)
+    if not 0.0 < run.collapse_entropy_ratio <= 1.0:
+        raise ConfigError(f"run.collapse_entropy_ratio must be in (0, 1], got {run.collapse_entropy_ratio}")
+    if not 0.0 <= run.collapse_grad_norm_min < run.collapse_grad_norm_max:
+        raise ConfigError(f"run.collapse_grad_norm_min ({run.collapse_grad_norm_min}) must be >= 0 and below "
+                          f"run.collapse_grad_norm_max ({run.collapse_grad_norm_max})")
     if cfg.rewards.timeout_s is not None:
         _positive(cfg.rewards.timeout_s, "rewards.timeout_s")
     _positive(cfg.rewards.max_failed_steps, "rewards.max_failed_steps", allow_zero=True)

@@ -19,6 +19,7 @@ from slimgrpo.config import from_dict, merge_overrides, validate_config
 from slimgrpo.data import load_prompt_dataset
 from slimgrpo.demo.tools_task import tool_accuracy
 from slimgrpo.rollout.sampling import SamplingParams
+from slimgrpo.train.console import quiet_third_party
 from slimgrpo.train.trainer import Trainer
 
 TOOLS_DIR = Path(__file__).resolve().parent / "tools"
@@ -68,6 +69,7 @@ def run_tool_demo(output_dir: str = "outputs/demo-tools", overrides: list[str] |
     console = Console()
     t0 = time.perf_counter()
     cfg = tools_demo_config(output_dir, overrides or [])
+    quiet_third_party(cfg.log.verbose)  # no transformers progress bars or torch warnings unless log.verbose=true
     console.print(f"[bold]slimgrpo demo --task tools[/bold]: GRPO teaches a tiny model to call a calculator, "
                   f"CPU, {cfg.run.max_steps} steps")
     trainer = Trainer(cfg)

@@ -62,9 +62,12 @@ def evaluate(
     keep_samples: int = 0,
     engine=None,
     indices: list[int] | None = None,
+    agent=None,
 ) -> EvalResult:
     """Sample ``num_samples`` completions for every prompt (or the prompts at ``indices``) and score them.
-    ``engine``: a rollout engine to reuse (the trainer's, which knows how to gather sharded weights)."""
+    ``engine``: a rollout engine to reuse (the trainer's, which knows how to gather sharded weights).
+    ``agent``: the multi-turn rollout of ``rollout.tools`` / ``rollout.environment`` (an ``AgentRollout``):
+    completions are then its conversations, scored as in training."""
     engine = engine or TorchRolloutEngine(model)
     order = list(range(len(dataset))) if indices is None else list(indices)
     device = next(model.parameters()).device
@@ -77,14 +80,20 @@ def evaluate(
     samples: list[dict[str, Any]] = []
     for start in range(0, len(order), prompts_per_batch):
         batch = dataset.batch(order[start : start + prompts_per_batch])
-        rollout = engine.generate(batch.prompt_ids, num_samples, sampling, gen)
+        if agent is not None:
+            rollout = agent.generate(batch, num_samples, sampling, gen)
+        else:
+            rollout = engine.generate(batch.prompt_ids, num_samples, sampling, gen)
         lengths = rollout.completion_lengths
         texts = [tokenizer.decode(r[: int(n)].tolist(), skip_special_tokens=True)
                  for r, n in zip(rollout.completion_ids, lengths)]
         completions = [[{"role": "assistant", "content": t}] if not isinstance(batch.prompts[i // num_samples], str)
                        else t for i, t in enumerate(texts)]
+        if rollout.conversations is not None:  # multi-turn: the messages after the prompt, as in training
+            completions = rollout.conversations
         prompts = [p for p in batch.prompts for _ in range(num_samples)]
         columns = {k: [v for v in vals for _ in range(num_samples)] for k, vals in batch.columns.items()}
+        columns.update(rollout.reward_columns)  # e.g. TRL's ``environments`` for get_reward
         ids = [r[: int(n)].tolist() for r, n in zip(rollout.completion_ids, lengths)]
         out = reward_runner.score(prompts, completions, ids, columns)
         first = torch.nan_to_num(out.per_function[:, 0], nan=0.0)

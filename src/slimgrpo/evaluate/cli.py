@@ -86,15 +86,23 @@ def run_eval(model_path: str, cfg: Config, args) -> EvalResult:
     if args.limit:
         data_cfg.max_samples = args.limit
     dataset = load_prompt_dataset(resolve_path(cfg, args.data or cfg.data.path), tok, data_cfg)
-    runner = RewardRunner(load_reward_functions(args.rewards or cfg.rewards.functions, cfg.base_dir),
-                          None if args.rewards else cfg.rewards.reward_weights, on_error="zero")
     r = cfg.rollout
+    agent, agent_rewards = None, []
+    if r.tools or r.environment:  # the multi-turn rollout of training, with the same tools / environments
+        from slimgrpo.rollout.agent_setup import build_agent
+        from slimgrpo.rollout.engine import TorchRolloutEngine
+
+        agent = build_agent(cfg, TorchRolloutEngine(model, max_batch_rows=r.max_batch_rows), tok)
+        agent_rewards = agent.toolbox.reward_functions()  # get_reward() of each environment class
+    weights = None if args.rewards else cfg.rewards.reward_weights
+    runner = RewardRunner(load_reward_functions(args.rewards or cfg.rewards.functions, cfg.base_dir) + agent_rewards,
+                          None if weights is None else [*weights, *[1.0] * len(agent_rewards)], on_error="zero")
     eos = {tok.eos_token_id}
     params = SamplingParams(max_new_tokens=r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
                             top_k=r.top_k, min_p=r.min_p, repetition_penalty=r.repetition_penalty,
                             eos_token_ids=tuple(sorted(eos)), pad_token_id=tok.pad_token_id)
     return evaluate(model, tok, dataset, runner, params, num_samples=args.num_samples, ks=tuple(args.k),
-                    seed=cfg.run.seed, success_threshold=args.threshold)
+                    seed=cfg.run.seed, success_threshold=args.threshold, agent=agent)
 
 
 def eval_command(args) -> int:
@@ -108,7 +116,7 @@ def eval_command(args) -> int:
         raise ConfigError("slimgrpo eval: give --model PATH (or a config with model.path)")
     if not (args.data or cfg.data.path):
         raise ConfigError("slimgrpo eval: give --data PROMPTS (or a config with data.path)")
-    if not (args.rewards or cfg.rewards.functions):
+    if not (args.rewards or cfg.rewards.functions or cfg.rollout.environment):  # (or an environment's get_reward)
         raise ConfigError("slimgrpo eval: give --rewards FN [FN ...] (or a config with rewards.functions)")
     if any(k > args.num_samples for k in args.k):
         raise ConfigError(f"pass@k needs --num-samples >= {max(args.k)}")

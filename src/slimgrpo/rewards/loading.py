@@ -107,7 +107,7 @@ def _file_without_function(spec: str, base_dir: str | os.PathLike | None) -> str
         path = (Path(base_dir) if base_dir is not None else Path.cwd()) / path
     names: list[str] = []
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = ast.parse(path.read_text(encoding="utf-8-sig"))
         names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                  and not n.name.startswith("_")]
     except (OSError, SyntaxError, ValueError):

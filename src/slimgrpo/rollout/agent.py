@@ -265,7 +265,7 @@ class AgentRollout:
         st.messages.append(message)
         if not calls or (self.max_iterations is not None and st.iterations >= self.max_iterations):
             return None
-        results = [self.runner.run(c, table) for c in calls]
+        results = self.runner.run_turn(calls, table)  # async tools of the turn awaited together
         tool_messages = [{"role": "tool", "name": res.name, "content": res.content} for res in results]
         suffix = self.tool_suffix_ids(tool_messages, params.eos_token_ids)
         st.calls += len(results)

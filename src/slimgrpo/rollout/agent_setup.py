@@ -153,9 +153,15 @@ def setup_agent(trainer) -> tuple[Any, list[tuple[str, Callable]]]:
     agent = build_agent(cfg, trainer.engine, trainer.policy.tokenizer, args.get("tools"), args.get("environment"))
     if agent is None:
         return None, []
-    if trainer.dist.enabled:  # the agent decodes with the local module: FSDP2 shards would not be gathered
-        raise ConfigError("rollout.tools / rollout.environment run in a single process for now: launch without "
-                          "torchrun")
+    if trainer.dist.enabled:
+        if cfg.distributed.strategy != "ddp":  # the agent decodes with the local module: shards are not gathered
+            raise ConfigError("rollout.tools / rollout.environment under torchrun need distributed.strategy=ddp "
+                              "(FSDP2 shards the weights the multi-turn decoder reads); or launch without torchrun")
+        from slimgrpo.train.launch import AgreedGenerationEngine
+
+        # DDP: every rank holds the whole model and runs its own rows' conversations and tools, with no
+        # collective inside; a failure on one rank (a template error, out of memory) stops every rank.
+        agent = AgreedGenerationEngine(agent, trainer.dist)
     rewards = agent.toolbox.reward_functions()
     if not cfg.rewards.functions and not rewards:
         raise ConfigError("rewards.functions is empty and the environment has no get_reward(): name a reward "

@@ -41,6 +41,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from slimgrpo.train.storage import as_os_error
+
 log = logging.getLogger("slimgrpo")
 
 MARKER = "COMPLETE"
@@ -215,8 +217,11 @@ def save_checkpoint(
     tmp.mkdir()
     try:
         _write_checkpoint(tmp, output_dir, step, model, optimizer, scheduler, sampler_state, generator, extra)
-    except OSError:  # disk full, quota, read-only: free what this save took; earlier checkpoints stay
+    except Exception as e:  # disk full, quota, read-only: free what this save took; earlier checkpoints stay
         shutil.rmtree(tmp, ignore_errors=True)
+        storage = as_os_error(e, final)  # safetensors wraps "No space left on device" in SafetensorError
+        if storage is not None:
+            raise storage from e
         raise
     finish_save(tmp, final, step, keep)
     return final

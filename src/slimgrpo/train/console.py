@@ -105,11 +105,16 @@ def summary_lines(summary: dict[str, Any], cfg, history: list[dict[str, Any]], w
     r = _first_last([h for h in history if "reward" in h], "reward")
     if r:
         lines.append(f"  reward      {r[0]:.3f} -> {r[1]:.3f} (first -> last step)")
+    after_step = summary.get("eval_after/step")
+    when = "after" if after_step == steps else f"step {after_step}"
     for key, label in (("accuracy_greedy", "greedy"), ("accuracy_sampled", "sampled")):
         before, after = summary.get(f"eval_before/{key}"), summary.get(f"eval_after/{key}")
         if isinstance(after, (int, float)):
             text = f"{before:.1%} -> {after:.1%}" if isinstance(before, (int, float)) else f"{after:.1%}"
-            lines.append(f"  eval        {label} accuracy {text} (held-out, before -> after)")
+            lines.append(f"  eval        {label} accuracy {text} (held-out, before -> {when})")
+    if summary.get("eval_skipped_at_step") is not None:  # stopped early: say so, never show "before" as "after"
+        lines.append(f"  eval        skipped after step {steps} (the run stopped early); the held-out evaluation "
+                     "runs after the last step when the resumed run finishes")
     lines.append(f"  report      slimgrpo report {out}")
     final = os.path.join(out, "final")
     if os.path.isdir(final):

@@ -142,12 +142,14 @@ def save_hf_model(policy, path: Path, dist: DistContext) -> None:
 
         state_dict = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.is_main:
-        path.mkdir(parents=True, exist_ok=True)
-        if state_dict is not None:
-            model.save_pretrained(str(path), state_dict=_untie(model, state_dict), safe_serialization=True)
-        else:
-            model.save_pretrained(str(path), safe_serialization=True)
-        policy.tokenizer.save_pretrained(str(path))
+        from slimgrpo.train.storage import write_folder_atomically
+
+        with write_folder_atomically(path) as tmp:  # renamed to ``path`` once complete
+            if state_dict is not None:
+                model.save_pretrained(str(tmp), state_dict=_untie(model, state_dict), safe_serialization=True)
+            else:
+                model.save_pretrained(str(tmp), safe_serialization=True)
+            policy.tokenizer.save_pretrained(str(tmp))
     dist.barrier()
 
 

@@ -45,6 +45,8 @@ class DuringTrainingEval:
         self.greedy = dataclasses.replace(trainer.sampling, temperature=0.0)
         # Prompts per generate call: about the rows of one training step (what we know fits).
         self.prompts_per_batch = max(1, cfg.run.batch_size // trainer.dist.world_size // cfg.eval.num_samples)
+        # Tools / environments: the same multi-turn rollout as training (a custom rollout_function is not used).
+        self.agent = trainer.agent if hasattr(trainer.agent, "toolbox") else None
 
     def due(self, step: int) -> bool:
         """After optimizer step ``step``: every ``eval.steps`` steps, and after the last step."""
@@ -64,7 +66,7 @@ class DuringTrainingEval:
         return evaluate(t.policy.model, t.policy.tokenizer, self.dataset, t.reward_runner, sampling,
                         num_samples=num_samples, ks=(num_samples,), prompts_per_batch=self.prompts_per_batch,
                         seed=t.cfg.run.seed, success_threshold=self.cfg.threshold, engine=t.engine,
-                        indices=self.indices)
+                        indices=self.indices, agent=self.agent)
 
     def run(self) -> dict[str, float]:
         """Evaluate now; ``eval/...`` metrics averaged over every rank's prompts."""
@@ -95,15 +97,18 @@ def make_evaluator(trainer) -> DuringTrainingEval | None:
     return DuringTrainingEval(trainer) if trainer.cfg.eval.data else None
 
 
-def eval_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
-    """``eval_before/...`` (the step-0 record) and ``eval_after/...`` (the newest eval) for summary.json."""
+def eval_summary(history: list[dict[str, Any]], final_step: int | None = None) -> dict[str, Any]:
+    """``eval_before/...`` (the step-0 record) and ``eval_after/...`` (the newest eval after a training step)
+    for summary.json. With ``final_step`` (the run's last step) and no eval at it, ``eval_skipped_at_step``
+    says so: a run stopped early (a signal, a callback) skips the evaluation after its last step."""
     evals = [r for r in history if any(k.startswith(EVAL_PREFIX) for k in r)]
-    if not evals:
-        return {}
     out: dict[str, Any] = {}
-    first, last = evals[0], evals[-1]
-    if first.get("step") == 0:
-        out.update({f"eval_before/{k[len(EVAL_PREFIX):]}": v for k, v in first.items() if k.startswith(EVAL_PREFIX)})
-    out.update({f"eval_after/{k[len(EVAL_PREFIX):]}": v for k, v in last.items() if k.startswith(EVAL_PREFIX)})
-    out["eval_after/step"] = last.get("step")
+    if evals and evals[0].get("step") == 0:
+        out.update({f"eval_before/{k[len(EVAL_PREFIX):]}": v for k, v in evals[0].items() if k.startswith(EVAL_PREFIX)})
+    after = [r for r in evals if r.get("step")]  # the step-0 record is "before", never "after"
+    if after:
+        out.update({f"eval_after/{k[len(EVAL_PREFIX):]}": v for k, v in after[-1].items() if k.startswith(EVAL_PREFIX)})
+        out["eval_after/step"] = after[-1].get("step")
+    if final_step and out.get("eval_after/step") != final_step:
+        out["eval_skipped_at_step"] = final_step
     return out

@@ -65,3 +65,17 @@ def lr_lambda(step: int, cfg: Config) -> float:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_lambda(step, cfg))
+
+
+def apply_config_after_resume(optimizer: torch.optim.Optimizer, scheduler, cfg: Config) -> None:
+    """A checkpoint's optimizer and scheduler state carry the hyperparameters they were saved with; the
+    config's win (a checkpoint named by ``run.resume`` may resume with a changed ``optim.*``, e.g. a lower
+    learning rate after a divergence). The schedule's position (``last_epoch``) is kept."""
+    o = cfg.optim
+    wanted = {"initial_lr": o.learning_rate, "betas": (o.adam_beta1, o.adam_beta2), "eps": o.adam_epsilon,
+              "weight_decay": o.weight_decay}
+    for group in optimizer.param_groups:
+        group.update({k: v for k, v in wanted.items() if k in group or k == "initial_lr"})
+        group["lr"] = o.learning_rate * lr_lambda(scheduler.last_epoch, cfg)
+    scheduler.base_lrs = [o.learning_rate] * len(optimizer.param_groups)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() reports

@@ -37,7 +37,8 @@ log = logging.getLogger("slimgrpo")
 RESUMABLE_KEYS = (
     "run.max_steps", "run.save_steps", "run.save_total_limit", "run.save_checkpoints", "run.save_model",
     "run.resume", "run.overwrite", "run.output_dir", "run.num_threads", "run.thread_wait_policy", "run.device",
-    "run.max_nonfinite_steps",
+    "run.max_nonfinite_steps", "run.max_collapsed_steps", "run.collapse_entropy_ratio", "run.collapse_grad_norm_min",
+    "run.collapse_grad_norm_max",
     "log.*", "eval.*", "distributed.timeout_s", "distributed.backend",
     "rewards.timeout_s", "rewards.isolation", "rewards.on_error", "rewards.max_failed_steps",
     "memory.micro_batch_size", "memory.gradient_checkpointing", "memory.offload_activations", "memory.budget",

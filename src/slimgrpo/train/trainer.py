@@ -27,7 +27,8 @@ from slimgrpo.loss.entropy_control import EntropyController
 from slimgrpo.loss.objectives import Normaliser
 from slimgrpo.loss.settings import loss_settings
 from slimgrpo.memory.malloc import pin_mmap_threshold
-from slimgrpo.modeling import Policy, build_policy, looks_like_hub_name, max_positions, read_model_config
+from slimgrpo.modeling import (Policy, build_policy, generation_eos_ids, looks_like_hub_name, max_positions,
+                               read_model_config)
 from slimgrpo.rewards.loading import load_reward_functions
 from slimgrpo.rewards.contract import make_trainer_state, step_means
 from slimgrpo.rewards.runner import RewardRunner
@@ -35,11 +36,12 @@ from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.train import checkpoint as ckpt
 from slimgrpo.train import dist_checkpoint as dist_ckpt
-from slimgrpo.train import launch
+from slimgrpo.train import health, launch
 from slimgrpo.train import run_folder
 from slimgrpo.train.distributed import DistContext, from_environment
 from slimgrpo.train.metrics import MetricsWriter, console_line, masked_stats, peak_memory_mib
-from slimgrpo.train.optim import build_optimizer, build_scheduler
+from slimgrpo.train.optim import apply_config_after_resume, build_optimizer, build_scheduler
+from slimgrpo.train.storage import write_folder_atomically
 from slimgrpo.train.update import (UpdateBatch, accumulate_gradients, batch_logprobs, entropy_cut,
                                    make_update_batch, merge_stats, split_update)
 from slimgrpo.types import PromptBatch, RewardOutput, Rollout
@@ -51,6 +53,10 @@ Callback = Callable[["Trainer", int, dict[str, Any]], bool | None]  # return Tru
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive steps with a NaN/inf loss or gradient."""
+
+
+class PolicyCollapsedError(NonFiniteError):
+    """Finite weights that no longer learn: see :mod:`slimgrpo.train.health` (exit 3 like a divergence)."""
 
 
 @dataclass
@@ -138,7 +144,7 @@ class Trainer:
             max_failed_steps=cfg.rewards.max_failed_steps,
         )
         tok = self.policy.tokenizer
-        eos = {tok.eos_token_id} | set(_generation_eos(self.policy.model))
+        eos = {tok.eos_token_id} | set(generation_eos_ids(self.policy.model))
         r = cfg.rollout
         self.sampling = SamplingParams(
             max_new_tokens=r.max_completion_length, min_new_tokens=r.min_completion_length,
@@ -147,6 +153,7 @@ class Trainer:
             eos_token_ids=tuple(sorted(eos)), pad_token_id=tok.pad_token_id,
         )
         self.setup_objective()
+        self.health = health.monitor_for(cfg, self.policy.model)  # a collapsed policy stops the run (exit 3)
         for warning in loss_warnings(cfg) if self.dist.is_main else []:
             log.warning(warning)
         self.plan = self.plan_run_folder()  # resume, fresh, refuse, or already finished: before writing
@@ -204,11 +211,14 @@ class Trainer:
                                               self.dist, self.cfg.distributed.strategy)
         else:
             state = ckpt.load_checkpoint(path, self.policy.model, self.optimizer, self.scheduler, self.generator)
+        apply_config_after_resume(self.optimizer, self.scheduler, self.cfg)  # e.g. a lower optim.learning_rate
         self.sampler.load_state_dict(state.sampler)
         self.step_idx = state.step
         self.nonfinite_streak = int(state.extra.get("nonfinite_streak", 0))
         self.entropy_control.load_state_dict(state.extra.get("entropy_control", {}))
         self.writer.truncate_after(state.step, saved_history=path / "metrics.jsonl")
+        if not self.dist.enabled:  # (under torchrun a rank may not see rank 0's file: all ranks start afresh)
+            self.health.remember_rewards(self.writer.history())  # "reward fell" compares with the whole run
         log.info("resumed from %s at step %d", path, state.step)
 
     # ------------------------------------------------------------------------- the step
@@ -369,12 +379,27 @@ class Trainer:
             raise NonFiniteError(ckpt.nonfinite_diagnosis(self.nonfinite_streak, self.step_idx + 1,
                                                           self.output_dir))
 
+    def check_health(self, metrics: dict[str, Any]) -> None:
+        """Warn at a step whose policy looks collapsed; stop after ``run.max_collapsed_steps`` in a row."""
+        reason = self.health.observe(self.step_idx, metrics)
+        if reason is not None:
+            log.warning("step %d: the policy looks collapsed: %s (%d in a row, run.max_collapsed_steps=%d)",
+                        self.step_idx, reason, self.health.streak, self.cfg.run.max_collapsed_steps)
+        if self.health.should_stop:
+            raise PolicyCollapsedError(health.collapse_diagnosis(self.health, self.step_idx, self.output_dir,
+                                                                 self.cfg.optim.learning_rate))
+
     def check_not_diverged(self) -> None:
-        """The run ends while its last updates were skipped as non-finite: the model as it stands gives
-        NaN/inf (e.g. a learning rate that blew the weights up), so stop without a final model."""
-        if self.nonfinite_streak and not self.stop_requested:
+        """The run ends while its last updates were skipped as non-finite (the model as it stands gives
+        NaN/inf) or its policy collapsed (finite weights that no longer learn): stop without a final model."""
+        if self.stop_requested:
+            return
+        if self.nonfinite_streak:
             raise NonFiniteError(ckpt.nonfinite_diagnosis(self.nonfinite_streak, self.step_idx, self.output_dir,
                                                           at_end=True))
+        if self.health.in_streak:
+            raise PolicyCollapsedError(health.collapse_diagnosis(self.health, self.step_idx, self.output_dir,
+                                                                 self.cfg.optim.learning_rate, at_end=True))
 
     def step_metrics(self, rollout, rewards, advantages, stats, grad_norm, skipped, gen_s, step_s) -> dict[str, Any]:
         d = self.dist
@@ -463,13 +488,15 @@ class Trainer:
                 if self.evaluator:  # every eval.steps steps and after the last one
                     result.metrics.update(self.evaluator.after_step(self.step_idx))
                 self.writer.log(self.step_idx, result.metrics)
+                self.check_health(result.metrics)
                 self.maybe_log_completions(result)
                 bar.advance(console_line(self.step_idx, result.metrics) if self.step_idx % cfg.log.logging_steps == 0
                             else None)
                 if any(cb(self, self.step_idx, result.metrics) for cb in self.callbacks):
                     self.stop_requested = True
-                if cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0 and not self.nonfinite_streak:
-                    self.save_checkpoint()  # not while updates are being skipped: keep the last good one
+                if (cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0 and not self.nonfinite_streak
+                        and not self.health.in_streak):
+                    self.save_checkpoint()  # not while updates are skipped or collapsed: keep the last good one
         self.check_not_diverged()  # a run whose last updates were non-finite is not a success
         if not (cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0):
             self.save_checkpoint()
@@ -535,7 +562,7 @@ class Trainer:
             summary.update({k: v for k, v in last.items() if k != "step"})
         from slimgrpo.train.eval_during import eval_summary
 
-        summary.update(eval_summary(history))
+        summary.update(eval_summary(history, self.step_idx if self.evaluator else None))
         if hasattr(self, "t_start"):
             summary["wall_time_s"] = time.perf_counter() - self.t_start
         summary.update({"data/prompts": len(self.dataset), "data/prompts_truncated": self.dataset.num_truncated,
@@ -553,21 +580,13 @@ class Trainer:
         return summary
 
     def save_model(self, path: Path) -> None:
+        """Written into a hidden temporary folder and renamed to ``path`` when complete: a full disk leaves
+        no half-written ``final/`` (and exits 2 naming it), the last checkpoint stays as it was."""
         if self.dist.enabled:
             return dist_ckpt.save_hf_model(self.policy, path, self.dist)
-        self.policy.model.save_pretrained(str(path), safe_serialization=True)
-        self.policy.tokenizer.save_pretrained(str(path))
-
-
-def _generation_eos(model) -> list[int]:
-    from slimgrpo.modeling import base_causal_lm
-
-    gc = getattr(base_causal_lm(model), "generation_config", None)
-    eos = getattr(gc, "eos_token_id", None)
-    if eos is None:
-        return []
-    return list(eos) if isinstance(eos, (list, tuple)) else [eos]
-
+        with write_folder_atomically(path) as tmp:
+            self.policy.model.save_pretrained(str(tmp), safe_serialization=True)
+            self.policy.tokenizer.save_pretrained(str(tmp))
 
 
 def _scorable_total(rewards: RewardOutput) -> torch.Tensor:
