@@ -84,6 +84,8 @@ class Trainer:
         self.preempted_by: str | None = None  # signal name when SIGTERM/SIGINT stopped the run
         self.run_lock = None  # rank 0 holds the run folder's lock from setup() to the end of train()
         self.plan = run_folder.Plan()
+        self.critic = None  # PPO's value function (train/critic.py), built in setup()
+        self.value_metrics: dict[str, Any] = {}  # PPO: the critic's numbers of this step
 
     # ------------------------------------------------------------------------- setup
 
@@ -120,8 +122,9 @@ class Trainer:
         self.trainer_state = make_trainer_state(  # what TRL passes reward functions as ``trainer_state``
             cfg.run.max_steps, cfg.run.max_steps * cfg.prompts_per_step / max(len(self.dataset), 1),
             cfg.run.batch_size, cfg.log.logging_steps, cfg.run.save_steps, self.dist.is_main)
+        self.critic = self.build_critic()  # PPO: value head + adapter (LoRA) or value model (full); else None
         self.model = self.wrap_model(self.policy.model)
-        self.optimizer = build_optimizer(self.policy.trainable_parameters(), cfg, self.policy.device)
+        self.optimizer = build_optimizer(self.trainable_parameters(), cfg, self.policy.device)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.run.seed + 7919 * self.dist.rank)
         self.engine = TorchRolloutEngine(self.policy.model, max_batch_rows=cfg.rollout.max_batch_rows,
@@ -177,6 +180,16 @@ class Trainer:
         self.loss_settings = loss_settings(cfg)
         self.entropy_control = EntropyController.from_config(cfg.loss)  # entropy bonus coefficient
 
+    def build_critic(self):
+        """PPO's critic (``train/critic.py``) when ``loss.advantage_estimator`` is ``gae``, else None."""
+        from slimgrpo.train.critic import build_critic
+
+        return build_critic(self.cfg, self.policy, self.dist.enabled) if self.cfg.ppo else None
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer trains: the policy's parameters, then the critic's (PPO)."""
+        return self.policy.trainable_parameters() + (self.critic.parameters() if self.critic else [])
+
     def wrap_model(self, model):
         """Hook for distributed wrappers (DDP / FSDP2)."""
         return launch.wrap_model(model, self.cfg, self.dist) if self.dist.enabled else model
@@ -208,6 +221,8 @@ class Trainer:
         self.step_idx = state.step
         self.nonfinite_streak = int(state.extra.get("nonfinite_streak", 0))
         self.entropy_control.load_state_dict(state.extra.get("entropy_control", {}))
+        if self.critic is not None:
+            self.critic.load_state_dict(ckpt.load_extra_tensors(path, "critic"))
         self.writer.truncate_after(state.step, saved_history=path / "metrics.jsonl")
         log.info("resumed from %s at step %d", path, state.step)
 
@@ -223,6 +238,7 @@ class Trainer:
             rewards = self.score(batch, rollout, completions)
         advantages = self.compute_advantages(rewards)
         update = self.prepare_update(rollout, advantages)
+        advantages = self.critic_stage(update, advantages)  # PPO: per-token GAE advantages from the critic
         stats, grad_norm, skipped = self.optimize(update)
         metrics = self.step_metrics(rollout, rewards, advantages, stats, grad_norm, skipped, gen_s,
                                     time.perf_counter() - t0)
@@ -288,13 +304,32 @@ class Trainer:
         update = make_update_batch(rollout, advantages, cfg.loss.mask_truncated_completions)
         args = (cfg.memory.micro_batch_size, cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk)
         tokens = cfg.memory.micro_batch_tokens
-        if cfg.loss.num_iterations > 1 or cfg.loss.steps_per_generation > 1:  # the policy moves within the step
-            update.old_logp = batch_logprobs(self.model, update, *args, micro_tokens=tokens)
-        if cfg.loss.beta > 0:
+        if cfg.loss.num_iterations > 1 or cfg.loss.steps_per_generation > 1 or cfg.ppo:  # the policy moves, or
+            update.old_logp = batch_logprobs(self.model, update, *args, micro_tokens=tokens)  # PPO's KL reward
+        if cfg.needs_reference:
             with self.policy.reference() as ref_model:
                 update.ref_logp = batch_logprobs(ref_model, update, *args, micro_tokens=tokens)
         update.entropy_cut = entropy_cut(self.model, update, cfg.loss.top_entropy_quantile, *args, micro_tokens=tokens)
         return update
+
+    def critic_stage(self, update: UpdateBatch, advantages: torch.Tensor) -> torch.Tensor:
+        """PPO: the scores become per-token advantages in ``update`` (values, KL reward, GAE); returns each
+        row's mean advantage for the log. Without a critic: nothing to do."""
+        if self.critic is None:
+            return advantages
+        from slimgrpo.train.critic import ppo_advantages
+
+        row_advantages, self.value_metrics = ppo_advantages(self.critic, update, advantages, self.cfg.loss,
+                                                            self.cfg.memory.micro_batch_size,
+                                                            self.cfg.memory.micro_batch_tokens)
+        return row_advantages
+
+    def critic_gradients(self, update: UpdateBatch) -> dict[str, float]:
+        """PPO: the value loss's gradients, summed into the critic's ``.grad`` next to the policy's."""
+        if self.critic is None:
+            return {}
+        m, c = self.cfg.memory, self.cfg.critic
+        return self.critic.accumulate(update, m.micro_batch_size, m.micro_batch_tokens, c.vf_coef, c.cliprange_value)
 
     def normaliser(self, update: UpdateBatch) -> Normaliser:
         """Whole-batch totals across ranks, so micro-batching and sharding leave the loss unchanged."""
@@ -314,7 +349,7 @@ class Trainer:
         cfg = self.cfg
         slices = split_update(update, cfg.loss.steps_per_generation)
         norms = [self.normaliser(part) for part in slices]
-        params = self.policy.trainable_parameters()
+        params = self.trainable_parameters()
         stats = None
         grad_norm = float("nan")
         skipped = False
@@ -331,6 +366,7 @@ class Trainer:
                     share_prompt=cfg.memory.share_prompt_forward, micro_tokens=cfg.memory.micro_batch_tokens,
                     entropy_coef=self.entropy_control.applied(),
                 ))
+                step_stats[-1].extra.update(self.critic_gradients(part))
                 self.update_entropy_control(step_stats[-1])
                 max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
                 grad_norm = launch.clip_grad_norm(params, max_norm)
@@ -415,6 +451,7 @@ class Trainer:
         m["time/step_s"] = step_s
         m["memory/peak_mib"] = float(d.all_reduce_max(torch.tensor([peak_memory_mib(self.policy.device)],
                                                                   device=self.policy.device)).item())
+        m.update(self.value_metrics)  # PPO: the critic before this step (explained variance, mean value)
         m.update(rollout.metrics)  # tools/... of a multi-turn rollout (this rank's rows)
         for key, count in rewards.fault_counts.items():
             m[f"reward_faults/{key}"] = count
@@ -517,7 +554,7 @@ class Trainer:
         path = ckpt.save_checkpoint(
             self.output_dir, self.step_idx, self.policy.model, self.optimizer, self.scheduler,
             self.sampler.state_dict(), self.generator, keep=self.cfg.run.save_total_limit,
-            extra=self.checkpoint_extra(),
+            extra=self.checkpoint_extra(), extra_tensors=self.checkpoint_tensors(),
         )
         self.dist.barrier()
         return path
@@ -525,6 +562,10 @@ class Trainer:
     def checkpoint_extra(self) -> dict[str, Any]:
         """Trainer counters saved with a checkpoint (restored by ``maybe_resume``)."""
         return {"nonfinite_streak": self.nonfinite_streak, "entropy_control": self.entropy_control.state_dict()}
+
+    def checkpoint_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Tensors saved beside the model: PPO's critic (its adapter or model, and its value head)."""
+        return {"critic": self.critic.state_dict()} if self.critic is not None else {}
 
     def finish(self) -> dict[str, Any]:
         summary: dict[str, Any] = {"steps": self.step_idx}
