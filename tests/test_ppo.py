@@ -327,3 +327,16 @@ def test_ppo_resume_is_bit_identical_with_the_critic(tmp_path, tiny_model_dir):
         assert key in last, key
     state = json.loads((b / "trainer_state.json").read_text())
     assert state["step"] == 4
+    out = cli("report", str(run))  # the critic's plot is on the page
+    assert out.returncode == 0, out.stderr
+    assert (run / "report" / "value.png").is_file()
+
+
+def test_demo_ppo_config(tmp_path):
+    from slimgrpo.demo.run import demo_config
+
+    cfg, _ = demo_config(str(tmp_path / "out"), [], algorithm="ppo")
+    assert cfg.ppo and not cfg.lora.enabled and not cfg.needs_reference  # full FT: the critic is a second model
+    assert cfg.loss.num_iterations == 2 and cfg.loss.steps_per_generation == 2
+    grpo, _ = demo_config(str(tmp_path / "out"), [])
+    assert not grpo.ppo
