@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from run_helpers import cli, numeric_metrics, start_cli, write_run
 from slimgrpo import advantages as adv
-from slimgrpo.config import ConfigError, from_dict, load_config, validate_config
+from slimgrpo.config import ConfigError, from_dict, validate_config
 from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss, value_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -167,7 +167,8 @@ def token_rewards(scores: torch.Tensor, mask: torch.Tensor, old_logp: torch.Tens
     last = T - 1 - torch.flip(m, dims=[1]).int().argmax(dim=1)  # index of the last True (T-1 when none)
     has = m.any(dim=1) & ~torch.isnan(scores)
     rows = torch.arange(m.shape[0], device=m.device)
-    bonus = torch.where(has, torch.nan_to_num(scores.float().to(m.device)), torch.zeros_like(scores, dtype=torch.float32))
+    scores = scores.float().to(m.device)
+    bonus = torch.where(has, torch.nan_to_num(scores), torch.zeros_like(scores))
     rewards[rows, last] += bonus
     return rewards
 

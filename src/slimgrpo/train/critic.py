@@ -17,7 +17,6 @@ hidden state that predicts each completion token (the state in which that token 
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import Any, Iterator
 
 import torch
@@ -27,8 +26,6 @@ from slimgrpo import advantages as adv
 from slimgrpo.loss.objectives import Normaliser, value_loss
 from slimgrpo.loss.unpadded import unpadded_hidden
 from slimgrpo.modeling import base_causal_lm, is_peft
-
-log = logging.getLogger("slimgrpo")
 
 CRITIC_ADAPTER = "critic"  # the peft adapter name of the LoRA critic
 
@@ -106,6 +103,15 @@ class Critic:
                 clip_sum += st["value/clipfrac"] * st["tokens"]
                 tokens += st["tokens"]
         return {"value/loss": loss_sum / max(tokens, 1.0), "value/clipfrac": clip_sum / max(tokens, 1.0)}
+
+    def stage(self, batch, scores: torch.Tensor, cfg) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``ppo_advantages`` with the run's settings (``Trainer.critic_stage``)."""
+        return ppo_advantages(self, batch, scores, cfg.loss, cfg.memory.micro_batch_size, cfg.memory.micro_batch_tokens)
+
+    def gradients(self, batch, cfg) -> dict[str, float]:
+        """``accumulate`` with the run's settings: the value loss's gradients next to the policy's."""
+        m, c = cfg.memory, cfg.critic
+        return self.accumulate(batch, m.micro_batch_size, m.micro_batch_tokens, c.vf_coef, c.cliprange_value)
 
     # --- checkpoints -------------------------------------------------------------------------------
 

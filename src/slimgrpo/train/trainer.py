@@ -34,6 +34,7 @@ from slimgrpo.rewards.runner import RewardRunner
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.train import checkpoint as ckpt
+from slimgrpo.train.critic import build_critic
 from slimgrpo.train import dist_checkpoint as dist_ckpt
 from slimgrpo.train import launch
 from slimgrpo.train import run_folder
@@ -122,7 +123,7 @@ class Trainer:
         self.trainer_state = make_trainer_state(  # what TRL passes reward functions as ``trainer_state``
             cfg.run.max_steps, cfg.run.max_steps * cfg.prompts_per_step / max(len(self.dataset), 1),
             cfg.run.batch_size, cfg.log.logging_steps, cfg.run.save_steps, self.dist.is_main)
-        self.critic = self.build_critic()  # PPO: value head + adapter (LoRA) or value model (full); else None
+        self.critic = build_critic(cfg, self.policy, self.dist.enabled) if cfg.ppo else None  # PPO's value function
         self.model = self.wrap_model(self.policy.model)
         self.optimizer = build_optimizer(self.trainable_parameters(), cfg, self.policy.device)
         self.scheduler = build_scheduler(self.optimizer, cfg)
@@ -179,12 +180,6 @@ class Trainer:
             cfg.loss.token_chunk = auto_token_chunk(base_causal_lm(self.policy.model).config.vocab_size)
         self.loss_settings = loss_settings(cfg)
         self.entropy_control = EntropyController.from_config(cfg.loss)  # entropy bonus coefficient
-
-    def build_critic(self):
-        """PPO's critic (``train/critic.py``) when ``loss.advantage_estimator`` is ``gae``, else None."""
-        from slimgrpo.train.critic import build_critic
-
-        return build_critic(self.cfg, self.policy, self.dist.enabled) if self.cfg.ppo else None
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """What the optimizer trains: the policy's parameters, then the critic's (PPO)."""
@@ -317,19 +312,8 @@ class Trainer:
         row's mean advantage for the log. Without a critic: nothing to do."""
         if self.critic is None:
             return advantages
-        from slimgrpo.train.critic import ppo_advantages
-
-        row_advantages, self.value_metrics = ppo_advantages(self.critic, update, advantages, self.cfg.loss,
-                                                            self.cfg.memory.micro_batch_size,
-                                                            self.cfg.memory.micro_batch_tokens)
-        return row_advantages
-
-    def critic_gradients(self, update: UpdateBatch) -> dict[str, float]:
-        """PPO: the value loss's gradients, summed into the critic's ``.grad`` next to the policy's."""
-        if self.critic is None:
-            return {}
-        m, c = self.cfg.memory, self.cfg.critic
-        return self.critic.accumulate(update, m.micro_batch_size, m.micro_batch_tokens, c.vf_coef, c.cliprange_value)
+        advantages, self.value_metrics = self.critic.stage(update, advantages, self.cfg)
+        return advantages
 
     def normaliser(self, update: UpdateBatch) -> Normaliser:
         """Whole-batch totals across ranks, so micro-batching and sharding leave the loss unchanged."""
@@ -366,7 +350,7 @@ class Trainer:
                     share_prompt=cfg.memory.share_prompt_forward, micro_tokens=cfg.memory.micro_batch_tokens,
                     entropy_coef=self.entropy_control.applied(),
                 ))
-                step_stats[-1].extra.update(self.critic_gradients(part))
+                step_stats[-1].extra.update(self.critic.gradients(part, cfg) if self.critic else {})  # PPO
                 self.update_entropy_control(step_stats[-1])
                 max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
                 grad_norm = launch.clip_grad_norm(params, max_norm)
@@ -554,7 +538,7 @@ class Trainer:
         path = ckpt.save_checkpoint(
             self.output_dir, self.step_idx, self.policy.model, self.optimizer, self.scheduler,
             self.sampler.state_dict(), self.generator, keep=self.cfg.run.save_total_limit,
-            extra=self.checkpoint_extra(), extra_tensors=self.checkpoint_tensors(),
+            extra=self.checkpoint_extra(), extra_tensors={"critic": self.critic.state_dict()} if self.critic else None,
         )
         self.dist.barrier()
         return path
@@ -562,10 +546,6 @@ class Trainer:
     def checkpoint_extra(self) -> dict[str, Any]:
         """Trainer counters saved with a checkpoint (restored by ``maybe_resume``)."""
         return {"nonfinite_streak": self.nonfinite_streak, "entropy_control": self.entropy_control.state_dict()}
-
-    def checkpoint_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Tensors saved beside the model: PPO's critic (its adapter or model, and its value head)."""
-        return {"critic": self.critic.state_dict()} if self.critic is not None else {}
 
     def finish(self) -> dict[str, Any]:
         summary: dict[str, Any] = {"steps": self.step_idx}
