@@ -340,3 +340,15 @@ def test_demo_ppo_config(tmp_path):
     assert cfg.loss.num_iterations == 2 and cfg.loss.steps_per_generation == 2
     grpo, _ = demo_config(str(tmp_path / "out"), [])
     assert not grpo.ppo
+
+
+@pytest.mark.slow
+def test_demo_ppo_raises_held_out_accuracy(tmp_path):
+    """`slimgrpo demo --algorithm ppo` end to end (about a minute on 2 cores): +15 points or more sampled."""
+    from slimgrpo.demo.run import run_demo
+
+    out = tmp_path / "demo"
+    assert run_demo(str(out), [], algorithm="ppo") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["eval_after"] - summary["eval_before"] >= 0.15, summary
+    assert "value/explained_variance" in summary and "value/loss" in summary
