@@ -176,7 +176,7 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     (root / "results.json").write_text(json.dumps(rows, indent=2))
-    print(f"\n| run | peak RSS (MiB) | plan (MiB) | s/step | vs TRL peak |\n|---|---:|---:|---:|---:|")
+    print("\n| run | peak RSS (MiB) | plan (MiB) | s/step | vs TRL peak |\n|---|---:|---:|---:|---:|")
     trl_peak = next((r["peak_rss_mib"] for r in rows if r["run"] == "trl" and r["ok"]), None)
     for r in rows:
         ratio = f"{r['peak_rss_mib'] / trl_peak:.2f}x" if trl_peak and r["peak_rss_mib"] and r["ok"] else ""

@@ -19,6 +19,9 @@ from slimgrpo.config import Config, LoraConfig, ModelConfig
 log = logging.getLogger("slimgrpo")
 
 
+CRITIC_ADAPTER = "critic"  # the peft adapter of PPO's LoRA critic (train/critic.py); not the policy's
+
+
 class ModelLoadError(ValueError):
     """The model folder is missing, incomplete, or cannot be loaded."""
 
@@ -220,8 +223,8 @@ class Policy:
             r.mul_(1.0 - alpha).add_(full.detach().to(r.device, r.dtype), alpha=alpha)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        """The policy's trainable parameters (PPO's critic adapter, ``.critic.`` in peft's names, is not one)."""
-        return [p for n, p in self.model.named_parameters() if p.requires_grad and ".critic." not in n]
+        """The policy's trainable parameters (PPO's critic adapter, ``CRITIC_ADAPTER``, is not one)."""
+        return [p for n, p in self.model.named_parameters() if p.requires_grad and f".{CRITIC_ADAPTER}." not in n]
 
 
 def build_policy(cfg: Config) -> Policy:

@@ -39,8 +39,8 @@ from slimgrpo.config.tree import Config
 from slimgrpo.config.validate import auto_token_chunk, check_context_length, validate_config
 
 __all__ = [
-    "Config", "ConfigError", "CriticConfig", "DataConfig", "DistributedConfig", "EvalConfig", "LogConfig", "LoraConfig", "LossConfig",
-    "MemoryConfig", "ModelConfig", "OptimConfig", "RewardsConfig", "RolloutConfig", "RunConfig",
+    "Config", "ConfigError", "DataConfig", "DistributedConfig", "EvalConfig", "LogConfig", "LoraConfig", "LossConfig",
+    "CriticConfig", "MemoryConfig", "ModelConfig", "OptimConfig", "RewardsConfig", "RolloutConfig", "RunConfig",
     "all_keys", "auto_token_chunk", "check_context_length", "config_to_json", "dump_config", "field_docs",
     "from_dict", "iter_fields", "load_config", "merge_overrides", "parse_override", "read_yaml",
     "resolve_path", "type_name", "unknown_key_message", "validate_config",

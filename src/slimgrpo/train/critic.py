@@ -25,9 +25,7 @@ from torch import nn
 from slimgrpo import advantages as adv
 from slimgrpo.loss.objectives import Normaliser, value_loss
 from slimgrpo.loss.unpadded import unpadded_hidden
-from slimgrpo.modeling import base_causal_lm, is_peft
-
-CRITIC_ADAPTER = "critic"  # the peft adapter name of the LoRA critic
+from slimgrpo.modeling import CRITIC_ADAPTER, base_causal_lm, is_peft
 
 
 class Critic:
