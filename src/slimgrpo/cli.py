@@ -93,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--output-dir", default=None, help="run folder (default outputs/demo, outputs/demo-tools)")
     d.add_argument("--task", choices=("addition", "tools"), default="addition",
                    help="addition: two-digit sums (default); tools: learn when to call a calculator tool")
+    d.add_argument("--algorithm", choices=("grpo", "ppo"), default="grpo",
+                   help="grpo: group-relative advantages (default); ppo: a learned critic and GAE (addition only)")
     d.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 
@@ -180,12 +182,16 @@ def cmd_export(args) -> int:
 
 def cmd_demo(args) -> int:
     if getattr(args, "task", "addition") == "tools":
+        if getattr(args, "algorithm", "grpo") != "grpo":
+            raise ValueError("--algorithm ppo runs the addition task; the tools demo trains with GRPO")
         from slimgrpo.demo.tools_run import run_tool_demo
 
         return run_tool_demo(args.output_dir or "outputs/demo-tools", list(args.overrides))
     from slimgrpo.demo.run import run_demo
 
-    return run_demo(args.output_dir or "outputs/demo", list(args.overrides))
+    ppo = getattr(args, "algorithm", "grpo") == "ppo"
+    return run_demo(args.output_dir or ("outputs/demo-ppo" if ppo else "outputs/demo"), list(args.overrides),
+                    algorithm="ppo" if ppo else "grpo")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

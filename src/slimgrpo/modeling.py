@@ -20,6 +20,9 @@ from slimgrpo.model_gguf import GGUFError, gguf_config, is_gguf, load_gguf_model
 log = logging.getLogger("slimgrpo")
 
 
+CRITIC_ADAPTER = "critic"  # the peft adapter of PPO's LoRA critic (train/critic.py); not the policy's
+
+
 class ModelLoadError(ValueError):
     """The model folder is missing, incomplete, or cannot be loaded."""
 
@@ -253,7 +256,8 @@ class Policy:
             r.mul_(1.0 - alpha).add_(full.detach().to(r.device, r.dtype), alpha=alpha)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
+        """The policy's trainable parameters (PPO's critic adapter, ``CRITIC_ADAPTER``, is not one)."""
+        return [p for n, p in self.model.named_parameters() if p.requires_grad and f".{CRITIC_ADAPTER}." not in n]
 
 
 def build_policy(cfg: Config) -> Policy:
@@ -280,7 +284,7 @@ def prepare_for_training(model: torch.nn.Module, cfg: Config) -> tuple[torch.nn.
     reference_cpu = None
     if cfg.lora.enabled:
         model = apply_lora(model, cfg.lora, quantized=cfg.model.load_in_4bit)
-    elif cfg.loss.beta > 0:
+    elif cfg.needs_reference:  # beta > 0, or PPO's KL reward (kl_coef > 0)
         reference_cpu = copy.deepcopy(model).to("cpu").eval().requires_grad_(False)
     if cfg.memory.gradient_checkpointing:
         base_causal_lm(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

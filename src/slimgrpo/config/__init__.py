@@ -11,6 +11,7 @@ Layout: one module per section (``model``, ``data``, ``rollout``, ``rewards``, `
 ``parse``, cross-field checks in ``validate``. Everything is re-exported here.
 """
 
+from slimgrpo.config.critic import CriticConfig
 from slimgrpo.config.data import DataConfig
 from slimgrpo.config.errors import ConfigError
 from slimgrpo.config.eval import EvalConfig
@@ -39,7 +40,7 @@ from slimgrpo.config.validate import auto_token_chunk, check_context_length, val
 
 __all__ = [
     "Config", "ConfigError", "DataConfig", "DistributedConfig", "EvalConfig", "LogConfig", "LoraConfig", "LossConfig",
-    "MemoryConfig", "ModelConfig", "OptimConfig", "RewardsConfig", "RolloutConfig", "RunConfig",
+    "CriticConfig", "MemoryConfig", "ModelConfig", "OptimConfig", "RewardsConfig", "RolloutConfig", "RunConfig",
     "all_keys", "auto_token_chunk", "check_context_length", "config_to_json", "dump_config", "field_docs",
     "from_dict", "iter_fields", "load_config", "merge_overrides", "parse_override", "read_yaml",
     "resolve_path", "type_name", "unknown_key_message", "validate_config",

@@ -64,19 +64,35 @@ class LossConfig:
     you want to keep."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """Divide advantages by the reward std of the group, of the whole batch, or not at all."""
-    advantage_estimator: Literal["grpo", "rloo"] = "grpo"
-    """``grpo``: reward minus group mean; ``rloo``: reward minus mean of the other completions."""
+    advantage_estimator: Literal["grpo", "rloo", "gae"] = "grpo"
+    """``grpo``: reward minus group mean; ``rloo``: reward minus mean of the other completions; ``gae``: PPO,
+    per-token advantages GAE(gamma, lam) from a learned critic (the ``critic`` section; docs/ppo.md)."""
+    kl_coef: float = 0.05
+    """gae (PPO) only: the KL to the reference as a per-token reward penalty, -kl_coef * (logp_old - logp_ref)
+    on every completion token (classic RLHF, TRL PPOConfig's kl_coef). 0 = none; the KL can also (or instead)
+    go into the loss as GRPO does, with beta."""
+    gamma: float = 1.0
+    """gae (PPO) only: discount per completion token (TRL's gamma)."""
+    lam: float = 0.95
+    """gae (PPO) only: GAE's lambda, the bias-variance trade-off of the advantage (TRL's lam)."""
+    whiten_rewards: bool = False
+    """gae (PPO) only: scale the per-token rewards to unit variance over the batch (mean kept) before GAE
+    (TRL's whiten_rewards)."""
+    whiten_advantages: bool = True
+    """gae (PPO) only: normalise the GAE advantages to mean 0, variance 1 over the batch's tokens (TRL always
+    does)."""
     multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
     """How several reward functions combine: weighted sum then group advantages, or (GDPO) normalise each
     function within its group, sum with the weights, then normalise over the batch."""
     mask_truncated_completions: bool = False
     """Leave completions that hit ``max_completion_length`` out of the loss."""
     num_iterations: int = 1
-    """Optimizer steps per generated batch (mu in the GRPO paper); > 1 keeps old log-probs."""
+    """Optimizer steps per generated batch (mu in the GRPO paper); > 1 keeps old log-probs. With PPO (gae)
+    this is TRL's num_ppo_epochs: passes over one rollout."""
     steps_per_generation: int = 1
     """Split each generated batch (run.batch_size completions) into this many slices, one optimizer step each
     (TRL's steps_per_generation); old log-probs are then taken once after generation. With num_iterations,
-    every slice is revisited num_iterations times."""
+    every slice is revisited num_iterations times. With PPO (gae) this is TRL's num_mini_batches."""
     sync_ref_model: bool = False
     """TR-DPO reference updates: every ref_model_sync_steps optimizer steps, ref = alpha * policy +
     (1 - alpha) * ref. Full fine-tuning with beta > 0 only (the LoRA reference is the base model itself)."""

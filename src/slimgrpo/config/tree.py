@@ -10,6 +10,7 @@ from slimgrpo.config.model import ModelConfig, LoraConfig
 from slimgrpo.config.data import DataConfig
 from slimgrpo.config.rollout import RolloutConfig
 from slimgrpo.config.rewards import RewardsConfig
+from slimgrpo.config.critic import CriticConfig
 from slimgrpo.config.loss import LossConfig
 from slimgrpo.config.memory import MemoryConfig
 from slimgrpo.config.optim import OptimConfig
@@ -31,6 +32,8 @@ class Config:
     """Reward functions."""
     loss: LossConfig = field(default_factory=LossConfig)
     """The GRPO-family objective and advantages."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """PPO's value function (loss.advantage_estimator=gae)."""
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     """Memory tricks and the budget."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -46,6 +49,16 @@ class Config:
 
     # Folder of the YAML file the config came from; relative paths resolve against it.
     base_dir: str = field(default=".", repr=False, metadata={"internal": True})
+
+    @property
+    def ppo(self) -> bool:
+        """PPO with a learned critic (``loss.advantage_estimator == "gae"``)."""
+        return self.loss.advantage_estimator == "gae"
+
+    @property
+    def needs_reference(self) -> bool:
+        """Reference log-probs are needed: the KL in the loss (beta) or, for PPO, in the reward (kl_coef)."""
+        return self.loss.beta > 0 or (self.ppo and self.loss.kl_coef > 0)
 
     @property
     def prompts_per_step(self) -> int:

@@ -44,7 +44,7 @@ def validate_config(cfg: Config) -> None:
             "rewards.functions is empty: name at least one reward function, e.g. "
             "rewards.functions=[gsm8k_accuracy] or rewards.functions=[my_rewards.py:score]"
         )
-    if r.num_generations < 2:
+    if r.num_generations < 2 and not cfg.ppo:  # PPO's critic is the baseline: one completion may do
         raise ConfigError(
             f"rollout.num_generations={r.num_generations}: GRPO compares completions within a group, "
             "so it needs at least 2 (8 is typical)"
@@ -114,6 +114,7 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError(f"loss.delta caps the ratio and must be > 1 (e.g. 2.0), got {L.delta}")
     _positive(L.beta, "loss.beta", allow_zero=True)
     _validate_objective(L)
+    _validate_critic(cfg)
     _positive(L.num_iterations, "loss.num_iterations")
     if L.token_chunk is not None:
         _positive(L.token_chunk, "loss.token_chunk")
@@ -201,11 +202,36 @@ def _validate_objective(L) -> None:
         if L.beta == 0:
             raise ConfigError("loss.sync_ref_model=true with loss.beta=0: there is no reference model to "
                               "synchronize; set loss.beta > 0 (e.g. 0.04) or loss.sync_ref_model=false")
+    if L.advantage_estimator == "gae":
+        _validate_ppo(L)
     if L.multi_objective_aggregation == "normalize_then_sum" and L.advantage_estimator == "rloo":
         raise ConfigError(
             "loss.multi_objective_aggregation=normalize_then_sum forms advantages itself (per-function group "
             "normalisation, then the batch): it does not combine with loss.advantage_estimator=rloo"
         )
+
+
+def _validate_ppo(L) -> None:
+    """PPO (advantage_estimator=gae): per-token advantages need the token-level clipped surrogate."""
+    if L.loss_type not in ("grpo", "bnpo", "dapo", "dr_grpo") or L.importance_sampling_level != "token":
+        raise ConfigError(f"loss.advantage_estimator=gae (PPO) takes per-token advantages, which the clipped "
+                          f"token-level surrogate uses: set loss.loss_type=dapo (TRL PPO's token mean) and "
+                          f"loss.importance_sampling_level=token (got {L.loss_type}, {L.importance_sampling_level})")
+    if L.multi_objective_aggregation != "sum_then_normalize":
+        raise ConfigError("loss.advantage_estimator=gae scores each completion with the weighted sum of the "
+                          "reward functions: keep loss.multi_objective_aggregation=sum_then_normalize")
+    if not (0 <= L.gamma <= 1 and 0 <= L.lam <= 1):
+        raise ConfigError(f"loss.gamma and loss.lam must be in [0, 1], got {L.gamma} and {L.lam}")
+    _positive(L.kl_coef, "loss.kl_coef", allow_zero=True)
+
+
+def _validate_critic(cfg: Config) -> None:
+    c = cfg.critic
+    _positive(c.vf_coef, "critic.vf_coef", allow_zero=True)
+    _positive(c.cliprange_value, "critic.cliprange_value")
+    if cfg.ppo and cfg.lora.enabled and c.model_path is not None:
+        raise ConfigError("critic.model_path is for full fine-tuning: with LoRA the critic is a second adapter "
+                          "on the policy's base model; leave critic.model_path unset")
 
 
 def loss_warnings(cfg: Config) -> list[str]:

@@ -47,6 +47,19 @@ def demo_config_dict() -> dict:
     }
 
 
+def ppo_settings() -> dict:
+    """What ``slimgrpo demo --algorithm ppo`` changes: GAE advantages from a learned critic (full fine-tuning,
+    so the critic is a second copy of the tiny model with a value head), two PPO epochs over two
+    mini-batches of each rollout, no KL (as the GRPO demo). See docs/ppo.md."""
+    return {
+        "learning_rate": 3e-4,
+        "max_steps": 150,
+        "loss": {"advantage_estimator": "gae", "kl_coef": 0.0, "gamma": 1.0, "lam": 0.95,
+                 "num_iterations": 2, "steps_per_generation": 2},
+        "critic": {"vf_coef": 0.1, "cliprange_value": 0.2},
+    }
+
+
 __all__ = [
     "DEMO_DIR",
     "EVAL_FILE",
@@ -58,4 +71,5 @@ __all__ = [
     "demo_config_dict",
     "demo_well_formed",
     "make_dataset",
+    "ppo_settings",
 ]

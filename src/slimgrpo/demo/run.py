@@ -21,8 +21,8 @@ from slimgrpo.demo import EVAL_NUM_SAMPLES  # noqa: E402
 REWARD = "slimgrpo.demo.task:demo_accuracy"
 
 
-def demo_config(output_dir: str, overrides: list[str]):
-    from slimgrpo.demo import EVAL_FILE, EVAL_TEMPERATURE, MODEL_DIR, TRAIN_FILE, demo_config_dict
+def demo_config(output_dir: str, overrides: list[str], algorithm: str = "grpo"):
+    from slimgrpo.demo import EVAL_FILE, EVAL_TEMPERATURE, MODEL_DIR, TRAIN_FILE, demo_config_dict, ppo_settings
 
     d = demo_config_dict()
     data: dict[str, Any] = {
@@ -42,6 +42,12 @@ def demo_config(output_dir: str, overrides: list[str]):
         "eval": {"data": str(EVAL_FILE), "steps": 0, "num_samples": EVAL_NUM_SAMPLES,
                  "temperature": EVAL_TEMPERATURE, "max_prompts": None},
     }
+    if algorithm == "ppo":  # a learned critic (a second copy of the tiny model + value head) and GAE
+        d = ppo_settings()
+        data["loss"].update(d["loss"])
+        data["critic"] = d["critic"]
+        data["optim"]["learning_rate"] = d["learning_rate"]
+        data["run"]["max_steps"] = d["max_steps"]
     cfg = from_dict(merge_overrides(data, overrides))
     validate_config(cfg)
     return cfg, str(EVAL_FILE)
@@ -67,13 +73,14 @@ def _claim_folder(cfg):
     return lock
 
 
-def run_demo(output_dir: str = "outputs/demo", overrides: list[str] | None = None) -> int:
+def run_demo(output_dir: str = "outputs/demo", overrides: list[str] | None = None, algorithm: str = "grpo") -> int:
     console = Console()
     t0 = time.perf_counter()
-    cfg, eval_file = demo_config(output_dir, overrides or [])
+    cfg, eval_file = demo_config(output_dir, overrides or [], algorithm)
     lock = _claim_folder(cfg)  # before minutes of evaluation: refuse a used folder now
     quiet_third_party(cfg.log.verbose)
-    console.print(f"[bold]slimgrpo demo[/bold]: GRPO on a bundled tiny model, CPU, {cfg.run.max_steps} steps")
+    name = "PPO (learned critic, GAE)" if cfg.ppo else "GRPO"
+    console.print(f"[bold]slimgrpo demo[/bold]: {name} on a bundled tiny model, CPU, {cfg.run.max_steps} steps")
     policy = build_policy(cfg)
     T = cfg.eval.temperature
     trainer = Trainer(cfg, policy=policy)

@@ -26,6 +26,14 @@ arXiv:2402.14740; computed by ``slimgrpo.advantages``)::
                            under off-policy samples; it changes the gradient even on-policy, where
                            w = 1 in value but d w / d logp = w.  w_it = 1 otherwise.
 
+PPO (``loss.advantage_estimator = gae``) uses the clipped surrogate with per-token advantages ``A_it``
+(GAE from a learned critic, ``slimgrpo.advantages.gae``) and adds a critic trained on the clipped value
+loss of PPO2 (TRL's PPOTrainer; ``value_loss``), with values ``v_it``, their values at sampling time
+``v_old_it`` and returns ``R_it``::
+
+    value loss      l^V_it = 0.5 * max((v_it - R_it)^2, (v_old_it + clip(v_it - v_old_it, -c, c) - R_it)^2)
+                    L^V = vf_coef * sum_it l^V_it m_it / N.num_tokens,   c = ``cliprange_value``
+
 The per-token losses are aggregated according to ``loss_type`` (``N`` = ``Normaliser``)::
 
     grpo, sapo       sum_i (sum_t l_it m_it / |o_i|) / N.num_sequences      arXiv:2402.03300
@@ -284,9 +292,9 @@ def _check_shapes(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None
         if t is not None and t.shape != logp.shape:
             raise ValueError(f"{name} must have logp's shape {tuple(logp.shape)}, "
                              f"got {tuple(t.shape)}")
-    if advantages.shape != logp.shape[:1]:
-        raise ValueError(f"advantages must be [rows] = [{logp.shape[0]}], got "
-                         f"{tuple(advantages.shape)}")
+    if advantages.shape not in (logp.shape[:1], logp.shape):
+        raise ValueError(f"advantages must be [rows] = [{logp.shape[0]}] or [rows, T] = "
+                         f"{list(logp.shape)}, got {tuple(advantages.shape)}")
     if beta > 0.0 and ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp (reference-policy log-probs)")
 
@@ -387,7 +395,7 @@ def grpo_loss(
 def _stats(ratio: Tensor, advantages: Tensor, mask: Tensor, kl: Tensor, parts: dict[str, Tensor],
            s: LossSettings) -> LossStats:
     """Clip fractions per token, or per sequence at sequence level (as TRL logs them)."""
-    adv = advantages[:, None]
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
     eps_low, eps_high = s.epsilon, s.upper_epsilon
     extra_names: list[str] = []
     if s.loss_type == "cispo":
@@ -416,3 +424,30 @@ def _stats(ratio: Tensor, advantages: Tensor, mask: Tensor, kl: Tensor, parts: d
     elif means:
         stats.clip_ratio_low, stats.clip_ratio_high, stats.clip_ratio_region = means
     return stats
+
+
+# --- PPO's critic -------------------------------------------------------------------------------
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, cliprange_value: float,
+               norm: Normaliser, vf_coef: float = 1.0) -> tuple[Tensor, dict[str, float]]:
+    """PPO2's clipped value loss of one micro-batch (module docstring) -> (scalar, stats).
+
+    ``values`` [rows, T] the critic's predictions (grad), ``old_values`` [rows, T] its predictions at
+    sampling time, ``returns`` [rows, T] the GAE targets, ``mask`` [rows, T]. The divisor is the whole
+    batch's token count (``norm.num_tokens``), so micro-batch losses add up to the batch's token mean.
+    ``stats``: ``value/clipfrac`` (tokens whose clipped error was the larger) and the micro-batch's
+    token mean of the unscaled loss, ``value/loss``, with ``tokens`` to weight it by.
+    """
+    if not values.shape == old_values.shape == returns.shape == mask.shape:
+        raise ValueError(f"values, old_values, returns and mask must share a shape, got {tuple(values.shape)}, "
+                         f"{tuple(old_values.shape)}, {tuple(returns.shape)}, {tuple(mask.shape)}")
+    m = mask.to(values.dtype)
+    clipped = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
+    err, err_clipped = (values - returns) ** 2, (clipped - returns) ** 2
+    per_token = 0.5 * torch.maximum(err, err_clipped)
+    loss = vf_coef * (per_token * m).sum() / norm.num_tokens
+    n = m.sum().clamp(min=1.0)
+    mean, clipfrac = torch.stack([(per_token.detach() * m).sum() / n,
+                                  ((err_clipped > err).to(m.dtype) * m).sum() / n]).tolist()
+    return loss, {"value/loss": mean, "value/clipfrac": clipfrac, "tokens": float(m.sum())}

@@ -45,9 +45,9 @@ def clipped_surrogate(
 ) -> Tensor:
     """``-min(c A, clip(r, 1 - eps, 1 + eps_high) A)``, ``c = min(r, delta)`` or ``r`` -> [rows, T].
 
-    ``ratio`` [rows, T], ``advantages`` [rows].
+    ``ratio`` [rows, T], ``advantages`` [rows], or [rows, T] per token (PPO's GAE advantages).
     """
-    adv = advantages[:, None]  # [rows, 1]
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages  # [rows, 1] or [rows, T]
     unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
     clipped = torch.clamp(ratio, 1.0 - epsilon, 1.0 + epsilon_high)
     return -torch.minimum(unclipped * adv, clipped * adv)

@@ -56,6 +56,7 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
         micro_batch_rows=min(cfg.memory.micro_batch_size or rows, rows),
         max_prompt_length=cfg.data.max_prompt_length, max_completion_length=cfg.rollout.max_completion_length,
         beta=cfg.loss.beta, num_iterations=cfg.loss.num_iterations * cfg.loss.steps_per_generation,  # > 1: old log-probs
+        ppo=cfg.ppo, kl_coef=cfg.loss.kl_coef,
         gradient_checkpointing=cfg.memory.gradient_checkpointing,
         offload_activations=cfg.memory.offload_activations,
         token_chunk=cfg.loss.token_chunk or auto_token_chunk(vocab),

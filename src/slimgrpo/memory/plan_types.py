@@ -45,6 +45,12 @@ class PlanInputs:
     """KL coefficient; > 0 needs reference log-probs (and, with full fine-tuning, a reference copy)."""
     num_iterations: int = 1
     """Policy updates per rollout; > 1 stores old log-probs [rows, T] fp32."""
+    ppo: bool = False
+    """PPO with a learned critic (loss.advantage_estimator=gae): with LoRA a second adapter and a value head
+    on the same base; with full fine-tuning a second model of this shape (critic.model_path), with its
+    gradients and optimizer state. Stores old log-probs, old values, returns and advantages [rows, T] fp32."""
+    kl_coef: float = 0.0
+    """PPO's per-token KL reward (loss.kl_coef); > 0 needs reference log-probs like beta."""
     gradient_checkpointing: bool = False
     """Keep only each layer's input in forward and recompute the layer in backward."""
     offload_activations: bool = False
@@ -117,6 +123,11 @@ class PlanInputs:
             raise ValueError(
                 "offload_activations needs gradient_checkpointing=True: only checkpointed layer inputs are offloaded"
             )
+
+    @property
+    def needs_reference(self) -> bool:
+        """Reference log-probs are needed: beta > 0, or PPO's KL reward (kl_coef > 0)."""
+        return self.beta > 0 or (self.ppo and self.kl_coef > 0)
 
     @property
     def rows(self) -> int:

@@ -235,7 +235,7 @@ def _weight_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
         out.append(Component("LoRA adapters", n * LORA_ADAPTER_BYTES, "always",
                              f"L·Σ r·(in+out) · {LORA_ADAPTER_BYTES} B = {_n(n)}·{LORA_ADAPTER_BYTES}"))
 
-    if x.beta == 0:
+    if not x.needs_reference:
         out.append(Component("reference policy", 0, "always", "beta = 0: no reference model"))
     elif x.lora:
         out.append(Component("reference policy", 0, "always", "LoRA: base with adapters disabled, no copy"))
@@ -404,13 +404,44 @@ def _buffer_components(x: PlanInputs) -> list[Component]:
     rows, T, P, groups = x.rows, x.max_completion_length, x.max_prompt_length, x.prompts_per_step
     S = x.seq_len
     rollout = rows * T * (8 + 1 + 4) + groups * P * (8 + 1) + rows * S * (8 + 1)
-    n_logp = int(x.beta > 0) + int(x.num_iterations > 1)
-    which = " + ".join(w for w, on in (("ref", x.beta > 0), ("old", x.num_iterations > 1)) if on) or "none"
+    old = x.num_iterations > 1 or x.ppo
+    n_logp = int(x.needs_reference) + int(old)
+    which = " + ".join(w for w, on in (("ref", x.needs_reference), ("old", old)) if on) or "none"
     return [
         Component("rollout buffers", rollout, "always",
                   "ids/mask/sampler log-probs rows·T·13 B + prompts groups·P·9 B + update inputs rows·S·9 B"),
         Component("log-prob buffers", n_logp * rows * T * 4, "always", f"[rows, T] fp32 ({which}): {n_logp}·{rows}·{T}·4"),
     ]
+
+
+def _critic_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
+    """PPO's critic (train/critic.py): its weights, gradients, optimizer state and per-token buffers. Its
+    forward and backward run after the policy's backward has freed its activations, and keep no more than
+    the policy's (no LM head): they add no line of their own."""
+    if not x.ppo:
+        return []
+    head = (shape.hidden + 1) * 4  # Linear(hidden, 1) in fp32
+    if x.lora:
+        n, b = lora_num_params(shape, x.lora_rank, x.lora_target_modules), LORA_ADAPTER_BYTES
+        weights = Component("critic adapter + value head", n * b + head, "always",
+                            f"a second LoRA adapter on the same base, L·Σ r·(in+out)·{b} B + (H+1)·4 = "
+                            f"{_n(n)}·{b} + {_n(head)}")
+    else:
+        n, b = shape.num_params, x.param_dtype_bytes
+        weights = Component("critic model + value head", n * b + head, "always",
+                            f"full fine-tuning: a second model (critic.model_path, assumed the policy's shape), "
+                            f"N·{b} B + (H+1)·4 = {_n(n)}·{b} + {_n(head)}")
+    grads = Component("critic gradients", n * b + head, "update", f"{_n(n)}·{b} + {_n(head)}")
+    if x.optimizer == "adamw":
+        state = Component("critic optimizer state", (n * b + head) * ADAMW_STATES, "always",
+                          f"AdamW, {ADAMW_STATES} moments: ({_n(n)}·{b} + {_n(head)})·{ADAMW_STATES}")
+    else:
+        state = Component("critic optimizer state", math.ceil(n * ADAMW_8BIT_BYTES_PER_PARAM) + head * ADAMW_STATES,
+                          "always", f"8-bit AdamW: {_n(n)}·{ADAMW_8BIT_BYTES_PER_PARAM:.3f} B + head")
+    rows, T = x.rows, x.max_completion_length
+    buffers = Component("value buffers", 4 * rows * T * 4, "always",
+                        f"old values, returns, advantages, token rewards [rows, T] fp32: 4·{rows}·{T}·4")
+    return [weights, grads, state, buffers]
 
 
 def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
@@ -510,6 +541,7 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
         *activations,
         loss,
         *_buffer_components(x),
+        *_critic_components(shape, x),
         *_generation_components(shape, x),
         Component("framework overhead", overhead, "always", what),
     ]

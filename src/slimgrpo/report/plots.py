@@ -244,6 +244,11 @@ def make_plots(runs: list[Run], out: Path, beta_zero: bool = False) -> list[Plot
                                           "k3 estimate, mean over completion tokens.", [("KL", [("kl", "kl")])]),
         plot_lines(runs, out, "loss.png", "Loss", "The policy loss that was back-propagated.",
                    [("loss", [("loss", "loss")])]),
+        plot_lines(runs, out, "value.png", "PPO's critic", "Clipped value loss (token mean, before vf_coef) and the "
+                   "explained variance of the critic's values at sampling time against the GAE returns (1 = a "
+                   "perfect critic, 0 = no better than the mean).",
+                   [("value loss", [("value/loss", "value loss")]),
+                    ("explained variance", [("value/explained_variance", "explained variance")])]),
         plot_lengths(runs, out),
         plot_lines(runs, out, "fractions.png", "Truncated completions and uninformative groups",
                    "Share of completions cut at max_completion_length, and of groups whose rewards were all "

@@ -157,11 +157,9 @@ def setup_agent(trainer) -> tuple[Any, list[tuple[str, Callable]]]:
         if cfg.distributed.strategy != "ddp":  # the agent decodes with the local module: shards are not gathered
             raise ConfigError("rollout.tools / rollout.environment under torchrun need distributed.strategy=ddp "
                               "(FSDP2 shards the weights the multi-turn decoder reads); or launch without torchrun")
-        from slimgrpo.train.launch import AgreedGenerationEngine
-
         # DDP: every rank holds the whole model and runs its own rows' conversations and tools, with no
-        # collective inside; a failure on one rank (a template error, out of memory) stops every rank.
-        agent = AgreedGenerationEngine(agent, trainer.dist)
+        # collective inside; the trainer guards it so a failure on one rank stops every rank
+        # (train/launch.guard_agent).
     rewards = agent.toolbox.reward_functions()
     if not cfg.rewards.functions and not rewards:
         raise ConfigError("rewards.functions is empty and the environment has no get_reward(): name a reward "

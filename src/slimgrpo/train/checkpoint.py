@@ -7,6 +7,7 @@ Layout of ``OUTPUT_DIR/checkpoints/checkpoint-<step>/``::
     rng.safetensors        torch CPU/CUDA and sampling-generator states
     trainer_state.json     step, scheduler, data position, Python/NumPy RNG, optimizer structure,
                            torch thread count, trainer counters (``extra``)
+    critic.safetensors     PPO only: the critic's adapter or model, and its value head (``extra_tensors``)
     metrics.jsonl          the metric history up to this step (copied from the run folder)
     config.yaml            the run's config (secrets already scrubbed)
     COMPLETE               written last: JSON manifest {"step", "files": {relative path: bytes}}
@@ -207,7 +208,10 @@ def save_checkpoint(
     generator: torch.Generator | None,
     extra: dict[str, Any] | None = None,
     keep: int = 2,
+    extra_tensors: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
+    """Write a checkpoint atomically (a temporary folder, a marker, a rename). ``extra_tensors``: named groups
+    of tensors saved beside the model, ``<name>.safetensors`` each (PPO's critic), read by ``load_extra_tensors``."""
     root = checkpoint_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step}"
@@ -216,7 +220,8 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        _write_checkpoint(tmp, output_dir, step, model, optimizer, scheduler, sampler_state, generator, extra)
+        _write_checkpoint(tmp, output_dir, step, model, optimizer, scheduler, sampler_state, generator, extra,
+                          extra_tensors)
     except Exception as e:  # disk full, quota, read-only: free what this save took; earlier checkpoints stay
         shutil.rmtree(tmp, ignore_errors=True)
         storage = as_os_error(e, final)  # safetensors wraps "No space left on device" in SafetensorError
@@ -228,8 +233,10 @@ def save_checkpoint(
 
 
 def _write_checkpoint(tmp: Path, output_dir, step, model, optimizer, scheduler, sampler_state, generator,
-                      extra) -> None:
+                      extra, extra_tensors=None) -> None:
     model.save_pretrained(str(tmp / "model"), safe_serialization=True)
+    for name, tensors in (extra_tensors or {}).items():
+        save_file(tensors, str(tmp / f"{name}.safetensors"))
     _debug_kill("model", step)
     opt_skel = save_nested(optimizer.state_dict(), tmp / "optimizer.safetensors")
     _debug_kill("optimizer", step)
@@ -508,6 +515,15 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, generator: torch.Ge
         )
     return TrainState(step=int(state["step"]), sampler=state["sampler"], extra=state.get("extra", {}),
                       num_threads=threads)
+
+
+def load_extra_tensors(path: Path, name: str) -> dict[str, torch.Tensor]:
+    """A group of ``extra_tensors`` saved with the checkpoint at ``path``."""
+    f = path / f"{name}.safetensors"
+    if not f.is_file():
+        raise CheckpointError(f"checkpoint {path} has no {f.name}: it was saved by a run without a {name} "
+                              f"(e.g. GRPO, not PPO); {_MISMATCH_HINT}")
+    return load_file(str(f))
 
 
 def nonfinite_diagnosis(streak: int, step: int, output_dir: str | Path, at_end: bool = False) -> str:

@@ -228,6 +228,12 @@ class AgreedGenerationEngine:
         return getattr(self.engine, name)
 
 
+def guard_agent(agent, ctx: DistContext):
+    """A multi-turn agent rollout under DDP, guarded like generation (``AgreedGenerationEngine``): a failure
+    on one rank (a template error, out of memory) stops every rank. Anything else is returned as it is."""
+    return AgreedGenerationEngine(agent, ctx) if ctx.enabled and hasattr(agent, "toolbox") else agent
+
+
 def wrap_engine(engine, wrapped_model: nn.Module, cfg: Config, ctx: DistContext):
     """The rollout engine of a multi-process run: guarded with DDP, on gathered weights with FSDP2."""
     if cfg.distributed.strategy == "fsdp":

@@ -19,7 +19,6 @@ import torch
 
 from slimgrpo import advantages as adv
 from slimgrpo import threads
-from slimgrpo.advantages import zero_std_fraction
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
 from slimgrpo.data import PromptDataset, PromptSampler, check_enough_prompts, load_prompt_dataset, steps_for_epochs
 from slimgrpo.config.validate import loss_warnings
@@ -30,16 +29,18 @@ from slimgrpo.memory.malloc import pin_mmap_threshold
 from slimgrpo.modeling import (Policy, build_policy, generation_eos_ids, looks_like_hub_name, max_positions,
                                read_model_config)
 from slimgrpo.rewards.loading import load_reward_functions
-from slimgrpo.rewards.contract import make_trainer_state, step_means
+from slimgrpo.rewards.contract import make_trainer_state
 from slimgrpo.rewards.runner import RewardRunner
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.train import checkpoint as ckpt
+from slimgrpo.train.critic import build_critic
 from slimgrpo.train import dist_checkpoint as dist_ckpt
 from slimgrpo.train import health, launch
 from slimgrpo.train import run_folder
 from slimgrpo.train.distributed import DistContext, from_environment
-from slimgrpo.train.metrics import MetricsWriter, console_line, masked_stats, peak_memory_mib
+from slimgrpo.train.metrics import MetricsWriter, console_line
+from slimgrpo.train.step_metrics import scorable_total, step_metrics
 from slimgrpo.train.optim import apply_config_after_resume, build_optimizer, build_scheduler
 from slimgrpo.train.storage import write_folder_atomically
 from slimgrpo.train.update import (UpdateBatch, accumulate_gradients, batch_logprobs, entropy_cut,
@@ -90,6 +91,8 @@ class Trainer:
         self.preempted_by: str | None = None  # signal name when SIGTERM/SIGINT stopped the run
         self.run_lock = None  # rank 0 holds the run folder's lock from setup() to the end of train()
         self.plan = run_folder.Plan()
+        self.critic = None  # PPO's value function (train/critic.py), built in setup()
+        self.value_metrics: dict[str, Any] = {}  # PPO: the critic's numbers of this step
 
     # ------------------------------------------------------------------------- setup
 
@@ -126,8 +129,9 @@ class Trainer:
         self.trainer_state = make_trainer_state(  # what TRL passes reward functions as ``trainer_state``
             cfg.run.max_steps, cfg.run.max_steps * cfg.prompts_per_step / max(len(self.dataset), 1),
             cfg.run.batch_size, cfg.log.logging_steps, cfg.run.save_steps, self.dist.is_main)
+        self.critic = build_critic(cfg, self.policy, self.dist.enabled) if cfg.ppo else None  # PPO's value function
         self.model = self.wrap_model(self.policy.model)
-        self.optimizer = build_optimizer(self.policy.trainable_parameters(), cfg, self.policy.device)
+        self.optimizer = build_optimizer(self.trainable_parameters(), cfg, self.policy.device)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.run.seed + 7919 * self.dist.rank)
         self.engine = TorchRolloutEngine(self.policy.model, max_batch_rows=cfg.rollout.max_batch_rows,
@@ -137,6 +141,7 @@ class Trainer:
         from slimgrpo.rollout.agent_setup import setup_agent
 
         self.agent, agent_rewards = setup_agent(self)  # tools / environments / rollout_function, or None
+        self.agent = launch.guard_agent(self.agent, self.dist)
         self.reward_runner = RewardRunner(
             reward_functions + agent_rewards,
             None if cfg.rewards.reward_weights is None else [*cfg.rewards.reward_weights, *[1.0] * len(agent_rewards)],
@@ -184,6 +189,10 @@ class Trainer:
         self.loss_settings = loss_settings(cfg)
         self.entropy_control = EntropyController.from_config(cfg.loss)  # entropy bonus coefficient
 
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer trains: the policy's parameters, then the critic's (PPO)."""
+        return self.policy.trainable_parameters() + (self.critic.parameters() if self.critic else [])
+
     def wrap_model(self, model):
         """Hook for distributed wrappers (DDP / FSDP2)."""
         return launch.wrap_model(model, self.cfg, self.dist) if self.dist.enabled else model
@@ -216,6 +225,8 @@ class Trainer:
         self.step_idx = state.step
         self.nonfinite_streak = int(state.extra.get("nonfinite_streak", 0))
         self.entropy_control.load_state_dict(state.extra.get("entropy_control", {}))
+        if self.critic is not None:
+            self.critic.load_state_dict(ckpt.load_extra_tensors(path, "critic"))
         self.writer.truncate_after(state.step, saved_history=path / "metrics.jsonl")
         if not self.dist.enabled:  # (under torchrun a rank may not see rank 0's file: all ranks start afresh)
             self.health.remember_rewards(self.writer.history())  # "reward fell" compares with the whole run
@@ -233,6 +244,7 @@ class Trainer:
             rewards = self.score(batch, rollout, completions)
         advantages = self.compute_advantages(rewards)
         update = self.prepare_update(rollout, advantages)
+        advantages = self.critic_stage(update, advantages)  # PPO: per-token GAE advantages from the critic
         stats, grad_norm, skipped = self.optimize(update)
         metrics = self.step_metrics(rollout, rewards, advantages, stats, grad_norm, skipped, gen_s,
                                     time.perf_counter() - t0)
@@ -281,7 +293,7 @@ class Trainer:
     def compute_advantages(self, rewards: RewardOutput) -> torch.Tensor:
         """Unscorable rows (every function returned None) are NaN here: left out of the baselines, advantage 0."""
         L, G = self.cfg.loss, self.cfg.rollout.num_generations
-        total = _scorable_total(rewards)
+        total = scorable_total(rewards)
         if L.multi_objective_aggregation == "normalize_then_sum":
             weights = torch.tensor(self.reward_runner.weights, dtype=torch.float32)
             total = adv.normalize_then_sum(rewards.per_function, weights, G)
@@ -299,13 +311,22 @@ class Trainer:
         args = (cfg.memory.micro_batch_size, cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk)
         tokens = cfg.memory.micro_batch_tokens
         share = cfg.memory.share_prompt_forward
-        if cfg.loss.num_iterations > 1 or cfg.loss.steps_per_generation > 1:  # the policy moves within the step
-            update.old_logp = batch_logprobs(self.model, update, *args, micro_tokens=tokens, share_prompt=share)
-        if cfg.loss.beta > 0:
+        if cfg.loss.num_iterations > 1 or cfg.loss.steps_per_generation > 1 or cfg.ppo:  # the policy moves, or
+            update.old_logp = batch_logprobs(self.model, update, *args, micro_tokens=tokens,  # PPO's KL reward
+                                             share_prompt=share)
+        if cfg.needs_reference:
             with self.policy.reference() as ref_model:
                 update.ref_logp = batch_logprobs(ref_model, update, *args, micro_tokens=tokens, share_prompt=share)
         update.entropy_cut = entropy_cut(self.model, update, cfg.loss.top_entropy_quantile, *args, micro_tokens=tokens)
         return update
+
+    def critic_stage(self, update: UpdateBatch, advantages: torch.Tensor) -> torch.Tensor:
+        """PPO: the scores become per-token advantages in ``update`` (values, KL reward, GAE); returns each
+        row's mean advantage for the log. Without a critic: nothing to do."""
+        if self.critic is None:
+            return advantages
+        advantages, self.value_metrics = self.critic.stage(update, advantages, self.cfg)
+        return advantages
 
     def normaliser(self, update: UpdateBatch) -> Normaliser:
         """Whole-batch totals across ranks, so micro-batching and sharding leave the loss unchanged."""
@@ -325,7 +346,7 @@ class Trainer:
         cfg = self.cfg
         slices = split_update(update, cfg.loss.steps_per_generation)
         norms = [self.normaliser(part) for part in slices]
-        params = self.policy.trainable_parameters()
+        params = self.trainable_parameters()
         stats = None
         grad_norm = float("nan")
         skipped = False
@@ -342,6 +363,7 @@ class Trainer:
                     share_prompt=cfg.memory.share_prompt_forward, micro_tokens=cfg.memory.micro_batch_tokens,
                     entropy_coef=self.entropy_control.applied(),
                 ))
+                step_stats[-1].extra.update(self.critic.gradients(part, cfg) if self.critic else {})  # PPO
                 self.update_entropy_control(step_stats[-1])
                 max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
                 grad_norm = launch.clip_grad_norm(params, max_norm)
@@ -402,50 +424,7 @@ class Trainer:
                                                                  self.cfg.optim.learning_rate, at_end=True))
 
     def step_metrics(self, rollout, rewards, advantages, stats, grad_norm, skipped, gen_s, step_s) -> dict[str, Any]:
-        d = self.dist
-        lengths = rollout.model_lengths.float()  # tokens the model wrote (tool results left out)
-        gen_tokens = float(d.all_reduce_sum(lengths.sum().reshape(1).to(self.policy.device)).item())
-        total = _scorable_total(rewards)  # unscorable rows (NaN) are left out of the reward stats, as in TRL
-        m: dict[str, Any] = {}
-        all_total = d.all_gather_cat(total.to(self.policy.device)).cpu()
-        m["reward"], m["reward_std"] = masked_stats(all_total)
-        all_per_fn = d.all_gather_cat(rewards.per_function.to(self.policy.device)).cpu()
-        for j, name in enumerate(rewards.names):
-            m[f"rewards/{name}/mean"], m[f"rewards/{name}/std"] = masked_stats(all_per_fn[:, j])
-        m["frac_reward_zero_std"] = zero_std_fraction(all_total, rollout.num_generations)
-        all_len = d.all_gather_cat(lengths.to(self.policy.device)).cpu()
-        all_trunc = d.all_gather_cat(rollout.is_truncated.float().to(self.policy.device)).cpu()
-        m["completions/mean_length"] = float(all_len.mean())
-        m["completions/min_length"] = float(all_len.min())
-        m["completions/max_length"] = float(all_len.max())
-        m["completions/clipped_ratio"] = float(all_trunc.mean())
-        # Token means of each rank, weighted by its tokens: the same numbers as one process with every row.
-        # Clip ratios: means over tokens, or over sequences at importance_sampling_level=sequence (as TRL).
-        n, c = float(stats.tokens), float(stats.clip_count)
-        extra = sorted(stats.extra)  # the same keys on every rank (they depend on the loss type only)
-        local = torch.tensor([stats.kl * n, stats.entropy * n, n, stats.loss, stats.clip_ratio_low * c,
-                              stats.clip_ratio_high * c, stats.clip_ratio_region * c, c]
-                             + [stats.extra[k] * c for k in extra], dtype=torch.float64)
-        kl, ent, tokens, loss, lo, hi, reg, clips, *ex = d.all_reduce_sum(local.to(self.policy.device)).cpu().tolist()
-        kl, ent = kl / max(tokens, 1.0), ent / max(tokens, 1.0)
-        lo, hi, reg, *ex = (v / max(clips, 1.0) for v in (lo, hi, reg, *ex))
-        m.update({"loss": loss, "kl": kl, "entropy": ent, "clip_ratio/low_mean": lo,  # loss: the sum of the shares
-                  "clip_ratio/high_mean": hi, "clip_ratio/region_mean": reg, **dict(zip(extra, ex))})
-        m["grad_norm"] = grad_norm
-        if self.loss_settings.entropy_bonus:  # after this step's update, as TRL logs it
-            m["entropy_coef"] = self.entropy_control.coef
-        m["learning_rate"] = self.scheduler.get_last_lr()[0]
-        m["update_skipped"] = int(skipped)
-        m["gen/tokens_per_s"] = gen_tokens / max(gen_s, 1e-9)
-        m["time/generate_s"] = gen_s
-        m["time/step_s"] = step_s
-        m["memory/peak_mib"] = float(d.all_reduce_max(torch.tensor([peak_memory_mib(self.policy.device)],
-                                                                  device=self.policy.device)).item())
-        m.update(rollout.metrics)  # tools/... of a multi-turn rollout (this rank's rows)
-        for key, count in rewards.fault_counts.items():
-            m[f"reward_faults/{key}"] = count
-        m.update(step_means(rewards.logged_metrics, d))  # log_metric calls of the reward functions (TRL names)
-        return m
+        return step_metrics(self, rollout, rewards, stats, grad_norm, skipped, gen_s, step_s)
 
     # ------------------------------------------------------------------------- the loop
 
@@ -545,7 +524,7 @@ class Trainer:
         path = ckpt.save_checkpoint(
             self.output_dir, self.step_idx, self.policy.model, self.optimizer, self.scheduler,
             self.sampler.state_dict(), self.generator, keep=self.cfg.run.save_total_limit,
-            extra=self.checkpoint_extra(),
+            extra=self.checkpoint_extra(), extra_tensors={"critic": self.critic.state_dict()} if self.critic else None,
         )
         self.dist.barrier()
         return path
@@ -587,9 +566,3 @@ class Trainer:
         with write_folder_atomically(path) as tmp:
             self.policy.model.save_pretrained(str(tmp), safe_serialization=True)
             self.policy.tokenizer.save_pretrained(str(tmp))
-
-
-def _scorable_total(rewards: RewardOutput) -> torch.Tensor:
-    """The weighted total, NaN on rows every reward function scored None (the runner reports 0.0 there)."""
-    unscorable = torch.isnan(rewards.per_function).all(dim=1)
-    return torch.where(unscorable, torch.full_like(rewards.total, float("nan")), rewards.total)

@@ -26,10 +26,12 @@ class UpdateBatch:
     attention_mask: torch.Tensor  # [rows, P+T]
     completion_ids: torch.Tensor  # [rows, T]
     loss_mask: torch.Tensor  # [rows, T] bool: completion tokens that count in the loss
-    advantages: torch.Tensor  # [rows]
+    advantages: torch.Tensor  # [rows], or [rows, T] per token (PPO's GAE advantages)
     old_logp: torch.Tensor | None = None  # [rows, T] (num_iterations > 1)
     ref_logp: torch.Tensor | None = None  # [rows, T] (beta > 0)
     entropy_cut: torch.Tensor | None = None  # whole-batch entropy threshold (top_entropy_quantile < 1)
+    old_values: torch.Tensor | None = None  # [rows, T] the critic's values at sampling time (PPO)
+    returns: torch.Tensor | None = None  # [rows, T] the critic's targets, GAE advantages + values (PPO)
 
     @property
     def rows(self) -> int:
@@ -171,8 +173,9 @@ def accumulate_gradients(
         with sync_ctx:
             old = batch.old_logp[sl, ts] if batch.old_logp is not None else None
             ref = batch.ref_logp[sl, ts] if batch.ref_logp is not None else None
+            advantages = batch.advantages[sl, ts] if batch.advantages.dim() == 2 else batch.advantages[sl]
             with offload_context(offload_activations, ids.device):
-                loss, ls, entropy = micro_batch_loss(model, ids, am, comp, mask, old, ref, batch.advantages[sl],
+                loss, ls, entropy = micro_batch_loss(model, ids, am, comp, mask, old, ref, advantages,
                                                      settings, norm, temperature, token_chunk, vocab_chunk, fuse,
                                                      share_prompt, entropy_cut=batch.entropy_cut,
                                                      entropy_coef=entropy_coef)
@@ -242,13 +245,11 @@ def split_update(batch: UpdateBatch, parts: int) -> list[UpdateBatch]:
         raise ValueError(f"{batch.rows} completions on this process cannot feed loss.steps_per_generation={parts} "
                          "optimizer steps: raise run.batch_size or lower loss.steps_per_generation")
     bounds = torch.linspace(0, batch.rows, parts + 1).round().long().tolist()
+    per_row = {f.name for f in dataclasses.fields(batch)} - {"entropy_cut"}  # entropy_cut: the whole batch's
     out = []
     for a, b in zip(bounds[:-1], bounds[1:]):
-        sl = slice(a, b)
-        out.append(UpdateBatch(
-            batch.input_ids[sl], batch.attention_mask[sl], batch.completion_ids[sl], batch.loss_mask[sl],
-            batch.advantages[sl], None if batch.old_logp is None else batch.old_logp[sl],
-            None if batch.ref_logp is None else batch.ref_logp[sl], batch.entropy_cut))
+        rows = {k: None if getattr(batch, k) is None else getattr(batch, k)[a:b] for k in per_row}
+        out.append(dataclasses.replace(batch, **rows))
     return out
 
 

@@ -1,0 +1,199 @@
+"""PPO's critic (``loss.advantage_estimator: gae``): a value head on a backbone, and the stage that turns a
+step's scores into per-token advantages.
+
+Where the critic's backbone lives (docs/ppo.md has the memory picture):
+
+- LoRA: a second peft adapter (``CRITIC_ADAPTER``, the same ``lora.*`` settings) on the policy's own frozen
+  base, switched on for the critic's passes only. One copy of the base weights serves the policy (adapter
+  ``default``), the critic (adapter ``critic`` + value head) and the reference (adapters off).
+- Full fine-tuning: a second causal LM loaded from ``critic.model_path`` (default ``model.path``) with its own
+  gradients and optimizer state: the cost of a separate value model, which the planner counts. Its LM head is
+  not used (and not trained when it is not tied to the embeddings).
+
+The value head is a ``Linear(hidden, 1)`` in fp32, initialised to zero (every value starts at 0), read at the
+hidden state that predicts each completion token (the state in which that token is chosen), as TRL does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from slimgrpo import advantages as adv
+from slimgrpo.loss.objectives import Normaliser, value_loss
+from slimgrpo.loss.unpadded import unpadded_hidden
+from slimgrpo.modeling import CRITIC_ADAPTER, base_causal_lm, is_peft
+
+
+class Critic:
+    """A value function ``V(prefix) -> float`` per completion token: backbone (+ adapter) and value head."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int, device: torch.device, adapter: str | None = None):
+        self.backbone = backbone
+        self.adapter = adapter
+        self.head = nn.Linear(hidden_size, 1, dtype=torch.float32, device=device)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+        self._trainable = self._backbone_trainable()
+
+    def _backbone_trainable(self) -> list[tuple[str, nn.Parameter]]:
+        if self.adapter is not None:  # only the critic's own adapter: the policy's adapter and the base stay out
+            return [(n, p) for n, p in self.backbone.named_parameters() if f".{self.adapter}." in n]
+        return [(n, p) for n, p in self.backbone.named_parameters() if p.requires_grad]
+
+    def parameters(self) -> list[nn.Parameter]:
+        """What the optimizer trains for the critic: its adapter (LoRA) or its whole model, and the head."""
+        return [p for _, p in self._trainable] + list(self.head.parameters())
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[nn.Module]:
+        """The backbone with the critic's adapter switched on (LoRA), the policy's restored afterwards.
+        peft's ``set_adapter`` freezes the inactive adapter: gradients of the value loss cannot reach the
+        policy's adapter. Both adapters are trainable again afterwards (one optimizer holds both)."""
+        if self.adapter is None:
+            yield self.backbone
+            return
+        previous = self.backbone.active_adapter
+        self.backbone.set_adapter(self.adapter)
+        try:
+            yield self.backbone
+        finally:
+            self.backbone.set_adapter(previous)
+            for _, p in self._trainable:
+                p.requires_grad_(True)
+
+    def values(self, model: nn.Module, ids: torch.Tensor, am: torch.Tensor, comp: torch.Tensor) -> torch.Tensor:
+        """``[rows, T]`` float32 values of one micro-batch (0 off the completion); call inside ``active``."""
+        hidden, _, mask, _ = unpadded_hidden(model, ids, am, comp.shape[1], comp)
+        v = self.head(hidden.float()).squeeze(-1)
+        return torch.zeros(mask.shape, dtype=torch.float32, device=v.device).masked_scatter(mask, v)
+
+    def batch_values(self, batch, micro: int | None, micro_tokens: int | None) -> torch.Tensor:
+        """``[rows, T]`` values of the whole update batch without gradients (the critic at sampling time)."""
+        from slimgrpo.train.update import plan_micro, trimmed
+
+        out = torch.zeros(batch.rows, batch.T, dtype=torch.float32, device=batch.input_ids.device)
+        with torch.no_grad(), self.active() as model:
+            for sl in plan_micro(batch, micro, micro_tokens):
+                ids, am, comp, ts = trimmed(batch, sl)
+                out[sl, ts] = self.values(model, ids, am, comp).to(out.device)
+        return out
+
+    def accumulate(self, batch, micro: int | None, micro_tokens: int | None, vf_coef: float,
+                   cliprange_value: float) -> dict[str, float]:
+        """Forward + backward of ``vf_coef`` x the clipped value loss over the micro-batches of ``batch``
+        (gradients summed into ``.grad``; the micro-batch losses add up to the batch's token mean)."""
+        from slimgrpo.train.update import plan_micro, trimmed
+
+        norm = Normaliser(num_sequences=max(batch.rows, 1), num_tokens=max(int(batch.loss_mask.sum()), 1))
+        loss_sum = clip_sum = tokens = 0.0
+        with self.active() as model:
+            for sl in plan_micro(batch, micro, micro_tokens):
+                ids, am, comp, ts = trimmed(batch, sl)
+                v = self.values(model, ids, am, comp)
+                loss, st = value_loss(v, batch.old_values[sl, ts], batch.returns[sl, ts], batch.loss_mask[sl, ts],
+                                      cliprange_value, norm, vf_coef)
+                loss.backward()
+                loss_sum += st["value/loss"] * st["tokens"]
+                clip_sum += st["value/clipfrac"] * st["tokens"]
+                tokens += st["tokens"]
+        return {"value/loss": loss_sum / max(tokens, 1.0), "value/clipfrac": clip_sum / max(tokens, 1.0)}
+
+    def stage(self, batch, scores: torch.Tensor, cfg) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``ppo_advantages`` with the run's settings (``Trainer.critic_stage``)."""
+        return ppo_advantages(self, batch, scores, cfg.loss, cfg.memory.micro_batch_size, cfg.memory.micro_batch_tokens)
+
+    def gradients(self, batch, cfg) -> dict[str, float]:
+        """``accumulate`` with the run's settings: the value loss's gradients next to the policy's."""
+        m, c = cfg.memory, cfg.critic
+        return self.accumulate(batch, m.micro_batch_size, m.micro_batch_tokens, c.vf_coef, c.cliprange_value)
+
+    # --- checkpoints -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The critic's trained tensors (adapter or model, and head), for ``critic.safetensors``."""
+        out = {f"backbone.{n}": p.detach().clone().contiguous() for n, p in self._trainable}
+        out.update({f"head.{n}": p.detach().clone().contiguous() for n, p in self.head.named_parameters()})
+        return out
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        mine = {f"backbone.{n}": p for n, p in self._trainable}
+        mine.update({f"head.{n}": p for n, p in self.head.named_parameters()})
+        if set(mine) != set(state):
+            missing, unexpected = sorted(set(mine) - set(state)), sorted(set(state) - set(mine))
+            raise ValueError(f"the saved critic does not fit this run's critic (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]}): keep model, lora and critic settings unchanged")
+        for name, p in mine.items():
+            p.copy_(state[name].to(p.device, p.dtype))
+
+
+def build_critic(cfg, policy, distributed: bool = False) -> Critic:
+    """The LoRA critic (a second adapter on the policy's base) or, for full fine-tuning, a value model of its own."""
+    if distributed:
+        raise ValueError("loss.advantage_estimator=gae (PPO) runs in one process for now: its critic is not "
+                         "wrapped for DDP / FSDP2; run without torchrun, or use grpo / rloo advantages")
+    hidden = base_causal_lm(policy.model).config.get_text_config().hidden_size
+    if is_peft(policy.model):
+        from peft import LoraConfig as PeftLoraConfig
+
+        lc = cfg.lora
+        policy.model.add_adapter(CRITIC_ADAPTER, PeftLoraConfig(
+            r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=lc.target_modules,
+            task_type="CAUSAL_LM"))
+        policy.model.set_adapter("default")  # the policy's adapter is the active one outside critic passes
+        critic = Critic(policy.model, hidden, policy.device, adapter=CRITIC_ADAPTER)
+        for p in critic.parameters():
+            p.requires_grad_(True)
+        return critic
+    from slimgrpo.config import ModelConfig, resolve_path
+    from slimgrpo.modeling import disable_dropout, load_model
+
+    path = resolve_path(cfg, cfg.critic.model_path or cfg.model.path)
+    model = load_model(ModelConfig(**{**cfg.model.__dict__, "path": path}), policy.device, policy.dtype)
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and head.weight is not emb.weight:
+        head.requires_grad_(False)  # a value model never reads its LM head
+    if cfg.memory.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.model.disable_dropout:
+        disable_dropout(model)
+    model.train()
+    critic_hidden = model.config.get_text_config().hidden_size
+    return Critic(model, critic_hidden, policy.device)
+
+
+def ppo_advantages(critic: Critic, batch, scores: torch.Tensor, loss_cfg, micro: int | None,
+                   micro_tokens: int | None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The PPO stage between the update's log-probs and the optimizer: the critic's values at sampling time,
+    per-token rewards (score at the last token, ``kl_coef`` penalty on every token), GAE and whitening.
+
+    Fills ``batch.advantages`` [rows, T], ``batch.returns`` and ``batch.old_values``; rows no reward function
+    could score (NaN) leave the loss. Returns (each row's mean advantage [rows], for the completions log;
+    metrics)."""
+    L = loss_cfg
+    scorable = ~torch.isnan(scores)
+    batch.loss_mask = batch.loss_mask & scorable.to(batch.loss_mask.device)[:, None]
+    mask = batch.loss_mask
+    old_values = critic.batch_values(batch, micro, micro_tokens)
+    rewards = adv.token_rewards(scores.to(mask.device), mask, batch.old_logp, batch.ref_logp, L.kl_coef)
+    if L.whiten_rewards:
+        rewards = adv.masked_whiten(rewards, mask, shift_mean=False)
+    advantages, returns = adv.gae(rewards, old_values, mask, L.gamma, L.lam)
+    if L.whiten_advantages:
+        advantages = adv.masked_whiten(advantages, mask)
+    batch.advantages, batch.returns, batch.old_values = advantages, returns, old_values
+    m = mask.float()
+    n = m.sum().clamp(min=1.0)
+    metrics = {
+        "value/explained_variance": adv.explained_variance(old_values, returns, mask),
+        "value/mean": float((old_values * m).sum() / n),
+        "value/returns_mean": float((returns * m).sum() / n),
+    }
+    if L.kl_coef and batch.ref_logp is not None:
+        metrics["ppo/kl_penalty"] = float((L.kl_coef * (batch.old_logp - batch.ref_logp) * m).sum() / n)
+    row_mean = (advantages * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+    return row_mean, metrics

@@ -1,0 +1,69 @@
+"""The metrics of one training step, gathered over ranks (``metrics.jsonl``'s keys, TRL's names)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from slimgrpo.advantages import zero_std_fraction
+from slimgrpo.rewards.contract import step_means
+from slimgrpo.train.metrics import masked_stats, peak_memory_mib
+from slimgrpo.types import RewardOutput
+
+
+def step_metrics(trainer, rollout, rewards: RewardOutput, stats, grad_norm: float, skipped: bool, gen_s: float,
+                 step_s: float) -> dict[str, Any]:
+    """One step's metrics, the same numbers on every rank: rewards per function, lengths, the loss's token
+    means (KL, entropy, clip ratios) weighted by each rank's tokens, timing and peak memory."""
+    d = trainer.dist
+    lengths = rollout.model_lengths.float()  # tokens the model wrote (tool results left out)
+    gen_tokens = float(d.all_reduce_sum(lengths.sum().reshape(1).to(trainer.policy.device)).item())
+    total = scorable_total(rewards)  # unscorable rows (NaN) are left out of the reward stats, as in TRL
+    m: dict[str, Any] = {}
+    all_total = d.all_gather_cat(total.to(trainer.policy.device)).cpu()
+    m["reward"], m["reward_std"] = masked_stats(all_total)
+    all_per_fn = d.all_gather_cat(rewards.per_function.to(trainer.policy.device)).cpu()
+    for j, name in enumerate(rewards.names):
+        m[f"rewards/{name}/mean"], m[f"rewards/{name}/std"] = masked_stats(all_per_fn[:, j])
+    m["frac_reward_zero_std"] = zero_std_fraction(all_total, rollout.num_generations)
+    all_len = d.all_gather_cat(lengths.to(trainer.policy.device)).cpu()
+    all_trunc = d.all_gather_cat(rollout.is_truncated.float().to(trainer.policy.device)).cpu()
+    m["completions/mean_length"] = float(all_len.mean())
+    m["completions/min_length"] = float(all_len.min())
+    m["completions/max_length"] = float(all_len.max())
+    m["completions/clipped_ratio"] = float(all_trunc.mean())
+    # Token means of each rank, weighted by its tokens: the same numbers as one process with every row.
+    # Clip ratios: means over tokens, or over sequences at importance_sampling_level=sequence (as TRL).
+    n, c = float(stats.tokens), float(stats.clip_count)
+    extra = sorted(stats.extra)  # the same keys on every rank (they depend on the loss type only)
+    local = torch.tensor([stats.kl * n, stats.entropy * n, n, stats.loss, stats.clip_ratio_low * c,
+                          stats.clip_ratio_high * c, stats.clip_ratio_region * c, c]
+                         + [stats.extra[k] * c for k in extra], dtype=torch.float64)
+    kl, ent, tokens, loss, lo, hi, reg, clips, *ex = d.all_reduce_sum(local.to(trainer.policy.device)).cpu().tolist()
+    kl, ent = kl / max(tokens, 1.0), ent / max(tokens, 1.0)
+    lo, hi, reg, *ex = (v / max(clips, 1.0) for v in (lo, hi, reg, *ex))
+    m.update({"loss": loss, "kl": kl, "entropy": ent, "clip_ratio/low_mean": lo,  # loss: the sum of the shares
+              "clip_ratio/high_mean": hi, "clip_ratio/region_mean": reg, **dict(zip(extra, ex))})
+    m["grad_norm"] = grad_norm
+    if trainer.loss_settings.entropy_bonus:  # after this step's update, as TRL logs it
+        m["entropy_coef"] = trainer.entropy_control.coef
+    m["learning_rate"] = trainer.scheduler.get_last_lr()[0]
+    m["update_skipped"] = int(skipped)
+    m["gen/tokens_per_s"] = gen_tokens / max(gen_s, 1e-9)
+    m["time/generate_s"] = gen_s
+    m["time/step_s"] = step_s
+    m["memory/peak_mib"] = float(d.all_reduce_max(torch.tensor([peak_memory_mib(trainer.policy.device)],
+                                                              device=trainer.policy.device)).item())
+    m.update(trainer.value_metrics)  # PPO: the critic before this step (explained variance, mean value)
+    m.update(rollout.metrics)  # tools/... of a multi-turn rollout (this rank's rows)
+    for key, count in rewards.fault_counts.items():
+        m[f"reward_faults/{key}"] = count
+    m.update(step_means(rewards.logged_metrics, d))  # log_metric calls of the reward functions (TRL names)
+    return m
+
+
+def scorable_total(rewards: RewardOutput) -> torch.Tensor:
+    """The weighted total, NaN on rows every reward function scored None (the runner reports 0.0 there)."""
+    unscorable = torch.isnan(rewards.per_function).all(dim=1)
+    return torch.where(unscorable, torch.full_like(rewards.total, float("nan")), rewards.total)
