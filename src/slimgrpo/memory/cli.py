@@ -183,6 +183,12 @@ def plan_command(args) -> int:
     console.print(f"[bold]{args.model or cfg.model.path}[/bold]: {human_count(shape.num_params)} parameters, "
                   f"{inputs.rows} completions per step x {inputs.max_completion_length} tokens, on {device}")
     render_plan(plan, console, budget)
+    if getattr(args, "trace", False):
+        from slimgrpo.memory.trace import trace_step
+        from slimgrpo.memory.trace_report import render_trace
+
+        console.print()
+        render_trace(plan, trace_step(cfg, shape, device), console, budget)
     if budget is None or plan.peak_bytes <= budget:
         return 0
     _, suggestions, fits = fit_to_budget(shape, inputs, budget)
