@@ -112,6 +112,9 @@ def trace_step(cfg, shape: ModelShape, device: str = "cpu", generation: bool = T
     notes: list[str] = []
     tracker = LiveBytes(default_tag="update other")
     meta, reference = _prepared_meta(cfg, shape, device, notes)
+    if cfg.memory.optimizer == "adamw_8bit":
+        notes.append("8-bit AdamW: a stand-in keeps bitsandbytes' blockwise state (two uint8 moments, fp32 "
+                     "absmax per 256) and steps in place like its fused kernel (memory/standins.py)")
     with FakeTensorMode(allow_non_fake_inputs=True), FakeData():
         runner, model = _build(cfg, meta, reference)
         with tracker:
@@ -137,14 +140,13 @@ def _prepared_meta(cfg, shape: ModelShape, device: str, notes: list[str]):
     dtype, attn = compute_dtype(cfg, device), cfg.model.attn_implementation or "sdpa"
     model = meta_model(shape, dtype, attn)
     if cfg.model.load_in_4bit:
-        from slimgrpo.memory.nf4_standin import quantize_standin
+        from slimgrpo.memory.standins import quantize_standin
 
-        model = quantize_standin(model)
+        model = quantize_standin(model)  # then apply_lora runs peft's prepare_model_for_kbit_training on it
         notes.append("4-bit base: a stand-in stores each projection as bitsandbytes NF4 does (packed 4-bit, "
-                     "absmax per 64, double-quantised) and dequantises it to the compute dtype per matmul")
-    plain = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, beta=0.0),
-                                model=dataclasses.replace(cfg.model, load_in_4bit=False))
-    model, _ = prepare_for_training(model, plain)
+                     "absmax per 64, double-quantised) and dequantises it to the compute dtype per matmul "
+                     "(memory/standins.py)")
+    model, _ = prepare_for_training(model, dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, beta=0.0)))
     reference = None
     if cfg.loss.beta > 0 and not cfg.lora.enabled:
         reference = meta_model(shape, dtype, attn).eval().requires_grad_(False)
@@ -160,7 +162,14 @@ def _build(cfg, model, reference):
 
     model = materialise(model)
     reference = materialise(reference) if reference is not None else None
+    eight_bit = cfg.memory.optimizer == "adamw_8bit"
+    if eight_bit:  # bitsandbytes (CUDA) and torchao (torch.compile) cannot run here: a stand-in of its memory
+        cfg = dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, optimizer="adamw"))
     runner = UpdateOnly(cfg, model, device="cpu", prepared=True, reference_cpu=reference)
+    if eight_bit:
+        from slimgrpo.memory.standins import AdamW8bitStandIn
+
+        runner.trainer.optimizer = AdamW8bitStandIn(runner.policy.trainable_parameters(), cfg.optim.learning_rate)
     optimizer = runner.trainer.optimizer
     for p in runner.policy.trainable_parameters():  # the optimizer state exists from a run's second step on
         p.grad = torch.zeros_like(p)
