@@ -138,6 +138,9 @@ def _prepared_meta(cfg, shape: ModelShape, device: str, notes: list[str]):
     from slimgrpo.modeling import prepare_for_training
 
     dtype, attn = compute_dtype(cfg, device), cfg.model.attn_implementation or "sdpa"
+    if attn == "flash_attention_2":  # CUDA-only kernel; CPU sdpa without a mask saves what it saves
+        attn = "sdpa"
+        notes.append("flash_attention_2 traced as sdpa's flash kernel: both save output + log-sum-exp, no S² tensor")
     model = meta_model(shape, dtype, attn)
     if cfg.model.load_in_4bit:
         from slimgrpo.memory.standins import quantize_standin
