@@ -47,3 +47,18 @@ def test_plan_help_mentions_trace(capsys):
         main(["plan", "--help"])
     out = capsys.readouterr().out
     assert "--trace" in out and "fake tensors" in out
+
+
+def test_memory_fit_trace_checks_the_fit_by_trace(tmp_path, tiny_model_dir, capsys):
+    from slimgrpo.config import load_config
+    from slimgrpo.memory.cli import check_before_training
+    from slimgrpo.memory.trace import trace_step
+    from slimgrpo.memory.shapes import load_shape
+
+    p = _config(tmp_path, tiny_model_dir, memory={"budget": "420MiB", "fit": "trace"})
+    cfg = load_config(p)
+    assert cfg.memory.fit == "trace"
+    new_cfg, plan = check_before_training(cfg, show=True)
+    out = capsys.readouterr().out
+    assert "memory.fit=trace:" in out and "traced peak" in out
+    assert trace_step(new_cfg, load_shape(str(tiny_model_dir)), "cpu").device_peak_bytes <= 420 * 2**20

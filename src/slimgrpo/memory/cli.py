@@ -132,6 +132,8 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
                           f"(slimgrpo plan CONFIG for the breakdown)", soft_wrap=True)
         return cfg, plan
     budget = budget_bytes(cfg.memory.budget, device)
+    if cfg.memory.fit == "trace":
+        return fit_by_trace(cfg, shape, device, world_size, budget, console, show)
     if plan.peak_bytes <= budget:
         if show:
             render_plan(plan, console, budget)
@@ -152,6 +154,36 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
         "no combination of the planner's changes fits; use a smaller model, shorter completions or more memory"
     raise ConfigError(f"the run needs about {format_gib(plan.peak_bytes)} GiB at its peak ({plan.peak_phase}), more "
                       f"than memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB); {advice}")
+
+
+def fit_by_trace(cfg: Config, shape: ModelShape, device: str, world_size: int, budget: int, console: Console,
+                 show: bool = True, rounds: int = 4) -> tuple[Config, MemoryPlan]:
+    """``memory.fit=trace``: the planner's fit, checked by a trace (``memory/trace.py``). While the traced
+    device peak is over ``budget``, fit the plan again to a budget smaller by the overshoot."""
+    from slimgrpo.memory.trace import trace_step
+
+    target, tried = budget, cfg
+    for _ in range(rounds):
+        _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), target)
+        if not fits:
+            break
+        fix = overrides_for(all_changes(suggestions))
+        tried = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir) if fix else cfg
+        traced = trace_step(tried, shape, device).device_peak_bytes
+        if show:
+            console.print(f"memory.fit=trace: {' '.join(fix) or 'the config as given'}: traced peak "
+                          f"{format_gib(traced)} GiB against {format_gib(budget)} GiB", soft_wrap=True)
+        if traced <= budget:
+            new_plan = plan_memory(shape, plan_inputs(tried, device, world_size, shape.vocab))
+            if show:
+                render_plan(new_plan, console, budget)
+            return tried, new_plan
+        target -= traced - budget
+        if target <= 0:
+            break
+    raise ConfigError(f"memory.fit=trace: no settings the planner proposes trace below memory.budget="
+                      f"{cfg.memory.budget} ({format_gib(budget)} GiB); use a smaller model, shorter "
+                      "completions or more memory")
 
 
 def plan_command(args) -> int:
