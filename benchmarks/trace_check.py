@@ -1,6 +1,6 @@
 """The trace against reality: every CPU calibration row, traced on fake tensors, against its measured peak RSS.
 
-    python benchmarks/trace_check.py                   # all 19 rows of docs/benchmarks.md#calibration
+    python benchmarks/trace_check.py                   # the 19 calibration rows and the 6 W-long lengths
     python benchmarks/trace_check.py --only qwen05x2-full-256 wcpu-full-256
 
 For each configuration of ``calibrate_memory.py`` that docs/benchmarks.md reports a measured peak RSS
@@ -36,6 +36,16 @@ MEASURED_MIB = {
     "qwen05x1-lora-ckpt-16k": 5532, "qwen05x2-shared8-2k": 4558,
     "wcpu-full-1024": 1061, "wcpu-full-beta": 999, "deep-full-ckpt-512": 1496, "deep-full-micro2-512": 2106,
 }
+
+
+# W-long (docs/benchmarks.md#w-long): slimgrpo's measured peak RSS per completion length; W-cpu shape, 1 prompt
+# (at most 128 tokens) x 2 completions, checkpointing, beta 0.04, full fine-tuning, 2 steps with decoding.
+W_LONG_MIB = {512: 986, 1024: 988, 2048: 986, 4096: 992, 8192: 1123, 16384: 1417}
+for _length, _mib in W_LONG_MIB.items():
+    MEASURED_MIB[f"w-long-{_length}"] = _mib
+    CONFIGS.append((f"w-long-{_length}", {**CONFIGS[0][1], "max_positions": 32768},
+                    ["rollout.num_generations=2", "run.batch_size=2", "memory.gradient_checkpointing=true",
+                     "loss.beta=0.04", f"rollout.max_completion_length={_length}"], "train"))
 
 
 def row_config(overrides: list[str], train_mode: bool):
