@@ -48,7 +48,7 @@ for _length, _mib in W_LONG_MIB.items():
                      "loss.beta=0.04", f"rollout.max_completion_length={_length}"], "train"))
 
 
-def row_config(overrides: list[str], train_mode: bool):
+def row_config(overrides: list[str]):
     """The calibration run's config (``calibrate_memory.base_config``'s settings that matter for memory)."""
     from slimgrpo.config import from_dict, merge_overrides
 
@@ -65,7 +65,7 @@ def check(name: str, shape_dict: dict, overrides: list[str], mode: str) -> dict:
     from slimgrpo.memory.trace import trace_step
 
     shape = ModelShape(**shape_dict)
-    cfg = row_config(overrides, mode == "train")
+    cfg = row_config(overrides)
     plan = plan_memory(shape, plan_inputs(cfg, "cpu", vocab=shape.vocab))
     planned = plan.peak_bytes if mode == "train" else plan.phase_total("always") + plan.phase_total("update")
     t0 = time.perf_counter()

@@ -195,10 +195,6 @@ def _track_resident(tracker: LiveBytes, runner, cfg) -> None:
 def _tensors_of(obj):
     if isinstance(obj, torch.Tensor):
         yield obj
-        inner = getattr(obj, "__tensor_flatten__", None)  # quantised optimizer states (torchao subclasses)
-        if inner is not None:
-            for name in inner()[0]:
-                yield getattr(obj, name)
     elif isinstance(obj, dict):
         for v in obj.values():
             yield from _tensors_of(v)
