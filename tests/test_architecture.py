@@ -27,16 +27,9 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 FOUNDATIONS = ("types", "units", "secrets", "threads", "model_gguf")
 
 
-# memory/cli.py is also a library: the trainer calls its check_before_training (the plan printed before a
-# run). Until that moves out, it is not treated as a command.
-NOT_COMMANDS = ("slimgrpo.memory.cli",)
-
-
 def is_command(module: str) -> bool:
     """Command-line entry points sit on top: ``cli``, ``__main__``, any room's ``cli`` module, the demo."""
     parts = module.split(".")
-    if module in NOT_COMMANDS:
-        return False
     return parts[-1] in ("cli", "__main__") or (len(parts) > 1 and parts[1] == "demo")
 
 
@@ -228,7 +221,7 @@ def test_the_package_keeps_its_layers():
 def test_the_graph_sees_the_package():
     graph = import_graph(SRC, PACKAGE)
     assert f"{PACKAGE}.rollout.engine" in graph[f"{PACKAGE}.evaluate"]  # a top-level import
-    assert f"{PACKAGE}.memory.cli" in graph[f"{PACKAGE}.train.trainer"]  # one inside a method
+    assert f"{PACKAGE}.memory.check" in graph[f"{PACKAGE}.train.trainer"]  # one inside a method
     assert f"{PACKAGE}.rollout.cuda_graph" in graph[f"{PACKAGE}.rollout.decode"]  # `from . import cuda_graph`
 
 

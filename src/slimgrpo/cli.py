@@ -47,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--budget", help="memory budget, e.g. 16GiB, 24GB or auto")
     pl.add_argument("--device", choices=["cpu", "cuda"], help="device to plan for (default: config's)")
     pl.add_argument("--presets", action="store_true", help="list the model presets and exit")
+    pl.add_argument("--trace", action="store_true",
+                    help="also run one real step of the config at full size on fake tensors (no memory allocated, "
+                         "no GPU needed; seconds to minutes) and print the traced live tensor bytes per phase "
+                         "beside the plan. The trace cannot see allocator caching/fragmentation, library "
+                         "workspaces, kernels allocating outside PyTorch, the CUDA context or the Python/torch "
+                         "runtime: it adds the measured CPU runtime, or on cuda the CUDA context plus a 10%% "
+                         "allocator margin (docs/memory.md#trace)")
     pl.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     e = sub.add_parser("eval", help="accuracy and pass@k of a model on a dataset",

@@ -28,5 +28,7 @@ class MemoryConfig:
     budget: str | None = None
     """Memory budget, e.g. ``16GiB``; ``auto`` = the device's free memory. The run is refused before
     loading the model when the plan does not fit."""
-    fit: bool = False
-    """When the plan exceeds ``budget``, apply the suggested changes instead of refusing."""
+    fit: bool | Literal["trace"] = False
+    """When the plan exceeds ``budget``, apply the suggested changes instead of refusing. ``trace``: also
+    check the settings by tracing one full-size step on fake tensors (``slimgrpo plan --trace``; seconds to
+    minutes, no memory) and tighten them until the traced peak fits the budget too."""

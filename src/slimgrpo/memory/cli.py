@@ -1,158 +1,23 @@
-"""The planner meets the config: ``slimgrpo plan`` and the check ``slimgrpo train`` runs before loading."""
+"""``slimgrpo plan``: the memory plan of a config or a model shape, what to change to fit a budget, and
+with ``--trace`` one real step traced on fake tensors (``train/trace.py``). A command: it may import the
+trainer's code; the library it stands on is ``memory/check.py`` (re-exported here for old imports)."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
+from slimgrpo.config import ConfigError, from_dict, load_config, merge_overrides
+from slimgrpo.memory.advice import fit_to_budget, format_gib, render_plan
+from slimgrpo.memory.check import (all_changes, budget_bytes, check_before_training, fit_by_trace,
+                                   overrides_for, plan_device, plan_inputs, shape_of)
+from slimgrpo.memory.planner import plan_memory
+from slimgrpo.memory.shapes import preset_shapes
 from slimgrpo.units import human_count
-from slimgrpo.config import Config, ConfigError, auto_token_chunk, from_dict, load_config, merge_overrides, resolve_path
-from slimgrpo.memory.advice import Suggestion, fit_to_budget, format_gib, parse_bytes, render_plan
-from slimgrpo.memory.planner import MemoryPlan, PlanInputs, plan_memory
-from slimgrpo.memory.shapes import ModelShape, load_shape, preset_shapes
 
-# PlanInputs field -> config key, for turning the planner's advice into overrides.
-CONFIG_KEY = {
-    "lora": "lora.enabled",
-    "lora_rank": "lora.r",
-    "load_in_4bit": "model.load_in_4bit",
-    "optimizer": "memory.optimizer",
-    "micro_batch_rows": "memory.micro_batch_size",
-    "micro_batch_tokens": "memory.micro_batch_tokens",
-    "gradient_checkpointing": "memory.gradient_checkpointing",
-    "offload_activations": "memory.offload_activations",
-    "token_chunk": "loss.token_chunk",
-    "vocab_chunk": "loss.vocab_chunk",
-    "generation_batch_rows": "rollout.max_batch_rows",
-    "max_completion_length": "rollout.max_completion_length",
-    "num_generations": "rollout.num_generations",
-}
-
-
-def plan_device(cfg: Config, override: str | None = None) -> str:
-    if override:
-        return override
-    if cfg.run.device == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cuda" if cfg.run.device.startswith("cuda") else "cpu"
-
-
-def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_064) -> PlanInputs:
-    """What the planner needs, read off the config (per process under torchrun)."""
-    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(cfg.model.dtype, 2 if device == "cuda" else 4)
-    prompts = max(cfg.prompts_per_step // max(world_size, 1), 1)
-    rows = prompts * cfg.rollout.num_generations
-    targets = cfg.lora.target_modules
-    return PlanInputs(
-        device=device, param_dtype_bytes=dtype_bytes, lora=cfg.lora.enabled, lora_rank=cfg.lora.r,
-        lora_target_modules=(targets,) if isinstance(targets, str) else tuple(targets),
-        load_in_4bit=cfg.model.load_in_4bit, optimizer=cfg.memory.optimizer,
-        num_generations=cfg.rollout.num_generations, prompts_per_step=prompts,
-        micro_batch_rows=min(cfg.memory.micro_batch_size or rows, rows),
-        max_prompt_length=cfg.data.max_prompt_length, max_completion_length=cfg.rollout.max_completion_length,
-        beta=cfg.loss.beta, num_iterations=cfg.loss.num_iterations * cfg.loss.steps_per_generation,  # > 1: old log-probs
-        ppo=cfg.ppo, kl_coef=cfg.loss.kl_coef,
-        gradient_checkpointing=cfg.memory.gradient_checkpointing,
-        offload_activations=cfg.memory.offload_activations,
-        token_chunk=cfg.loss.token_chunk or auto_token_chunk(vocab),
-        vocab_chunk=cfg.loss.vocab_chunk, chunked_loss=True,
-        generation_batch_rows=cfg.rollout.max_batch_rows,
-        attn_implementation=cfg.model.attn_implementation or "sdpa",
-        micro_batch_tokens=cfg.memory.micro_batch_tokens,
-        share_prompt_forward=cfg.memory.share_prompt_forward,
-        kv_cache_dtype=cfg.rollout.kv_cache_dtype,
-    )
-
-
-def overrides_for(changes: dict[str, Any]) -> list[str]:
-    out = []
-    for field, value in changes.items():
-        key = CONFIG_KEY.get(field)
-        if key is None:
-            continue
-        if isinstance(value, bool):
-            value = str(value).lower()
-        elif value is None:
-            value = "null"
-        out.append(f"{key}={value}")
-    return out
-
-
-def budget_bytes(spec: str, device: str) -> int:
-    """``16GiB`` etc., or ``auto``: free memory of the device (CUDA) or MemAvailable (CPU)."""
-    if spec != "auto":
-        return parse_bytes(spec)
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("memory.budget=auto on cuda, but no CUDA device is visible: give a size")
-        return int(torch.cuda.mem_get_info()[0])
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    raise ConfigError("memory.budget=auto: cannot read available memory here; give a size such as 16GiB")
-
-
-def shape_of(cfg: Config, spec: str | None = None) -> ModelShape:
-    target = spec or resolve_path(cfg, cfg.model.path)
-    try:
-        return load_shape(target)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
-def all_changes(suggestions: list[Suggestion]) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    for s in suggestions:
-        merged.update(s.change)
-    return merged
-
-
-def check_before_training(cfg: Config, world_size: int = 1, console: Console | None = None,
-                          show: bool = True) -> tuple[Config, MemoryPlan | None]:
-    """Plan the run before any weights load. With ``memory.budget``: refuse a run that cannot fit
-    (with the changes that would make it fit), or apply them when ``memory.fit`` is true."""
-    console = console or Console()
-    device = plan_device(cfg)
-    try:
-        shape = shape_of(cfg)
-    except ConfigError:
-        if cfg.memory.budget:
-            raise
-        return cfg, None  # an architecture the planner does not model: train without a plan
-    plan = plan_memory(shape, plan_inputs(cfg, device, world_size, shape.vocab))
-    if not cfg.memory.budget:
-        if show:
-            console.print(f"memory plan: peak {format_gib(plan.peak_bytes)} GiB during {plan.peak_phase} "
-                          f"(slimgrpo plan CONFIG for the breakdown)", soft_wrap=True)
-        return cfg, plan
-    budget = budget_bytes(cfg.memory.budget, device)
-    if plan.peak_bytes <= budget:
-        if show:
-            render_plan(plan, console, budget)
-        return cfg, plan
-    _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), budget)
-    fix = overrides_for(all_changes(suggestions))
-    if cfg.memory.fit and fits:
-        new_cfg = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir)
-        console.print(f"memory.fit: applying {' '.join(fix)} to fit {format_gib(budget)} GiB")
-        new_plan = plan_memory(shape, plan_inputs(new_cfg, device, world_size, shape.vocab))
-        if show:
-            render_plan(new_plan, console, budget)
-        return new_cfg, new_plan
-    if show:
-        render_plan(plan, console, budget)
-    advice = (f"these changes bring it to {format_gib(suggestions[-1].plan_after.peak_bytes)} GiB: {' '.join(fix)} "
-              "(or set memory.fit=true to apply them)") if fits else \
-        "no combination of the planner's changes fits; use a smaller model, shorter completions or more memory"
-    raise ConfigError(f"the run needs about {format_gib(plan.peak_bytes)} GiB at its peak ({plan.peak_phase}), more "
-                      f"than memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB); {advice}")
+__all__ = ["all_changes", "budget_bytes", "check_before_training", "fit_by_trace", "overrides_for", "plan_command",
+           "plan_device", "plan_inputs", "shape_of"]
 
 
 def plan_command(args) -> int:
@@ -184,6 +49,12 @@ def plan_command(args) -> int:
     console.print(f"[bold]{args.model or cfg.model.path}[/bold]: {human_count(shape.num_params)} parameters, "
                   f"{inputs.rows} completions per step x {inputs.max_completion_length} tokens, on {device}")
     render_plan(plan, console, budget)
+    if getattr(args, "trace", False):
+        from slimgrpo.train.trace import trace_step
+        from slimgrpo.memory.trace_report import render_trace
+
+        console.print()
+        render_trace(plan, trace_step(cfg, shape, device), console, budget)
     if budget is None or plan.peak_bytes <= budget:
         return 0
     _, suggestions, fits = fit_to_budget(shape, inputs, budget)

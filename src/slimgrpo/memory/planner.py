@@ -500,11 +500,14 @@ def _after_freed(components: list[Component], name: str, freed: int, what: str) 
     return out
 
 
-def _overlap_recompute(activations: list[Component], loss: Component) -> list[Component]:
-    """With checkpointing the LM head and loss run (and free their chunks) before backward reaches the
-    decoder, where each layer is recomputed: the two working sets are alive one after the other, so the
-    recompute line only holds what exceeds the loss working set."""
-    return _after_freed(activations, "recompute working set", loss.bytes, "the loss working set")
+def _overlap_recompute(activations: list[Component], loss: Component, final_norm: int) -> list[Component]:
+    """With checkpointing the LM head and loss run (and free their chunks), and the final norm runs
+    backward (freeing what it saved), before backward reaches the decoder, where each layer is
+    recomputed: these working sets are alive one after the other, so the recompute line only holds
+    what exceeds the loss working set plus the final norm's saved tensors (the trace showed the
+    final-norm part: docs/benchmarks.md#trace-check)."""
+    return _after_freed(activations, "recompute working set", loss.bytes + final_norm,
+                        "the loss working set and the final norm's saved tensors")
 
 
 def _overlap_step_workspace(optimizer: list[Component], backward: list[Component]) -> list[Component]:
@@ -533,7 +536,9 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     else:
         what = "given by framework_overhead_bytes"
     loss = _loss_component(shape, x)
-    activations = _overlap_recompute(_activation_components(shape, x), loss)
+    tokens = update_layer_bytes(shape, x)[1]
+    final_norm = tokens * ((4 + 2 * _compute_bytes(x)) * shape.hidden + 4)
+    activations = _overlap_recompute(_activation_components(shape, x), loss, final_norm)
     optimizer = _overlap_step_workspace(_optimizer_components(shape, x), activations + [loss])
     components = [
         *_weight_components(shape, x),

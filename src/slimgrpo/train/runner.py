@@ -64,7 +64,9 @@ def run_training(cfg: Config, callbacks=None, train_dataset=None) -> dict[str, A
         from slimgrpo.train.launch import init_process_group
 
         init_process_group(cfg, dist_ctx)
-    trainer = Trainer(cfg, callbacks=callbacks, dist=dist_ctx, train_dataset=train_dataset)
+    from slimgrpo.train.trace import trace_step  # memory.fit=trace; trace drives the Trainer, so it is passed in
+
+    trainer = Trainer(cfg, callbacks=callbacks, dist=dist_ctx, train_dataset=train_dataset, trace_fn=trace_step)
     restore_handlers = install_preemption_handlers(trainer)
     try:
         summary = trainer.train()

@@ -132,16 +132,20 @@ class UpdateOnly:
 
     ``cfg`` supplies the ``lora``, ``memory``, ``loss``, ``optim`` and ``rollout`` sections as for a
     real run (``model.path`` and ``data`` are not read). LoRA adapters, gradient checkpointing and the
-    full-fine-tuning reference copy are applied as ``build_policy`` applies them."""
+    full-fine-tuning reference copy are applied as ``build_policy`` applies them, unless ``prepared``:
+    then ``model`` has been through ``prepare_for_training`` already and ``reference_cpu`` is its
+    reference copy (``train/trace.py`` prepares a ``meta`` model before materialising it)."""
 
-    def __init__(self, cfg: Config, model, device: str | torch.device | None = None):
+    def __init__(self, cfg: Config, model, device: str | torch.device | None = None, prepared: bool = False,
+                 reference_cpu=None):
         from slimgrpo.modeling import Policy, prepare_for_training
         from slimgrpo.train.optim import build_optimizer, build_scheduler
         from slimgrpo.train.trainer import Trainer
 
         device = torch.device(device) if device is not None else next(model.parameters()).device
         dtype = next(model.parameters()).dtype
-        model, reference_cpu = prepare_for_training(model, cfg)  # exactly as build_policy does
+        if not prepared:
+            model, reference_cpu = prepare_for_training(model, cfg)  # exactly as build_policy does
         self.policy = Policy(model, None, device, dtype, reference_cpu)
         trainer = Trainer(cfg, policy=self.policy)
         trainer.policy = self.policy

@@ -1,0 +1,123 @@
+"""The published GPU anchors' settings, simulated: plan and trace (fake tensors) for CUDA, bf16.
+
+    python benchmarks/trace_anchors.py                  # Oxen's table, Unsloth's 8B x 20K, Qwen3-8B QLoRA
+    python benchmarks/trace_anchors.py --only oxen      # or: unsloth, qlora
+
+Nothing runs on a GPU: each row is ``slimgrpo plan --trace --device cuda`` for the setting, so every
+figure is **simulated** until a GPU run confirms it. The device peak from the trace is the traced tensor
+peak + the CUDA context (``CUDA_FRAMEWORK_OVERHEAD_BYTES``) + ``CUDA_TRACE_MARGIN`` of the traced peak.
+Published figures are the brief's (docs/benchmarks.md#anchors-simulated says where each comes from).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+GB, GiB = 1e9, 2**30
+OXEN = ["rollout.num_generations=4", "run.batch_size=4", "data.max_prompt_length=256",
+        "rollout.max_completion_length=786", "rollout.min_completion_length=786", "loss.beta=0"]
+OXEN_VARIANTS = [  # cumulative, as in Oxen's table
+    ("full", []),
+    ("+ 8-bit AdamW", ["memory.optimizer=adamw_8bit"]),
+    ("+ checkpointing", ["memory.optimizer=adamw_8bit", "memory.gradient_checkpointing=true"]),
+    ("LoRA", ["memory.optimizer=adamw_8bit", "memory.gradient_checkpointing=true", "lora.enabled=true"]),
+]
+# Oxen.ai (TRL, one H100, peak VRAM in GB) by the brief; the brief names sizes, not checkpoints
+OXEN_PUBLISHED = {"qwen2.5-0.5b": (25, 16, 15, 13), "llama-3.2-1b": (38, 26, 24, 16)}
+UNSLOTH = ["lora.enabled=true", "memory.gradient_checkpointing=true", "memory.micro_batch_size=1",
+           "rollout.num_generations=8", "run.batch_size=8", "data.max_prompt_length=512",
+           "rollout.max_completion_length=19968", "rollout.min_completion_length=19968", "loss.beta=0"]
+QLORA = ["lora.enabled=true", "model.load_in_4bit=true", "memory.gradient_checkpointing=true",
+         "memory.micro_batch_size=1", "rollout.num_generations=2", "run.batch_size=2", "rollout.max_batch_rows=1",
+         "data.max_prompt_length=256", "loss.beta=0"]
+
+
+def qwen3_8b():
+    """Qwen3-8B's shape from its public config.json (not a bundled preset): 36 layers, hidden 4,096, MLP
+    12,288, 32 / 8 heads of 128, vocabulary 151,936, untied head; 131,072 positions with YaRN."""
+    from slimgrpo.memory.shapes import ModelShape
+
+    return ModelShape("qwen3", hidden=4096, intermediate=12288, layers=36, heads=32, kv_heads=8, vocab=151_936,
+                      tie=False, max_positions=131_072, head_dim=128)
+
+
+def config(overrides: list[str]):
+    from slimgrpo.config import from_dict, merge_overrides
+
+    return from_dict(merge_overrides({}, ["model.dtype=bfloat16", "run.device=cuda", *overrides]))
+
+
+def plan_and_trace(model: str, overrides: list[str], trace: bool = True):
+    from slimgrpo.memory.cli import plan_inputs
+    from slimgrpo.memory.planner import plan_memory
+    from slimgrpo.memory.shapes import load_shape
+    from slimgrpo.train.trace import trace_step
+
+    shape = qwen3_8b() if model == "qwen3-8b" else load_shape(model)
+    cfg = config(overrides)
+    plan = plan_memory(shape, plan_inputs(cfg, "cuda", vocab=shape.vocab))
+    return plan, (trace_step(cfg, shape, device="cuda") if trace else None)
+
+
+def row(setting: str, plan, tr, published: str, seconds: float) -> str:
+    return (f"| {setting} | {plan.peak_bytes / GiB:,.1f} | {tr.peak_bytes / GiB:,.1f} | "
+            f"{tr.device_peak_bytes / GiB:,.1f} | {tr.peak_phase} | {published} | {seconds:.0f} |")
+
+
+def longest_fit(model: str, budget: float, base: list[str]) -> tuple[int, list[str]]:
+    """Longest completion (multiple of 1,024) whose plan fits ``budget`` bytes, then checked by trace:
+    stepped down 10% at a time until the trace's device peak fits too."""
+    lo, hi = 1024, 1 << 22
+    while hi - lo > 1024:
+        mid = (lo + hi) // 2 // 1024 * 1024
+        plan, _ = plan_and_trace(model, base + [f"rollout.max_completion_length={mid}"], trace=False)
+        lo, hi = (mid, hi) if plan.peak_bytes <= budget else (lo, mid)
+    lines, T = [], lo
+    for _ in range(4):
+        t0 = time.perf_counter()
+        plan, tr = plan_and_trace(model, base + [f"rollout.max_completion_length={T}"])
+        fits = tr.device_peak_bytes <= budget
+        lines.append(row(f"{model} QLoRA, T = {T:,} ({budget / GB:.0f} GB: {'fits' if fits else 'over'})",
+                         plan, tr, "110K tokens on 80 GB (Unsloth)" if budget > 50 * GB else "–",
+                         time.perf_counter() - t0))
+        print(lines[-1], file=sys.stderr, flush=True)
+        if fits:
+            return T, lines
+        T = int(T * 0.9) // 1024 * 1024
+    return 0, lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", choices=["oxen", "unsloth", "qlora"])
+    args = ap.parse_args()
+    parts = args.only or ["oxen", "unsloth", "qlora"]
+    out = ["| setting (simulated, cuda, bf16) | plan GiB | trace tensors GiB | trace device GiB | trace peak phase "
+           "| published (TRL unless said) | trace s |", "|---|---:|---:|---:|---|---|---:|"]
+    if "oxen" in parts:
+        for model in ("qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b"):
+            for i, (name, extra) in enumerate(OXEN_VARIANTS):
+                t0 = time.perf_counter()
+                plan, tr = plan_and_trace(model, OXEN + extra)
+                pub = OXEN_PUBLISHED.get(model)
+                out.append(row(f"{model} Oxen {name}", plan, tr, f"{pub[i]} GB" if pub else "–",
+                               time.perf_counter() - t0))
+                print(out[-1], file=sys.stderr, flush=True)
+    if "unsloth" in parts:
+        for extra, what in (([], ""), (["rollout.max_batch_rows=4"], ", decoding 4 rows at a time")):
+            t0 = time.perf_counter()
+            plan, tr = plan_and_trace("llama-3.1-8b", UNSLOTH + extra)
+            out.append(row(f"llama-3.1-8b LoRA 8 x 20K (Unsloth's setting{what})", plan, tr,
+                           "Unsloth 54.3 GB; TRL + FA2 510.8 GB", time.perf_counter() - t0))
+            print(out[-1], file=sys.stderr, flush=True)
+    if "qlora" in parts:
+        for budget in (80 * GB, 24 * GB):
+            out.extend(longest_fit("qwen3-8b", budget, QLORA)[1])
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

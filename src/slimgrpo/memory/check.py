@@ -1,0 +1,190 @@
+"""The plan a run is checked against before any weights load: config to planner inputs, the budget, and
+the refusal (or the applied fit) when the plan does not fit. Library code; ``memory/cli.py`` is the
+``slimgrpo plan`` command on top of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from slimgrpo.config import Config, ConfigError, auto_token_chunk, from_dict, merge_overrides, resolve_path
+from slimgrpo.memory.advice import Suggestion, fit_to_budget, format_gib, parse_bytes, render_plan
+from slimgrpo.memory.planner import MemoryPlan, PlanInputs, plan_memory
+from slimgrpo.memory.shapes import ModelShape, load_shape
+
+# PlanInputs field -> config key, for turning the planner's advice into overrides.
+CONFIG_KEY = {
+    "lora": "lora.enabled",
+    "lora_rank": "lora.r",
+    "load_in_4bit": "model.load_in_4bit",
+    "optimizer": "memory.optimizer",
+    "micro_batch_rows": "memory.micro_batch_size",
+    "micro_batch_tokens": "memory.micro_batch_tokens",
+    "gradient_checkpointing": "memory.gradient_checkpointing",
+    "offload_activations": "memory.offload_activations",
+    "token_chunk": "loss.token_chunk",
+    "vocab_chunk": "loss.vocab_chunk",
+    "generation_batch_rows": "rollout.max_batch_rows",
+    "max_completion_length": "rollout.max_completion_length",
+    "num_generations": "rollout.num_generations",
+}
+
+
+def plan_device(cfg: Config, override: str | None = None) -> str:
+    if override:
+        return override
+    if cfg.run.device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if cfg.run.device.startswith("cuda") else "cpu"
+
+
+def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_064) -> PlanInputs:
+    """What the planner needs, read off the config (per process under torchrun)."""
+    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(cfg.model.dtype, 2 if device == "cuda" else 4)
+    prompts = max(cfg.prompts_per_step // max(world_size, 1), 1)
+    rows = prompts * cfg.rollout.num_generations
+    targets = cfg.lora.target_modules
+    return PlanInputs(
+        device=device, param_dtype_bytes=dtype_bytes, lora=cfg.lora.enabled, lora_rank=cfg.lora.r,
+        lora_target_modules=(targets,) if isinstance(targets, str) else tuple(targets),
+        load_in_4bit=cfg.model.load_in_4bit, optimizer=cfg.memory.optimizer,
+        num_generations=cfg.rollout.num_generations, prompts_per_step=prompts,
+        micro_batch_rows=min(cfg.memory.micro_batch_size or rows, rows),
+        max_prompt_length=cfg.data.max_prompt_length, max_completion_length=cfg.rollout.max_completion_length,
+        beta=cfg.loss.beta, num_iterations=cfg.loss.num_iterations * cfg.loss.steps_per_generation,  # > 1: old log-probs
+        ppo=cfg.ppo, kl_coef=cfg.loss.kl_coef,
+        gradient_checkpointing=cfg.memory.gradient_checkpointing,
+        offload_activations=cfg.memory.offload_activations,
+        token_chunk=cfg.loss.token_chunk or auto_token_chunk(vocab),
+        vocab_chunk=cfg.loss.vocab_chunk, chunked_loss=True,
+        generation_batch_rows=cfg.rollout.max_batch_rows,
+        attn_implementation=cfg.model.attn_implementation or "sdpa",
+        micro_batch_tokens=cfg.memory.micro_batch_tokens,
+        share_prompt_forward=cfg.memory.share_prompt_forward,
+        kv_cache_dtype=cfg.rollout.kv_cache_dtype,
+    )
+
+
+def overrides_for(changes: dict[str, Any]) -> list[str]:
+    out = []
+    for field, value in changes.items():
+        key = CONFIG_KEY.get(field)
+        if key is None:
+            continue
+        if isinstance(value, bool):
+            value = str(value).lower()
+        elif value is None:
+            value = "null"
+        out.append(f"{key}={value}")
+    return out
+
+
+def budget_bytes(spec: str, device: str) -> int:
+    """``16GiB`` etc., or ``auto``: free memory of the device (CUDA) or MemAvailable (CPU)."""
+    if spec != "auto":
+        return parse_bytes(spec)
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("memory.budget=auto on cuda, but no CUDA device is visible: give a size")
+        return int(torch.cuda.mem_get_info()[0])
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise ConfigError("memory.budget=auto: cannot read available memory here; give a size such as 16GiB")
+
+
+def shape_of(cfg: Config, spec: str | None = None) -> ModelShape:
+    target = spec or resolve_path(cfg, cfg.model.path)
+    try:
+        return load_shape(target)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def all_changes(suggestions: list[Suggestion]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for s in suggestions:
+        merged.update(s.change)
+    return merged
+
+
+def check_before_training(cfg: Config, world_size: int = 1, console: Console | None = None,
+                          show: bool = True, trace_fn=None) -> tuple[Config, MemoryPlan | None]:
+    """Plan the run before any weights load. With ``memory.budget``: refuse a run that cannot fit
+    (with the changes that would make it fit), or apply them when ``memory.fit`` is true.
+    ``trace_fn(cfg, shape, device) -> Trace`` (``train.trace.trace_step``, which the trainer passes) checks
+    the fit by tracing with ``memory.fit=trace``; the planner does not import the trainer's code itself."""
+    console = console or Console()
+    device = plan_device(cfg)
+    try:
+        shape = shape_of(cfg)
+    except ConfigError:
+        if cfg.memory.budget:
+            raise
+        return cfg, None  # an architecture the planner does not model: train without a plan
+    plan = plan_memory(shape, plan_inputs(cfg, device, world_size, shape.vocab))
+    if not cfg.memory.budget:
+        if show:
+            console.print(f"memory plan: peak {format_gib(plan.peak_bytes)} GiB during {plan.peak_phase} "
+                          f"(slimgrpo plan CONFIG for the breakdown)", soft_wrap=True)
+        return cfg, plan
+    budget = budget_bytes(cfg.memory.budget, device)
+    if cfg.memory.fit == "trace":
+        if trace_fn is None:
+            raise ConfigError("memory.fit=trace needs the tracer: run through `slimgrpo train` / run_training, or "
+                              "pass trace_fn=slimgrpo.train.trace.trace_step to Trainer")
+        return fit_by_trace(cfg, shape, device, world_size, budget, console, trace_fn, show)
+    if plan.peak_bytes <= budget:
+        if show:
+            render_plan(plan, console, budget)
+        return cfg, plan
+    _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), budget)
+    fix = overrides_for(all_changes(suggestions))
+    if cfg.memory.fit and fits:
+        new_cfg = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir)
+        console.print(f"memory.fit: applying {' '.join(fix)} to fit {format_gib(budget)} GiB")
+        new_plan = plan_memory(shape, plan_inputs(new_cfg, device, world_size, shape.vocab))
+        if show:
+            render_plan(new_plan, console, budget)
+        return new_cfg, new_plan
+    if show:
+        render_plan(plan, console, budget)
+    advice = (f"these changes bring it to {format_gib(suggestions[-1].plan_after.peak_bytes)} GiB: {' '.join(fix)} "
+              "(or set memory.fit=true to apply them)") if fits else \
+        "no combination of the planner's changes fits; use a smaller model, shorter completions or more memory"
+    raise ConfigError(f"the run needs about {format_gib(plan.peak_bytes)} GiB at its peak ({plan.peak_phase}), more "
+                      f"than memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB); {advice}")
+
+
+def fit_by_trace(cfg: Config, shape: ModelShape, device: str, world_size: int, budget: int, console: Console,
+                 trace_step, show: bool = True, rounds: int = 4) -> tuple[Config, MemoryPlan]:
+    """``memory.fit=trace``: the planner's fit, checked by a trace (``trace_step``: ``train/trace.py``).
+    While the traced device peak is over ``budget``, fit the plan again to a budget smaller by the overshoot."""
+    target, tried = budget, cfg
+    for _ in range(rounds):
+        _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), target)
+        if not fits:
+            break
+        fix = overrides_for(all_changes(suggestions))
+        tried = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir) if fix else cfg
+        traced = trace_step(tried, shape, device).device_peak_bytes
+        if show:
+            console.print(f"memory.fit=trace: {' '.join(fix) or 'the config as given'}: traced peak "
+                          f"{format_gib(traced)} GiB against {format_gib(budget)} GiB", soft_wrap=True)
+        if traced <= budget:
+            new_plan = plan_memory(shape, plan_inputs(tried, device, world_size, shape.vocab))
+            if show:
+                render_plan(new_plan, console, budget)
+            return tried, new_plan
+        target -= traced - budget
+        if target <= 0:
+            break
+    raise ConfigError(f"memory.fit=trace: no settings the planner proposes trace below memory.budget="
+                      f"{cfg.memory.budget} ({format_gib(budget)} GiB); use a smaller model, shorter "
+                      "completions or more memory")

@@ -1,0 +1,260 @@
+"""``slimgrpo plan --trace``: one real GRPO step of a config, at full size, on fake tensors.
+
+    from slimgrpo.train.trace import trace_step
+    result = trace_step(cfg, load_shape("llama-3.1-8b"), device="cuda")
+    result.peak_bytes, result.phases["update"].by_tag
+
+The model is built on the ``meta`` device and materialised with ``to_empty`` inside
+``FakeTensorMode``: every tensor has its real shape, dtype and storage size and no data, so no memory
+is allocated and no GPU is needed. Then the trainer's own code runs, under a
+:class:`~slimgrpo.memory.live_bytes.LiveBytes` tracker:
+
+* **resident**: weights (LoRA adapters apart), the full-fine-tuning reference copy, optimizer state
+  (created by one warm-up step before tracking, as every step after a run's first has it), the
+  rollout's tensors;
+* **generation**: the rollout engine (``TorchRolloutEngine``) prefills the prompts and runs
+  ``decode_steps`` decode steps, then stops. The lean decoder preallocates its KV cache for the whole
+  completion, so its full size is live from the first step; the per-step working set repeats;
+* **update**: ``Trainer.prepare_update`` and ``Trainer.optimize`` on synthetic full-length completions
+  (``train/synthetic.py``): reference / old log-probs, micro-batched forward and backward through the
+  real loss with checkpointing / LoRA / shared prompts as configured, gradient clipping, optimizer step.
+
+Tags (what ``by_tag`` holds): ``weights``, ``LoRA adapters``, ``reference policy``, ``optimizer
+state``, ``buffers`` (rollout tensors), ``generation`` (KV cache, prefill, sampling), ``activations``
+(made inside the decoder's forward), ``loss working set`` (made after the decoder, in the forward:
+LM head chunks, objective), ``backward`` (made during backward: activation gradients, recomputed
+layers), ``gradients`` (parameter ``.grad``), ``optimizer step``, ``update other``.
+
+What the trace cannot see: the allocator's caching and fragmentation (CUDA caching allocator, glibc
+heaps), workspaces libraries take outside PyTorch tensors (cuBLAS, cuDNN, oneDNN packed weights,
+NCCL), kernels that allocate internally, the CUDA context and the Python / torch runtime. The
+kernels traced are CPU's: ``sdpa`` without a mask runs the flash kernel (saves output + log-sum-exp,
+as CUDA's flash / memory-efficient kernels do), ``eager`` saves the attention matrix. On CPU the
+runtime is ``CPU_FRAMEWORK_OVERHEAD_BYTES`` (measured); on CUDA we add ``CUDA_FRAMEWORK_OVERHEAD_BYTES``
+and a margin of ``CUDA_TRACE_MARGIN`` of the traced peak for the allocator (an assumption until a GPU
+run measures it: ``benchmarks/gpu_suite.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from slimgrpo.memory.live_bytes import LiveBytes, PhasePeak
+from slimgrpo.memory.planner import CPU_FRAMEWORK_OVERHEAD_BYTES, CUDA_FRAMEWORK_OVERHEAD_BYTES
+from slimgrpo.memory.shapes import ModelShape
+
+# Caching allocator rounding, fragmentation and stream-ordered reuse on CUDA, as a fraction of the
+# traced tensor peak. A documented guess (docs/memory.md#trace), to be replaced by the measured
+# max_memory_reserved / traced ratio of the GPU suite.
+CUDA_TRACE_MARGIN = 0.10
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class TraceResult:
+    """Live tensor bytes of one traced step."""
+
+    phases: dict[str, PhasePeak]  # "generation" (when traced) and "update": peak and its breakdown
+    peak_bytes: int  # largest live tensor total of the step
+    peak_phase: str
+    device: str
+    overhead_bytes: int  # what the trace cannot see, added for the device peak (see module docstring)
+    margin_bytes: int  # CUDA allocator margin (0 on cpu)
+    kv_bytes: int = 0  # live generation tensors at the last traced decode step: KV cache and output buffers
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def device_peak_bytes(self) -> int:
+        """The traced peak plus what the trace cannot see: compare with peak RSS / nvidia-smi."""
+        return self.peak_bytes + self.overhead_bytes + self.margin_bytes
+
+
+class _EnoughDecoding(Exception):
+    """Raised from inside the rollout engine once the traced decode steps are done."""
+
+
+def compute_dtype(cfg, device: str) -> torch.dtype:
+    if cfg.model.dtype == "auto":
+        return torch.bfloat16 if device == "cuda" else torch.float32
+    return DTYPES[cfg.model.dtype]
+
+
+def meta_model(shape: ModelShape, dtype: torch.dtype, attn_implementation: str = "sdpa"):
+    """A causal LM of ``shape`` on the ``meta`` device (build it outside ``FakeTensorMode``)."""
+    from slimgrpo.train.synthetic import random_causal_lm
+
+    return random_causal_lm(shape, dtype, "meta", attn_implementation=attn_implementation)
+
+
+def materialise(model):
+    """``to_empty`` inside an active ``FakeTensorMode``: fake tensors of the real sizes; tied heads
+    re-tied (``to_empty`` makes new parameters)."""
+    model = model.to_empty(device="cpu")
+    model.tie_weights()
+    return model
+
+
+def trace_step(cfg, shape: ModelShape, device: str = "cpu", generation: bool = True,
+               decode_steps: int = 2) -> TraceResult:
+    """Trace one step of ``cfg`` for a model of ``shape`` (``cfg.model.path`` is not read)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from slimgrpo.memory.fake_data import FakeData
+
+    t0 = time.perf_counter()
+    notes: list[str] = []
+    tracker = LiveBytes(default_tag="update other")
+    meta, reference = _prepared_meta(cfg, shape, device, notes)
+    if cfg.memory.optimizer == "adamw_8bit":
+        notes.append("8-bit AdamW: a stand-in keeps bitsandbytes' blockwise state (two uint8 moments, fp32 "
+                     "absmax per 256) and steps in place like its fused kernel (memory/standins.py)")
+    with FakeTensorMode(allow_non_fake_inputs=True), FakeData():
+        runner, model = _build(cfg, meta, reference)
+        with tracker:
+            _track_resident(tracker, runner, cfg)
+            if generation:
+                kv = _trace_generation(tracker, model, cfg, shape, decode_steps, notes)
+            else:
+                kv = 0
+            _trace_update(tracker, runner, cfg, shape)
+    phase = max(tracker.phases, key=lambda p: tracker.phases[p].peak_bytes)
+    overhead = CUDA_FRAMEWORK_OVERHEAD_BYTES if device == "cuda" else CPU_FRAMEWORK_OVERHEAD_BYTES
+    margin = math.ceil(CUDA_TRACE_MARGIN * tracker.peak_bytes) if device == "cuda" else 0
+    return TraceResult(dict(tracker.phases), tracker.peak_bytes, phase, device, overhead, margin, kv,
+                       time.perf_counter() - t0, notes)
+
+
+def _prepared_meta(cfg, shape: ModelShape, device: str, notes: list[str]):
+    """The policy on ``meta``, through ``prepare_for_training`` (LoRA, checkpointing, dropout), and the
+    full-fine-tuning reference copy (``beta > 0``) as a second ``meta`` model: peft and ``deepcopy``
+    cannot move fake parameters, so everything is prepared before it is materialised."""
+    from slimgrpo.modeling import prepare_for_training
+
+    dtype, attn = compute_dtype(cfg, device), cfg.model.attn_implementation or "sdpa"
+    if attn == "flash_attention_2":  # CUDA-only kernel; CPU sdpa without a mask saves what it saves
+        attn = "sdpa"
+        notes.append("flash_attention_2 traced as sdpa's flash kernel: both save output + log-sum-exp, no S² tensor")
+    model = meta_model(shape, dtype, attn)
+    if cfg.model.load_in_4bit:
+        from slimgrpo.memory.standins import quantize_standin
+
+        model = quantize_standin(model)  # then apply_lora runs peft's prepare_model_for_kbit_training on it
+        notes.append("4-bit base: a stand-in stores each projection as bitsandbytes NF4 does (packed 4-bit, "
+                     "absmax per 64, double-quantised) and dequantises it to the compute dtype per matmul "
+                     "(memory/standins.py)")
+    model, _ = prepare_for_training(model, dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, beta=0.0)))
+    reference = None
+    if cfg.loss.beta > 0 and not cfg.lora.enabled:
+        reference = meta_model(shape, dtype, attn).eval().requires_grad_(False)
+    if cfg.memory.offload_activations and device == "cuda":
+        notes.append("offload_activations: traced on the CPU code path, where it keeps checkpoints in place; "
+                     "the CUDA run moves them to host memory (the plan's 'offloaded checkpoints' line)")
+    return model, reference
+
+
+def _build(cfg, model, reference):
+    """Materialise the prepared meta models (inside ``FakeTensorMode``) and build the trainer's update."""
+    from slimgrpo.train.synthetic import UpdateOnly
+
+    model = materialise(model)
+    reference = materialise(reference) if reference is not None else None
+    eight_bit = cfg.memory.optimizer == "adamw_8bit"
+    if eight_bit:  # bitsandbytes (CUDA) and torchao (torch.compile) cannot run here: a stand-in of its memory
+        cfg = dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, optimizer="adamw"))
+    runner = UpdateOnly(cfg, model, device="cpu", prepared=True, reference_cpu=reference)
+    if eight_bit:
+        from slimgrpo.memory.standins import AdamW8bitStandIn
+
+        runner.trainer.optimizer = AdamW8bitStandIn(runner.policy.trainable_parameters(), cfg.optim.learning_rate)
+    optimizer = runner.trainer.optimizer
+    for p in runner.policy.trainable_parameters():  # the optimizer state exists from a run's second step on
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return runner, runner.model
+
+
+def _track_resident(tracker: LiveBytes, runner, cfg) -> None:
+    for p in runner.model.parameters():
+        tracker.track(p, "LoRA adapters" if (cfg.lora.enabled and p.requires_grad) else "weights")
+    tracker.track_all(runner.model.buffers(), "weights")
+    if runner.policy.reference_cpu is not None:
+        tracker.track_all(runner.policy.reference_cpu.parameters(), "reference policy")
+        tracker.track_all(runner.policy.reference_cpu.buffers(), "reference policy")
+    for state in runner.trainer.optimizer.state.values():
+        tracker.track_all(_tensors_of(state), "optimizer state")
+
+
+def _tensors_of(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors_of(v)
+
+
+def _trace_generation(tracker: LiveBytes, model, cfg, shape: ModelShape, decode_steps: int,
+                      notes: list[str]) -> int:
+    from slimgrpo.rollout.engine import TorchRolloutEngine
+    from slimgrpo.rollout.sampling import SamplingParams
+
+    r = cfg.rollout
+    engine = TorchRolloutEngine(model, max_batch_rows=r.max_batch_rows, kv_cache_dtype=r.kv_cache_dtype)
+    calls = {"n": 0, "kv": 0}
+    logits = engine.parts.logits
+
+    def counting_logits(hidden):  # the prefill's logits, then one call per decode step
+        calls["n"] += 1
+        if calls["n"] > decode_steps:
+            calls["kv"] = tracker.live_bytes("generation")
+            raise _EnoughDecoding
+        return logits(hidden)
+
+    engine.parts.logits = counting_logits
+    params = SamplingParams(max_new_tokens=r.max_completion_length, min_new_tokens=r.max_completion_length,
+                            temperature=r.temperature or 1.0, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
+                            repetition_penalty=r.repetition_penalty, eos_token_ids=(1,), pad_token_id=0)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(2, shape.vocab, (cfg.prompts_per_step, cfg.data.max_prompt_length), generator=g)
+    tracker.set_tag("generation")
+    with tracker.phase("generation"):
+        with contextlib.suppress(_EnoughDecoding):
+            engine.generate(prompts.tolist(), r.num_generations, params, generator=g)
+    tracker.set_tag("update other")
+    if calls["n"] <= decode_steps:
+        notes.append("generation ended before the traced decode steps")
+    return calls["kv"]
+
+
+def _trace_update(tracker: LiveBytes, runner, cfg, shape: ModelShape) -> None:
+    from slimgrpo.modeling import base_causal_lm
+    from slimgrpo.train.synthetic import synthetic_advantages, synthetic_rollout
+
+    trainer = runner.trainer
+    with tracker.tag("buffers"):
+        rollout = synthetic_rollout(cfg.prompts_per_step, cfg.rollout.num_generations, cfg.data.max_prompt_length,
+                                    cfg.rollout.max_completion_length, shape.vocab)
+        advantages = synthetic_advantages(rollout.rows, rollout.num_generations)
+    decoder = base_causal_lm(runner.model).get_decoder()
+    handles = [
+        decoder.register_forward_pre_hook(lambda *_: tracker.set_tag("activations")),
+        decoder.register_forward_hook(lambda *_: tracker.set_tag("loss working set")),
+        trainer.optimizer.register_step_pre_hook(lambda *_: tracker.set_tag("optimizer step")),
+        trainer.optimizer.register_step_post_hook(lambda *_: tracker.set_tag("update other")),
+    ]
+    for p in runner.policy.trainable_parameters():
+        handles.append(p.register_post_accumulate_grad_hook(lambda p: tracker.retag(p.grad, "gradients")))
+    try:
+        with tracker.phase("update"):
+            runner.step(rollout, advantages)
+    finally:
+        for h in handles:
+            h.remove()
+        tracker.set_tag("update other")
