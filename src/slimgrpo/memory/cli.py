@@ -51,7 +51,7 @@ def plan_command(args) -> int:
     render_plan(plan, console, budget)
     if getattr(args, "trace", False):
         from slimgrpo.train.trace import trace_step
-        from slimgrpo.memory.trace_report import render_trace
+        from slimgrpo.train.trace_report import render_trace
 
         console.print()
         render_trace(plan, trace_step(cfg, shape, device), console, budget)

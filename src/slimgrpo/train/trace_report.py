@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .advice import format_gib
-from .plan_types import MemoryPlan
-from .trace import CUDA_TRACE_MARGIN, TraceResult
+from slimgrpo.memory.advice import format_gib
+from slimgrpo.memory.plan_types import MemoryPlan
+from slimgrpo.train.trace import CUDA_TRACE_MARGIN, TraceResult
 
 # category -> (plan component names, trace tags). The plan sums each line's own maximum; the trace
 # shows what was live at the phase's peak, so single rows may differ where the totals agree.
