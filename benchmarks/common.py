@@ -273,19 +273,27 @@ def load_shape(name: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- prompts and rewards
 
 
-def write_prompts(path: Path, count: int) -> Path:
-    """The first ``count`` GSM8K test questions as a JSONL file with a ``prompt`` column (and ``answer``)."""
-    rows = []
+def _gsm8k_test(count: int) -> list[tuple[str, str]]:
+    """``(question, final answer)`` of the first ``count`` GSM8K test rows."""
+    out = []
     with open(GSM8K_DIR / "test.jsonl") as f:
         for line in f:
-            if len(rows) >= count:
+            if len(out) >= count:
                 break
             r = json.loads(line)
-            answer = r["answer"].split("####")[-1].strip()
-            rows.append({"prompt": r["question"].strip() + "\nAnswer:", "answer": answer})
+            out.append((r["question"].strip(), r["answer"].split("####")[-1].strip()))
+    return out
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def write_prompts(path: Path, count: int) -> Path:
+    """The first ``count`` GSM8K test questions as a JSONL file with a ``prompt`` column (and ``answer``)."""
+    return _write_jsonl(path, [{"prompt": q + "\nAnswer:", "answer": a} for q, a in _gsm8k_test(count)])
 
 
 # The system prompt of the GRPO GSM8K recipes W-real follows (reasoning and answer tags).
@@ -295,18 +303,9 @@ REASONING_SYSTEM_PROMPT = ("Respond in the following format:\n<reasoning>\n...\n
 
 def write_chat_prompts(path: Path, count: int, system_prompt: str = REASONING_SYSTEM_PROMPT) -> Path:
     """The first ``count`` GSM8K test questions as conversational prompts (system + user messages)."""
-    rows = []
-    with open(GSM8K_DIR / "test.jsonl") as f:
-        for line in f:
-            if len(rows) >= count:
-                break
-            r = json.loads(line)
-            rows.append({"prompt": [{"role": "system", "content": system_prompt},
-                                    {"role": "user", "content": r["question"].strip()}],
-                         "answer": r["answer"].split("####")[-1].strip()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    return _write_jsonl(path, [{"prompt": [{"role": "system", "content": system_prompt},
+                                           {"role": "user", "content": q}], "answer": a}
+                               for q, a in _gsm8k_test(count)])
 
 
 # ----------------------------------------------------------------------------- one measured run

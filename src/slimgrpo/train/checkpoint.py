@@ -42,7 +42,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from slimgrpo.train.storage import as_os_error
+from slimgrpo.train.storage import as_os_error, replace_folder
 
 log = logging.getLogger("slimgrpo")
 
@@ -296,16 +296,9 @@ def _write_marker(folder: Path, step: int) -> None:
 
 def _install(tmp: Path, final: Path) -> None:
     """Rename the finished temporary folder into place. An existing checkpoint of the same step is
-    moved aside first and removed last, so some complete copy of this step exists at every moment."""
-    if final.exists():
-        old = final.parent / f"{OLD_PREFIX}{_step_of(final)}"
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
+    moved aside first (as ``.old-checkpoint-N``, i.e. ``OLD_PREFIX``) and removed last, so some complete
+    copy of this step exists at every moment."""
+    replace_folder(tmp, final)
     _fsync_dir(final.parent)
 
 
