@@ -228,3 +228,34 @@ def test_generate_rejects_bad_input() -> None:
         TorchRolloutEngine(tiny_model(), max_batch_rows=0)
     with pytest.raises(ValueError):
         TorchRolloutEngine(tiny_model(), pack_weights="some")
+
+
+@pytest.mark.parametrize("pack", ["auto", "all", "head"])  # "head": no LoRA merge, the reference here
+def test_lora_merged_for_decoding_matches_unmerged_and_leaves_weights_alone(pack: str, monkeypatch) -> None:
+    """The lean stepper decodes LoRA layers through W + scale B A (auto / all): same tokens and log-probs
+    as the adapters run beside the base, two active adapters summed, base and adapter weights untouched."""
+    peft = pytest.importorskip("peft")
+    from slimgrpo.rollout import model_parts
+
+    lora = peft.get_peft_model(tiny_model(), peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    lora.add_adapter("second", peft.LoraConfig(r=3, lora_alpha=3, target_modules=["q_proj", "down_proj"]))
+    lora.base_model.set_adapter(["default", "second"])
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    before = {k: v.clone() for k, v in lora.state_dict().items()}
+    merged_modules = []
+    real = model_parts._mergeable
+    monkeypatch.setattr(model_parts, "_mergeable", lambda m: real(m) and not merged_modules.append(m))
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, eos_token_ids=(), pad_token_id=PAD)
+    ro = TorchRolloutEngine(lora, lean_decode=True, pack_weights=pack).generate(
+        PROMPTS, 2, params, torch.Generator().manual_seed(3))
+    ref = TorchRolloutEngine(lora, lean_decode=True, pack_weights="none").generate(
+        PROMPTS, 2, params, torch.Generator().manual_seed(3))
+    assert (len(merged_modules) > 0) == (pack != "head")
+    assert torch.equal(ro.completion_ids, ref.completion_ids)
+    torch.testing.assert_close(ro.sampler_logprobs, ref.sampler_logprobs, rtol=1e-4, atol=1e-4)
+    for k, v in lora.state_dict().items():
+        assert torch.equal(v, before[k]), k

@@ -40,13 +40,18 @@ class CausalLMParts:
         self.logit_scale = getattr(config, "logit_scale", None)  # Cohere: x * scale
         self.logits_scaling = getattr(config, "logits_scaling", None)  # Granite: x / scaling
         self.packed: dict[nn.Module, torch.Tensor] = {}  # nn.Linear -> its oneDNN-packed weight
+        self.merged: dict[nn.Module, torch.Tensor] = {}  # peft LoRA Linear -> W + its active adapters' delta
 
     @property
     def device(self) -> torch.device:
         return next(self.root.parameters()).device
 
     def linear(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """``module(x)``, through the module's packed weight while ``packed_weights`` holds one."""
+        """``module(x)``, through the module's packed weight while ``packed_weights`` holds one, or its
+        LoRA-merged weight (``W + scale B A``, one product instead of three)."""
+        merged = self.merged.get(module)
+        if merged is not None:
+            return torch.nn.functional.linear(x, merged, module.base_layer.bias)
         weight = self.packed.get(module)
         if weight is None:
             return module(x)
@@ -80,6 +85,11 @@ class CausalLMParts:
         Only plain float32 ``nn.Linear`` modules on CPU are packed; LoRA-wrapped layers, GPU weights,
         other dtypes and sharded (DTensor) weights run through the module. The oneDNN ops are private
         PyTorch API: if they are missing or refuse a weight, that module is simply not packed.
+
+        With ``"auto"`` and ``"all"``, LoRA layers on CPU decode through a merged weight
+        ``W + scale B A`` of their active adapters (``_mergeable``): one product per layer instead of the
+        base product plus two thin adapter products, at the cost of one copy of the adapted weights while
+        generating. The merged copies are separate tensors: the base weights are never modified.
         """
         if which not in ("auto", "head", "all", "none"):
             raise ValueError(f"pack_weights must be 'auto', 'head', 'all' or 'none', got {which!r}")
@@ -87,6 +97,11 @@ class CausalLMParts:
         if which == "all":
             modules += [m for m in self.decoder.modules() if type(m) is nn.Linear]
         with torch.no_grad():
+            if which in ("auto", "all"):
+                for module in self.decoder.modules():
+                    if _mergeable(module):
+                        delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+                        self.merged[module] = module.base_layer.weight + delta
             for module in modules:
                 if _packable(module):
                     try:
@@ -98,6 +113,25 @@ class CausalLMParts:
             yield
         finally:
             self.packed.clear()
+            self.merged.clear()
+
+
+def _mergeable(module: nn.Module) -> bool:
+    """A peft LoRA ``Linear`` on CPU whose active adapters are plain LoRA (no DoRA), not merged into
+    the base already, adapters enabled, over a plain ``nn.Linear`` base."""
+    base = getattr(module, "base_layer", None)
+    if type(base) is not nn.Linear or not hasattr(module, "get_delta_weight") or not hasattr(module, "lora_A"):
+        return False
+    active = [a for a in getattr(module, "active_adapters", []) if a in module.lora_A]
+    return (
+        bool(active)
+        and not getattr(module, "merged", False)
+        and not getattr(module, "disable_adapters", False)
+        and not any(getattr(module, "use_dora", {}).get(a, False) for a in active)
+        and not getattr(module, "fan_in_fan_out", False)
+        and base.weight.device.type == "cpu"
+        and not hasattr(base.weight, "device_mesh")
+    )
 
 
 def _packable(module: nn.Module) -> bool:
