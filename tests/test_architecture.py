@@ -73,20 +73,26 @@ def _base_of(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(anchor + ([node.module] if node.module else []))
 
 
-def import_graph(src_root: Path, package: str) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (see the module docstring for what counts)."""
-    files = module_names(src_root, package)
-    graph: dict[str, set[str]] = {name: set() for name in files}
+def _module_imports(files: dict[str, Path]):
+    """``(module, imported module, names imported from it)`` for every import statement of every module;
+    names is None for ``import x``."""
     for name, path in files.items():
         is_package = path.name == "__init__.py"
         for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
+                for alias in node.names:
+                    yield name, alias.name, None
             else:
-                base = _base_of(name, is_package, node)
-                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base
-                           for alias in node.names]
-            graph[name].update(t for t in targets if t in files and t != name)
+                yield name, _base_of(name, is_package, node), [alias.name for alias in node.names]
+
+
+def import_graph(src_root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (see the module docstring for what counts)."""
+    files = module_names(src_root, package)
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, base, names in _module_imports(files):
+        targets = [base] if names is None else [f"{base}.{n}" if f"{base}.{n}" in files else base for n in names]
+        graph[name].update(t for t in targets if t in files and t != name)
     return graph
 
 
@@ -315,18 +321,8 @@ def dangling_imports(src_root: Path, package: str) -> list[str]:
     """Imports of ``package`` modules that do not exist (a module moved and an import left behind): the
     graph ignores them, so they would hide a broken edge."""
     files = module_names(src_root, package)
-    problems = []
-    for name, path in files.items():
-        is_package = path.name == "__init__.py"
-        for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            else:
-                targets = [_base_of(name, is_package, node)]
-            for target in targets:
-                if (target == package or target.startswith(package + ".")) and target not in files:
-                    problems.append(f"{name} imports {target}, which does not exist")
-    return problems
+    return [f"{name} imports {target}, which does not exist" for name, target, _ in _module_imports(files)
+            if (target == package or target.startswith(package + ".")) and target not in files]
 
 
 def test_no_import_names_a_missing_module():
