@@ -57,11 +57,28 @@ def write_run(folder: Path, model_dir: Path, *, prompts: list[dict] | None = Non
         "run": {"max_steps": 3, "batch_size": 8, "output_dir": str(folder / "run"), "seed": 5, "num_threads": 1},
         "log": {"progress": False, "log_completions_steps": 1},
     }
+    return write_config(folder / "cfg.yaml", cfg, sections)
+
+
+def write_config(path: Path, cfg: dict, sections: dict) -> Path:
+    """``cfg`` with each of ``sections`` merged into its section, written to ``path`` as YAML."""
     for section, values in sections.items():
         cfg.setdefault(section, {}).update(values)
-    path = folder / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def train(*argv) -> int:
+    """``slimgrpo train ARGV`` in this process; torch's thread count is restored afterwards."""
+    import torch
+
+    from slimgrpo.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        return main(["train", *map(str, argv)])
+    finally:
+        torch.set_num_threads(threads)
 
 
 def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,

@@ -14,10 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
-from run_helpers import PROMPTS, file_hashes, write_run
+from run_helpers import PROMPTS, file_hashes, train, write_run
 from slimgrpo.cli import main
 from slimgrpo.config import ConfigError, load_config
 from slimgrpo.rewards import runner as reward_runner
@@ -28,14 +27,6 @@ from slimgrpo.train.run_lock import LOCK_NAME, RunLock
 from slimgrpo.train.runner import run_training
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-def train(*argv) -> int:
-    threads = torch.get_num_threads()
-    try:
-        return main(["train", *map(str, argv)])
-    finally:
-        torch.set_num_threads(threads)
 
 
 def run_hashes(run: Path) -> dict[str, str]:

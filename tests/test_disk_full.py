@@ -6,24 +6,14 @@ from __future__ import annotations
 import errno
 
 import pytest
-import torch
 import transformers.modeling_utils as hf_modeling
 from safetensors import SafetensorError
 
-from run_helpers import write_run
-from slimgrpo.cli import main
+from run_helpers import train, write_run
 from slimgrpo.train import checkpoint as ckpt
 from slimgrpo.train.storage import as_os_error
 
 FULL = "Error while serializing: I/O error: No space left on device (os error 28)"  # safetensors' wording
-
-
-def train(*argv) -> int:
-    threads = torch.get_num_threads()
-    try:
-        return main(["train", *map(str, argv)])
-    finally:
-        torch.set_num_threads(threads)
 
 
 def fill_disk_when(monkeypatch, marker: str, error: Exception) -> None:

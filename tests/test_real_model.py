@@ -15,10 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from conftest import GSM8K_TEST
-from run_helpers import cli, metrics
+from run_helpers import cli, metrics, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -53,11 +52,7 @@ def _config(tmp_path: Path, model: Path, **sections) -> Path:
         "run": {"max_steps": 2, "batch_size": 4, "output_dir": str(tmp_path / "run"), "seed": 0},
         "log": {"progress": False, "log_completions_steps": 1},
     }
-    for section, values in sections.items():
-        cfg.setdefault(section, {}).update(values)
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_config(tmp_path / "cfg.yaml", cfg, sections)
 
 
 def test_real_model_trains_with_its_chat_template(tmp_path, smollm2):
