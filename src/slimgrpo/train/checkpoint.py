@@ -42,7 +42,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from slimgrpo.train.storage import as_os_error, replace_folder
+from slimgrpo.train.storage import replace_folder, write_folder_atomically
 
 log = logging.getLogger("slimgrpo")
 
@@ -215,20 +215,11 @@ def save_checkpoint(
     root = checkpoint_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step}"
-    tmp = root / f"{TMP_PREFIX}{step}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
+    # Into .tmp-checkpoint-<step> (TMP_PREFIX); disk full, quota, read-only: what this save took is freed,
+    # earlier checkpoints stay, and the error names the checkpoint folder (storage.as_os_error).
+    with write_folder_atomically(final, install=lambda tmp, dst: finish_save(tmp, dst, step, keep)) as tmp:
         _write_checkpoint(tmp, output_dir, step, model, optimizer, scheduler, sampler_state, generator, extra,
                           extra_tensors)
-    except Exception as e:  # disk full, quota, read-only: free what this save took; earlier checkpoints stay
-        shutil.rmtree(tmp, ignore_errors=True)
-        storage = as_os_error(e, final)  # safetensors wraps "No space left on device" in SafetensorError
-        if storage is not None:
-            raise storage from e
-        raise
-    finish_save(tmp, final, step, keep)
     return final
 
 

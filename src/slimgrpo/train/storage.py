@@ -14,7 +14,7 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 # Text of the OS errors safetensors (and other libraries) wrap, and the errno each one stands for.
 _WRAPPED = (
@@ -40,12 +40,13 @@ def as_os_error(e: BaseException, folder: Path) -> OSError | None:
 
 
 @contextmanager
-def write_folder_atomically(final: Path) -> Iterator[Path]:
-    """Yield a hidden temporary folder beside ``final``; once the body finishes, rename it to ``final``.
+def write_folder_atomically(final: Path, install: Callable[[Path, Path], None] | None = None) -> Iterator[Path]:
+    """Yield a hidden temporary folder beside ``final``; once the body finishes, ``install(tmp, final)``
+    puts it in place (default ``replace_folder``: a rename; checkpoints add their marker and pruning).
 
     If the body fails, the temporary folder is removed and ``final`` (an older copy, if any) is left as
     it was; a storage failure is re-raised as an ``OSError`` naming ``final``. ``final`` is a folder
-    slimgrpo owns (a run's ``final/``): an older copy there is replaced as a whole."""
+    slimgrpo owns (a run's ``final/``, a checkpoint): an older copy there is replaced as a whole."""
     final = Path(final)
     tmp = final.parent / f".tmp-{final.name}"
     if tmp.exists():  # left by a run killed while writing: never a complete copy
@@ -59,7 +60,7 @@ def write_folder_atomically(final: Path) -> Iterator[Path]:
         if storage is not None:
             raise storage from e
         raise
-    replace_folder(tmp, final)
+    (install or replace_folder)(tmp, final)
 
 
 def replace_folder(tmp: Path, final: Path) -> None:
