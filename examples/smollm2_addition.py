@@ -1,0 +1,82 @@
+"""Addition word-free problems for SmolLM2-135M-Instruct: data maker and rewards (TRL's reward contract).
+
+    python examples/smollm2_addition.py --make-data examples/data   # writes train.jsonl and heldout.jsonl
+
+Each row is ``{"prompt": [{"role": "user", "content": "What is 7 + 12? Reply with only the number."}],
+"answer": "19"}``. The pairs (a, b) with 1 <= a, b <= 20 are split once, by a fixed shuffle, into 300 for
+training and 100 held out, so no held-out question is ever seen while training.
+
+The base model answers 10-15% of these correctly (it rambles, mis-adds or restates the question), so the
+accuracy reward is above zero from the start, and GRPO has something to compare within a group.
+Both rewards take ``(prompts, completions, **columns)`` and work unchanged in TRL's GRPOTrainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+INSTRUCTION = "Reply with only the number."
+_INTEGER = re.compile(r"-?\d+")
+
+
+def _text(completion) -> str:
+    if isinstance(completion, str):
+        return completion
+    return "".join(m.get("content", "") for m in completion if isinstance(m, dict))  # [{"role", "content"}]
+
+
+def last_number_correct(prompts, completions, answer, **kwargs) -> list[float]:
+    """1.0 when the last integer in the completion equals ``answer``, else 0.0."""
+    scores = []
+    for completion, gold in zip(completions, answer):
+        numbers = _INTEGER.findall(_text(completion).replace(",", ""))
+        scores.append(1.0 if numbers and int(numbers[-1]) == int(gold) else 0.0)
+    return scores
+
+
+def only_the_number(prompts, completions, **kwargs) -> list[float]:
+    """Graded instruction following: 1.0 for a bare integer, down to 0.0 at 20 or more words (or no text)."""
+    scores = []
+    for completion in completions:
+        text = _text(completion).strip().rstrip(".")
+        if re.fullmatch(r"-?\d+", text):
+            scores.append(1.0)
+        elif not text:
+            scores.append(0.0)
+        else:
+            scores.append(max(0.0, 1.0 - len(text.split()) / 20.0))
+    return scores
+
+
+def make_rows(seed: int = 0) -> tuple[list[dict], list[dict]]:
+    pairs = [(a, b) for a in range(1, 21) for b in range(1, 21)]
+    random.Random(seed).shuffle(pairs)
+    rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {b}? {INSTRUCTION}"}], "answer": str(a + b)}
+            for a, b in pairs]
+    return rows[:300], rows[300:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--make-data", metavar="DIR", required=True, help="folder for train.jsonl and heldout.jsonl")
+    args = parser.parse_args(argv)
+    out = Path(args.make_data)
+    out.mkdir(parents=True, exist_ok=True)
+    train, heldout = make_rows()
+    for name, rows in (("train.jsonl", train), ("heldout.jsonl", heldout)):
+        path = out / name
+        if path.exists():
+            print(f"{path} exists; leaving it as it is (delete it to make it again)", file=sys.stderr)
+            continue
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        print(f"wrote {len(rows)} rows to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
