@@ -71,11 +71,12 @@ def build_config(spec: dict):
         adam_beta2=0.99,
         adam_epsilon=1e-8,
         max_grad_norm=1.0,
+        reward_weights=spec.get("reward_weights"),
         optim="adamw_torch",  # plain torch.optim.AdamW, as slimgrpo uses
         max_steps=spec["steps"],
         seed=spec["seed"],
         data_seed=spec["seed"],
-        shuffle_dataset=False,  # both trainers take the prompts in file order
+        shuffle_dataset=bool(spec.get("shuffle", False)),  # default: both take the prompts in file order
         gradient_checkpointing=spec["gradient_checkpointing"],
         bf16=spec["dtype"] == "bfloat16" and not on_cpu,
         fp16=False,
@@ -141,6 +142,9 @@ class StepTimer:
                 for key in ("loss", "reward", "kl", "entropy", "grad_norm"):
                     if key in logs:
                         rec[key] = logs[key]
+                for key, value in logs.items():  # per reward function: rewards/<name>/mean
+                    if key.startswith("rewards/") and key.endswith("/mean"):
+                        rec[key] = value
                 emit(rec)
                 timer.pending = None
 
@@ -155,7 +159,7 @@ def main() -> int:
     from transformers import PreTrainedTokenizerFast
     from trl import GRPOTrainer
 
-    reward_fn = load_reward(spec["reward"])
+    reward_fns = [load_reward(r) for r in spec.get("rewards") or [spec["reward"]]]
     patch_profiling()
     # Load the tokenizer explicitly: AutoTokenizer on a folder whose config says qwen2 builds a
     # Qwen2Tokenizer with a different pre-tokenizer, so the prompts would differ from slimgrpo's.
@@ -171,14 +175,18 @@ def main() -> int:
 
         peft_config = LoraConfig(r=spec["lora_r"], lora_alpha=spec["lora_alpha"], lora_dropout=0.0,
                                  target_modules="all-linear", task_type="CAUSAL_LM")
-    trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=[reward_fn], args=args, train_dataset=dataset,
+    trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=reward_fns, args=args, train_dataset=dataset,
                           processing_class=tok, callbacks=[timer.callback], peft_config=peft_config)
     emit({"event": "setup", "trainer": "trl", "setup_s": time.perf_counter() - T_START,
           "threads": torch.get_num_threads(), "device": str(trainer.model.device),
           "dtype": str(trainer.model.dtype), "ref_model": trainer.ref_model is not None})
     t = time.perf_counter()
     trainer.train()
-    emit({"event": "end", "train_s": time.perf_counter() - t, "peak_cuda_mib": peak_cuda_mib(),
+    train_s = time.perf_counter() - t
+    if spec.get("save_dir"):  # the learning benchmark evaluates the trained weights afterwards
+        trainer.save_model(spec["save_dir"])
+        tok.save_pretrained(spec["save_dir"])
+    emit({"event": "end", "train_s": train_s, "peak_cuda_mib": peak_cuda_mib(),
           "peak_cuda_reserved_mib": peak_cuda_reserved_mib()})
     return 0
 

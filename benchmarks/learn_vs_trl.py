@@ -1,0 +1,260 @@
+"""Learning on a real model, slimgrpo against TRL 1.16: the recipe examples/smollm2_addition.yaml, same
+settings and seeds in both trainers, held-out accuracy before and after, reward curves in one plot.
+
+    python benchmarks/learn_vs_trl.py --model .bench/smollm2 --seeds 0 1 2 [--steps 40] [--png docs/img/learn_smollm2.png]
+
+Per seed: ``slimgrpo train`` (the CLI, as a user runs the recipe), then TRL's GRPOTrainer through
+_trl_child.py with the recipe's settings (learning rate, AdamW betas, loss type, beta, group size, batch,
+completion length, temperature, reward functions and weights, shuffled prompts, full fine-tuning, float32,
+no gradient checkpointing). Both trained models are then scored by the same evaluator
+(``slimgrpo eval``: 4 sampled completions per held-out prompt at the recipe's temperature, plus greedy) on the
+100 held-out questions that neither trainer sees. Wall time is measured from outside, model loading
+included; peak RSS from outside (common.run_measured).
+
+Results are kept in RUN_DIR/results.json as each part finishes, and a part already there is not run again,
+so a campaign can be run seed by seed (``--seeds 0`` now, ``--seeds 1 2`` later, same ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+RECIPE = common.REPO_ROOT / "examples" / "smollm2_addition.yaml"
+RECIPE_CODE = common.REPO_ROOT / "examples" / "smollm2_addition.py"
+EVAL_SEED = 1234
+
+
+def recipe() -> dict:
+    import yaml
+
+    return yaml.safe_load(RECIPE.read_text())
+
+
+def make_data(out: Path) -> tuple[Path, Path]:
+    spec = importlib.util.spec_from_file_location("smollm2_addition", RECIPE_CODE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    train, heldout = module.make_rows()
+    paths = []
+    for name, rows in (("train.jsonl", train), ("heldout.jsonl", heldout)):
+        path = out / "data" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def slimgrpo_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "slimgrpo", *args]
+
+
+def evaluate(model: Path, heldout: Path, out: Path, threads: int) -> dict:
+    """Held-out accuracy of ``model``: 4 samples per prompt at the recipe's temperature, and greedy."""
+    result = {}
+    for label, extra in (("sampled", []), ("greedy", ["rollout.temperature=0"])):
+        path = out.with_name(f"{out.stem}-{label}.json")
+        overrides = [f"model.path={model}", f"run.seed={EVAL_SEED}", f"run.num_threads={threads}", *extra]
+        cmd = slimgrpo_cmd("eval", str(RECIPE), *overrides, "--data", str(heldout), "--json", str(path),
+                           "--num-samples", "4" if label == "sampled" else "1")
+        run = common.run_measured(cmd, out.with_name(f"{out.stem}-{label}.log"), common.choose_memory_cap(None),
+                                  f"eval-{label}")
+        if run.returncode != 0:
+            raise SystemExit(f"eval of {model} failed ({run.error}); log: {run.log_path}")
+        data = json.loads(path.read_text())
+        result[label] = data
+        result[f"{label}_accuracy"] = accuracy_of(data)
+    return result
+
+
+def accuracy_of(data: dict) -> float:
+    """The accuracy of the one model in a ``slimgrpo eval --json`` file (``{model: {"accuracy": ...}}``)."""
+    return float(next(iter(data.values()))["accuracy"])
+
+
+def train_slimgrpo(seed: int, a, train: Path, out: Path) -> dict:
+    run_dir = out / f"slimgrpo-s{seed}"
+    cmd = slimgrpo_cmd("train", str(RECIPE), f"model.path={a.model}", f"data.path={train}",
+                       f"run.output_dir={run_dir}", f"run.seed={seed}", f"run.max_steps={a.steps}",
+                       f"run.num_threads={a.num_threads}", "log.progress=false", "log.log_completions_steps=0")
+    run = common.run_measured(cmd, out / f"slimgrpo-s{seed}.log", common.choose_memory_cap(None), "slimgrpo")
+    if run.returncode != 0:
+        raise SystemExit(f"slimgrpo seed {seed} failed ({run.error}); log: {run.log_path}")
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [s for s in steps if "reward" in s and "step" in s]
+    curve = [{"step": s["step"], "reward": s["reward"],
+              **{k: v for k, v in s.items() if k.startswith("rewards/") and k.endswith("/mean")}} for s in steps]
+    return {"wall_s": run.wall_s, "peak_rss_mib": run.peak_rss_mib, "curve": curve, "model": str(run_dir / "final")}
+
+
+def train_trl(seed: int, a, train: Path, out: Path) -> dict:
+    r = recipe()
+    base = RECIPE.parent
+    rewards = [str((base / f.split(":")[0]).resolve()) + ":" + f.split(":")[1] for f in r["rewards"]["functions"]]
+    save_dir = out / f"trl-s{seed}" / "final"
+    spec = {
+        "model_path": str(a.model), "prompts_path": str(train), "rewards": rewards,
+        "reward_weights": r["rewards"]["reward_weights"], "shuffle": r["data"]["shuffle"],
+        "prompts_per_step": r["run"]["batch_size"] // r["rollout"]["num_generations"],
+        "num_generations": r["rollout"]["num_generations"],
+        "completion_length": r["rollout"]["max_completion_length"], "pin_length": False,
+        "temperature": r["rollout"]["temperature"], "top_p": 1.0, "top_k": 0,
+        "beta": r["loss"]["beta"], "epsilon": 0.2, "loss_type": r["loss"]["loss_type"],
+        "learning_rate": r["optim"]["learning_rate"], "steps": a.steps, "seed": seed,
+        "gradient_checkpointing": r["memory"]["gradient_checkpointing"], "dtype": r["model"]["dtype"],
+        "device": "cpu", "num_threads": a.num_threads, "output_dir": str(out / f"trl-s{seed}"),
+        "save_dir": str(save_dir),
+    }
+    spec_path = out / f"trl-s{seed}.spec.json"
+    spec_path.write_text(json.dumps(spec, indent=1))
+    cmd = [sys.executable, str(Path(__file__).resolve().parent / "_trl_child.py"), str(spec_path)]
+    run = common.run_measured(cmd, out / f"trl-s{seed}.log", common.choose_memory_cap(None), "trl")
+    if run.returncode != 0:
+        raise SystemExit(f"TRL seed {seed} failed ({run.error}); log: {run.log_path}")
+    steps = [rec for rec in run.records if rec.get("event") == "step"]
+    curve = [{"step": s["step"], "reward": s.get("reward"),
+              **{k: v for k, v in s.items() if k.startswith("rewards/")}} for s in steps]
+    return {"wall_s": run.wall_s, "peak_rss_mib": run.peak_rss_mib, "curve": curve, "model": str(save_dir)}
+
+
+def summary(results: dict) -> list[str]:
+    base = results["base"]
+    lines = [f"held-out before training: sampled {base['sampled_accuracy']:.1%}, greedy {base['greedy_accuracy']:.1%}",
+             "", "| trainer | seed | wall s | s/step | peak RSS MiB | held-out sampled | gain | greedy | gain |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    means = {}
+    for trainer in ("slimgrpo", "trl"):
+        rows = [(int(k.split("-s")[1]), v) for k, v in sorted(results.items()) if k.startswith(f"{trainer}-s")]
+        rows = [(seed, v) for seed, v in rows if "eval" in v]
+        for seed, v in rows:
+            s, g = v["eval"]["sampled_accuracy"], v["eval"]["greedy_accuracy"]
+            lines.append(f"| {trainer} | {seed} | {v['wall_s']:.0f} | {v['wall_s'] / len(v['curve']):.1f} | "
+                         f"{v['peak_rss_mib']:,.0f} | {s:.1%} | {s - base['sampled_accuracy']:+.1%} | {g:.1%} | "
+                         f"{g - base['greedy_accuracy']:+.1%} |")
+        if rows:
+            gains = [v["eval"]["sampled_accuracy"] - base["sampled_accuracy"] for _, v in rows]
+            greedy = [v["eval"]["greedy_accuracy"] - base["greedy_accuracy"] for _, v in rows]
+            walls = [v["wall_s"] for _, v in rows]
+            means[trainer] = (statistics.mean(gains), statistics.mean(walls))
+            sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
+            lines.append(f"| **{trainer} mean** | {len(rows)} seeds | {statistics.mean(walls):.0f} | | | | "
+                         f"**{statistics.mean(gains):+.1%}** ± {sd:.1%} | | {statistics.mean(greedy):+.1%} |")
+    if len(means) == 2:
+        lines += ["", f"wall time slimgrpo / TRL: {means['slimgrpo'][1] / means['trl'][1]:.2f}x; "
+                      f"mean sampled gain slimgrpo {means['slimgrpo'][0]:+.1%} vs TRL {means['trl'][0]:+.1%}"]
+    return lines
+
+
+def plot(results: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    colors = {"slimgrpo": "tab:blue", "trl": "tab:orange"}
+    for key, v in sorted(results.items()):
+        if "-s" not in key or "curve" not in v:
+            continue
+        trainer = key.split("-s")[0]
+        xs = [c["step"] for c in v["curve"]]
+        ys = [c["reward"] for c in v["curve"]]
+        left.plot(xs, ys, color=colors[trainer], alpha=0.25, lw=1)
+    for trainer, color in colors.items():
+        curves = [v["curve"] for k, v in results.items() if k.startswith(f"{trainer}-s") and "curve" in v]
+        if not curves:
+            continue
+        n = min(len(c) for c in curves)
+        mean = [statistics.mean(c[i]["reward"] for c in curves) for i in range(n)]
+        window = 5
+        smooth = [statistics.mean(mean[max(0, i - window + 1): i + 1]) for i in range(n)]
+        label = "TRL 1.16" if trainer == "trl" else "slimgrpo"
+        left.plot([curves[0][i]["step"] for i in range(n)], smooth, color=color, lw=2.5,
+                  label=f"{label} (mean of {len(curves)} seeds, 5-step average)")
+    left.set_xlabel("step")
+    left.set_ylabel("training reward (accuracy + 0.5 x only-the-number)")
+    left.legend(fontsize=8)
+    left.set_title("reward per step")
+    base = results["base"]
+    labels, values, colors_bar = ["base"], [base["sampled_accuracy"]], ["grey"]
+    dots = [[]]
+    for trainer, color in colors.items():
+        accs = [v["eval"]["sampled_accuracy"] for k, v in sorted(results.items())
+                if k.startswith(f"{trainer}-s") and "eval" in v]
+        if accs:
+            labels.append("TRL 1.16" if trainer == "trl" else "slimgrpo")
+            values.append(statistics.mean(accs))
+            colors_bar.append(color)
+            dots.append(accs)
+    right.bar(labels, values, color=colors_bar, alpha=0.7)
+    for i, accs in enumerate(dots):
+        right.scatter([i] * len(accs), accs, color="black", s=12, zorder=3)
+    right.set_ylabel("held-out accuracy (100 questions x 4 samples)")
+    right.set_title("held-out accuracy, before and after (dots: seeds)")
+    fig.suptitle("SmolLM2-135M-Instruct, examples/smollm2_addition.yaml, CPU")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    print(f"plot: {png}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, default=common.BENCH_DIR / "smollm2", help="SmolLM2 folder (get_smollm2.py)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=None, help="default: the recipe's run.max_steps")
+    p.add_argument("--num-threads", type=int, default=os.cpu_count())
+    p.add_argument("--trainers", nargs="+", default=["slimgrpo", "trl"], choices=["slimgrpo", "trl"])
+    p.add_argument("--out", type=Path, default=common.BENCH_DIR / "runs" / "learn", help="campaign folder")
+    p.add_argument("--png", type=Path, default=None, help="write the plot here")
+    a = p.parse_args(argv)
+    a.steps = a.steps or recipe()["run"]["max_steps"]
+    a.model = a.model.resolve()
+    a.out.mkdir(parents=True, exist_ok=True)
+    results_path = a.out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+
+    def save() -> None:
+        results_path.write_text(json.dumps(results, indent=1))
+
+    print(f"load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} at start; "
+          f"{common.machine_info().get('cpu', '')}; threads {a.num_threads}; steps {a.steps}", flush=True)
+    train, heldout = make_data(a.out)
+    if "base" not in results:
+        results["base"] = evaluate(a.model, heldout, a.out / "eval-base", a.num_threads)
+        save()
+    print(f"base: sampled {results['base']['sampled_accuracy']:.1%}  greedy {results['base']['greedy_accuracy']:.1%}",
+          flush=True)
+    for seed in a.seeds:
+        for trainer in a.trainers:
+            key = f"{trainer}-s{seed}"
+            if key in results and "eval" in results[key]:
+                continue
+            t = time.perf_counter()
+            fn = train_slimgrpo if trainer == "slimgrpo" else train_trl
+            results[key] = fn(seed, a, train, a.out)
+            results[key]["eval"] = evaluate(Path(results[key]["model"]), heldout, a.out / f"eval-{key}", a.num_threads)
+            results[key]["load_after"] = os.getloadavg()[0]
+            save()
+            v = results[key]
+            print(f"{key}: wall {v['wall_s']:.0f} s, peak {v['peak_rss_mib']:,.0f} MiB, held-out sampled "
+                  f"{v['eval']['sampled_accuracy']:.1%} greedy {v['eval']['greedy_accuracy']:.1%} "
+                  f"({time.perf_counter() - t:.0f} s with eval)", flush=True)
+    print("\n".join(summary(results)))
+    if a.png:
+        plot(results, a.png)
+    print(f"load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} at end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
