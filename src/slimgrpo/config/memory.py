@@ -17,10 +17,11 @@ class MemoryConfig:
     gradient_checkpointing: bool = False
     """Recompute layer activations in backward instead of keeping them."""
     share_prompt_forward: bool = True
-    """Run each group's prompt through the model once in the update (its KV fanned out to the group's
-    completions, gradients summed) instead of once per completion; off automatically with gradient
-    checkpointing and where the planner says it would keep more memory than the plain update (long
-    completions after a short prompt). Same gradients."""
+    """Run each group's prompt through the model once in the update instead of once per completion: either
+    packed with the completions into one unpadded sequence under a block mask (where that is less work:
+    completions of very different lengths, at most 4,096 real tokens per micro-batch) or with its KV fanned
+    out to the group's completions (off automatically with gradient checkpointing and where the planner
+    says it would keep more memory than the plain update). Same gradients."""
     offload_activations: bool = False
     """Keep checkpointed layer inputs in CPU memory (needs ``gradient_checkpointing``)."""
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"

@@ -10,6 +10,7 @@ import dataclasses
 
 import torch
 
+from slimgrpo.loss import packed
 from slimgrpo.loss.fused import completion_loss, fused_applicable
 from slimgrpo.loss.logprobs import completion_logprobs
 from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss
@@ -42,7 +43,8 @@ def micro_batch_loss(
     """``(loss, stats, entropy [rows, T])`` of one micro-batch; call ``loss.backward()`` afterwards.
 
     ``fuse`` (``loss.fuse_head_loss``) picks the fused path where ``fused_applicable`` allows it;
-    ``share_prompt`` (``memory.share_prompt_forward``) runs each group's prompt once where
+    ``share_prompt`` (``memory.share_prompt_forward``) runs each group's prompt once: packed into one
+    sequence with the completions where ``packed.cheaper`` says that is less work, else fanned out where
     ``shared_prompt.applicable`` allows it. ``entropy_cut``: the batch's entropy threshold for
     ``top_entropy_quantile < 1`` (that mask needs every token's entropy before the loss, so it takes the
     unfused path). ``entropy_coef``: the entropy-bonus coefficient of this optimizer step (None:
@@ -50,8 +52,13 @@ def micro_batch_loss(
     """
     T = comp.shape[1]
     hidden_fn = unpadded_hidden  # rows re-laid without padding: no attention mask, no [rows, 1, S, S] tensor
-    if share_prompt and shared_prompt.applicable(_unwrapped(model), ids, am, T):
-        hidden_fn = shared_prompt.shared_completion_hidden
+    if share_prompt:
+        lm = _unwrapped(model)
+        shared = shared_prompt.applicable(lm, ids, am, T)
+        if packed.cheaper(lm, ids, am, T, shared_prompt.shares_work(lm, ids, am, T) if shared else 0):
+            hidden_fn = packed.packed_completion_hidden  # only real tokens, each prompt once, one sequence
+        elif shared:
+            hidden_fn = shared_prompt.shared_completion_hidden
     coef = settings.entropy_coef if entropy_coef is None else entropy_coef
     entropy_grad = settings.entropy_bonus and coef != 0.0
     fusable = settings.top_entropy_quantile >= 1.0 and not entropy_grad

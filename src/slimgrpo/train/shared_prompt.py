@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 from transformers import DynamicCache
 
+from slimgrpo.loss.packed import row_groups  # noqa: F401  (also this module's name for it)
 from slimgrpo.loss.logprobs import (
     HeadSpec,
     _check_completion_inputs,
@@ -36,18 +37,6 @@ from slimgrpo.loss.logprobs import (
     lm_head_spec,
     unwrap_causal_lm,
 )
-
-
-def row_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """``(first_row [groups], group_of_row [rows])``: runs of adjacent rows with the same prompt."""
-    rows = prompt_ids.shape[0]
-    same = torch.ones(rows, dtype=torch.bool, device=prompt_ids.device)
-    if rows > 1:
-        same[1:] = (prompt_ids[1:] == prompt_ids[:-1]).all(1) & (prompt_mask[1:] == prompt_mask[:-1]).all(1)
-    same[0] = False
-    group_of_row = torch.cumsum(~same, 0) - 1  # [rows]
-    first_row = (~same).nonzero().squeeze(1)  # [groups]
-    return first_row, group_of_row
 
 
 def shares_work(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion_tokens: int) -> int:
