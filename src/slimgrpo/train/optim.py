@@ -20,7 +20,9 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: Config, device: torch
     if not params:
         raise ValueError("the model has no trainable parameters (check lora.target_modules)")
     if cfg.memory.optimizer == "adamw":
-        return torch.optim.AdamW(params, **kwargs)
+        # torch's fused kernel: one pass over each tensor instead of a chain of elementwise ops (on this
+        # project's 2-core CPU 0.09 s against 0.31-0.40 s per step for 135M parameters); same update rule.
+        return torch.optim.AdamW(params, fused=_fusable(params, device), **kwargs)
     # 8-bit AdamW: bitsandbytes on CUDA, torchao elsewhere; never a silent fallback to 32-bit.
     if device.type == "cuda":
         try:
@@ -38,6 +40,14 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: Config, device: torch
             "or use memory.optimizer=adamw"
         ) from None
     return AdamW8bit(params, **kwargs)
+
+
+def _fusable(params: list[torch.nn.Parameter], device: torch.device) -> bool | None:
+    """True where torch's fused AdamW runs: plain (not sharded DTensor) floating-point tensors on CPU or
+    CUDA; None (torch's own choice) elsewhere."""
+    plain = all(type(p.data) is torch.Tensor and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                for p in params)
+    return True if plain and device.type in ("cpu", "cuda") and all(p.device.type == device.type for p in params) else None
 
 
 def warmup_steps(cfg: Config) -> int:
