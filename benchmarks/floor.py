@@ -11,7 +11,8 @@ so the floor is a bound, not an estimate):
   completion token, the policy 3 with a trainable head (logits, ``dL/dh``, ``dL/dW``) and 2 with a
   frozen one (LoRA) -- and through the decoder's linear layers over prompt + completion tokens
   (reference forward; policy forward, ``dL/dx`` and, for full fine-tuning, ``dL/dW``); attention
-  scores and values (causal, half of ``L^2``).  Each product is timed on this machine as a GEMM of
+  scores and values (causal, half of ``L^2``).  A prompt is counted once per group of ``rows_per_prompt``
+  completions (its completions differ only after it, so a trainer need not run it more than once).  Each product is timed on this machine as a GEMM of
   its own shape (``[m, k] x [k, n]``, fp32, best of a few), so the rate is the one the step can get.
 * **decode**: each generated token reads every weight and the KV cache of its row once: per step
   ``max(bytes / bandwidth, FLOPs / large-GEMM rate)`` summed over the steps (a
@@ -50,6 +51,12 @@ class Step:
     trainable_head: bool = True  # full fine-tuning trains the (tied) head; LoRA does not
     full_ft: bool = True  # weight gradients of the decoder's linear layers
     reference: bool = True  # beta > 0: one more forward of the whole model
+    rows_per_prompt: int = 1  # completions per prompt (num_generations): the prompt is needed once per group
+
+    @property
+    def decoder_tokens(self) -> float:
+        """Tokens the decoder must run in one pass over the batch: each prompt once, every completion."""
+        return self.rows / self.rows_per_prompt * self.prompt_len + self.rows * self.completion_len
 
 
 class Machine:
@@ -115,7 +122,7 @@ def update_floor(step: Step, machine: Machine) -> dict[str, float]:
     """Seconds of the update's unavoidable products, by part."""
     s, h, V = step.shape, step.shape["hidden"], step.shape["vocab"]
     n_comp = step.rows * step.completion_len  # tokens through the LM head
-    n_all = step.rows * (step.prompt_len + step.completion_len)  # tokens through the decoder
+    n_all = round(step.decoder_tokens)  # tokens through the decoder
     c = min(step.token_chunk, n_comp)
     chunks = n_comp / c
     head_fwd = _timed(machine, c, h, V, chunks)  # logits of one chunk
@@ -129,11 +136,12 @@ def update_floor(step: Step, machine: Machine) -> dict[str, float]:
         dx += _timed(machine, n_all, n_out, k_in, s["layers"])
         if step.full_ft:
             dw += _timed(machine, n_out, n_all, k_in, s["layers"])
-    L = step.prompt_len + step.completion_len
-    # scores and weighted values, causal half; run as batched [L, d] x [d, L] products
+    P, T, L = step.prompt_len, step.completion_len, step.prompt_len + step.completion_len
+    # scores and weighted values, causal: a prompt's tokens see the prompt once per group, a completion's
+    # see the prompt and the completion before them; timed at the rate of batched [L, d] x [d, L] products
     d = h // s["heads"]
-    heads = step.rows * s["heads"]
-    attn_one = (2 * 0.5 * s["layers"]) * 2.0 * heads * L * d * L / machine.gemm(L, d, L, batch=heads)
+    pairs = step.rows / step.rows_per_prompt * P * P / 2 + step.rows * (P * T + T * T / 2)
+    attn_one = 2 * s["layers"] * s["heads"] * 2.0 * pairs * d / machine.gemm(L, d, L, batch=step.rows * s["heads"])
     backbone_policy = fwd + dx + dw + 3 * attn_one  # backward: 2 products per forward product
     backbone_ref = (fwd + attn_one) if step.reference else 0.0
     return {"lm_head_policy_s": policy_head, "lm_head_reference_s": ref_head,
@@ -204,13 +212,13 @@ def auto_chunk(vocab: int) -> int:
 
 
 def workload_step(name: str, prompt_len: int, lora: bool | None = None, beta: float = 0.04,
-                  completion_len: int | None = None, rows: int | None = None) -> Step:
+                  completion_len: int | None = None, rows: int | None = None, rows_per_prompt: int = 1) -> Step:
     shape, r, L, default_lora = WORKLOADS[name]
     shape = common.load_shape(shape) if isinstance(shape, str) else dict(shape)
     lora = default_lora if lora is None else lora
     return Step(shape=shape, rows=rows or r, prompt_len=prompt_len, completion_len=completion_len or L,
                 token_chunk=auto_chunk(shape["vocab"]), trainable_head=not lora, full_ft=not lora,
-                reference=beta > 0)
+                reference=beta > 0, rows_per_prompt=rows_per_prompt)
 
 
 def format_floor(f: dict[str, float], measured: float | None = None) -> str:
@@ -233,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=80, help="prompt tokens per row (GSM8K questions: ~60-110)")
     p.add_argument("--completion-length", type=int)
     p.add_argument("--rows", type=int)
+    p.add_argument("--rows-per-prompt", type=int, default=1,
+                   help="completions per prompt: the prompt counts once per group (default 1: every row its own)")
     p.add_argument("--lora", action="store_true", default=None)
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--threads", type=int)
@@ -240,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    step = workload_step(a.workload, a.prompt_len, a.lora, a.beta, a.completion_length, a.rows)
+    step = workload_step(a.workload, a.prompt_len, a.lora, a.beta, a.completion_length, a.rows, a.rows_per_prompt)
     print(f"# floor of {a.workload}: {step}")
     print(format_floor(floor_for(step), a.measured))
     return 0

@@ -411,7 +411,7 @@ def machine_floor(s: Settings) -> dict[str, float] | None:
     step = floor_mod.Step(shape=s.shape, rows=s.prompts_per_step * s.num_generations, prompt_len=prompt_len,
                           completion_len=s.completion_length,
                           token_chunk=floor_mod.auto_chunk(s.shape["vocab"]), trainable_head=not s.lora,
-                          full_ft=not s.lora, reference=s.beta > 0)
+                          full_ft=not s.lora, reference=s.beta > 0, rows_per_prompt=s.num_generations)
     print(f"measuring the floor ({step.rows} rows x {prompt_len} prompt + {step.completion_len} completion tokens)",
           file=sys.stderr)
     return floor_mod.floor_for(step)
