@@ -70,6 +70,8 @@ def cheaper(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, T: int,
     config = lm.config
     if getattr(config, "model_type", None) not in _MODEL_TYPES or getattr(config, "sliding_window", None):
         return False
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+        return False  # the block mask is full attention; a sliding-window layer would see too much
     if (getattr(config, "_attn_implementation", None) or "sdpa") not in ("sdpa", "eager"):
         return False
     lengths = _lengths(attention_mask, T)
