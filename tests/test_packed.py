@@ -113,3 +113,22 @@ def test_row_groups():
     ids = torch.tensor([[1, 2], [1, 2], [3, 4], [3, 4], [1, 2]])
     first, group = packed.row_groups(ids, torch.ones_like(ids))
     assert first.tolist() == [0, 2, 4] and group.tolist() == [0, 0, 1, 1, 2]
+
+
+def test_reference_logprobs_take_the_packed_layout_and_equal_the_plain_ones(monkeypatch):
+    """The no-grad passes (reference / old policy) pack too where it is cheaper: same log-probs."""
+    from slimgrpo.train.update import batch_logprobs
+
+    model = _model("llama")
+    ids, am, T = _batch(groups=(5, 5, 2), G=4, T=24)
+    assert packed.cheaper(model, ids, am, T, shared_groups=3)
+    calls = []
+    real = packed.packed_completion_hidden
+    monkeypatch.setattr(packed, "packed_completion_hidden", lambda *a, **k: calls.append(1) or real(*a, **k))
+    mask = am[:, -T:].bool()
+    batch = UpdateBatch(ids, am, ids[:, -T:], mask, torch.zeros(ids.shape[0]))
+    shared, ent_s = batch_logprobs(model, batch, None, 0.7, 5, None, want_entropy=True, share_prompt=True)
+    assert calls, "the packed layout was not used"
+    plain, ent_p = batch_logprobs(model, batch, None, 0.7, 5, None, want_entropy=True, share_prompt=False)
+    torch.testing.assert_close(shared[mask], plain[mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent_s[mask], ent_p[mask], rtol=1e-5, atol=1e-5)

@@ -78,3 +78,50 @@ def test_gguf_file_as_model_path_plans_and_trains(tmp_path, smollm2):
     assert done.returncode == 0, done.stderr[-3000:]
     assert [r["step"] for r in metrics(tmp_path / "g")] == [1]
     assert "de-quantizing" not in done.stderr, "transformers' own GGUF bar is hidden"
+
+
+def test_addition_recipe_runs_on_the_real_model(tmp_path, smollm2):
+    """The shipped recipe (examples/smollm2_addition.yaml) as its comment says to run it, 2 steps."""
+    made = subprocess.run([sys.executable, str(REPO / "examples" / "smollm2_addition.py"), "--make-data",
+                           str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    done = cli("train", str(REPO / "examples" / "smollm2_addition.yaml"), f"model.path={smollm2}",
+               f"data.path={tmp_path / 'data' / 'train.jsonl'}", f"run.output_dir={tmp_path / 'run'}",
+               "run.max_steps=2", "run.save_checkpoints=false", "run.save_model=false", "log.progress=false",
+               env={"OMP_NUM_THREADS": "2"}, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [1, 2]
+    assert all("rewards/last_number_correct/mean" in r and "rewards/only_the_number/mean" in r for r in records)
+
+
+def test_packed_rows_equal_the_padded_path_on_the_real_model(smollm2):
+    """Packed rows (loss/packed.py) on 30 real layers: the same hidden states as the padded layout, on chat
+    prompts of two lengths and completions that end at different tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from slimgrpo.loss import packed
+    from slimgrpo.loss.logprobs import completion_hidden
+    from slimgrpo.modeling import load_tokenizer
+
+    torch.manual_seed(0)
+    tok = load_tokenizer(str(smollm2))
+    model = AutoModelForCausalLM.from_pretrained(str(smollm2), dtype=torch.float32).eval()
+    texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+             for q in ("What is 7 + 12? Reply with only the number.", "Name a colour.")]
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    P, T, G = max(map(len, prompts)), 20, 4
+    ids = torch.full((2 * G, P + T), tok.pad_token_id)
+    am = torch.zeros_like(ids)
+    for i in range(2 * G):
+        p = torch.tensor(prompts[i // G])
+        n = 3 + 5 * (i % G)  # 3, 8, 13, 18 completion tokens
+        ids[i, P - len(p):P], am[i, P - len(p):P] = p, 1
+        ids[i, P:P + n], am[i, P:P + n] = torch.randint(100, 40000, (n,)), 1
+    assert packed.cheaper(model, ids, am, T, shared_groups=2)
+    with torch.no_grad():
+        h0, t0, m0, _ = completion_hidden(model, ids, am, T, ids[:, -T:])
+        h1, t1, m1, _ = packed.packed_completion_hidden(model, ids, am, T, ids[:, -T:])
+    assert torch.equal(t0, t1) and torch.equal(m0, m1)
+    torch.testing.assert_close(h1, h0, rtol=1e-4, atol=1e-4)

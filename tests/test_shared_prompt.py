@@ -105,6 +105,9 @@ def test_no_grad_logprobs_shared_equal_plain(tiny_model_dir, micro, monkeypatch)
     real = shared_prompt.shared_completion_hidden
     monkeypatch.setattr(shared_prompt, "shared_completion_hidden", lambda *a, **k: calls.append(1) or real(*a, **k))
     monkeypatch.setattr(shared_prompt, "saves_memory", lambda *a, **k: False)  # the update would not share
+    from slimgrpo.loss import packed
+
+    monkeypatch.setattr(packed, "cheaper", lambda *a, **k: False)  # the fanned-out layout (packing: test_packed)
     shared, ent_s = batch_logprobs(model, batch, micro, 0.7, 4, None, want_entropy=True, share_prompt=True)
     assert calls, "rows share prompts: the no-grad pass should run each prompt once"
     plain, ent_p = batch_logprobs(model, batch, micro, 0.7, 4, None, want_entropy=True, share_prompt=False)

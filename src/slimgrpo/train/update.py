@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from slimgrpo.loss import packed
 from slimgrpo.loss.logprobs import completion_logprobs
 from slimgrpo.loss.objectives import LossSettings, Normaliser
 from slimgrpo.train import shared_prompt
@@ -90,8 +91,9 @@ def batch_logprobs(model, batch: UpdateBatch, micro: int | None, temperature: fl
     """[rows, T] log-probs without gradients (old / reference policy), micro-batch by micro-batch
     (``micro`` rows, or the ``micro_tokens`` budget). ``want_entropy``: return ``(logp, entropy)``, both [rows, T].
     ``share_prompt`` (``memory.share_prompt_forward``): each group's prompt runs once where rows share it
-    (``shared_prompt.shares_work``); without gradients nothing is kept for backward, so this saves time
-    at no memory cost."""
+    (``shared_prompt.shares_work``), packed with the completions where that is less work
+    (``packed.cheaper``); without gradients nothing is kept for backward, so this saves time at no memory
+    cost."""
     out = torch.zeros(batch.rows, batch.T, dtype=torch.float32, device=batch.input_ids.device)
     ent = torch.zeros_like(out) if want_entropy else None
     dev = next(model.parameters()).device  # the full-fine-tuning reference may live on the CPU
@@ -99,8 +101,13 @@ def batch_logprobs(model, batch: UpdateBatch, micro: int | None, temperature: fl
         for sl in plan_micro(batch, micro, micro_tokens):
             ids, am, comp, ts = trimmed(batch, sl)
             ids, am, comp = ids.to(dev), am.to(dev), comp.to(dev)
-            shared = share_prompt and not is_wrapped(model) and shared_prompt.shares_work(model, ids, am, comp.shape[1])
-            extra = {"hidden_fn": shared_prompt.shared_completion_hidden} if shared else {}
+            extra = {}
+            if share_prompt and not is_wrapped(model):
+                groups = shared_prompt.shares_work(model, ids, am, comp.shape[1])
+                if packed.cheaper(model, ids, am, comp.shape[1], groups):
+                    extra = {"hidden_fn": packed.packed_completion_hidden}
+                elif groups:
+                    extra = {"hidden_fn": shared_prompt.shared_completion_hidden}
             logp, e = model_logprobs(model, ids, am, comp.shape[1], comp,
                                      temperature=temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk,
                                      return_entropy=want_entropy, **extra)
