@@ -41,17 +41,13 @@ def recipe() -> dict:
 
 
 def make_data(out: Path) -> tuple[Path, Path]:
+    """The recipe's fixed train / held-out files in ``out/data``, by the recipe's own data maker (it leaves
+    files already there alone: the split is fixed, so a resumed campaign reads the same questions)."""
     spec = importlib.util.spec_from_file_location("smollm2_addition", RECIPE_CODE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    train, heldout = module.make_rows()
-    paths = []
-    for name, rows in (("train.jsonl", train), ("heldout.jsonl", heldout)):
-        path = out / "data" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        paths.append(path)
-    return paths[0], paths[1]
+    module.main(["--make-data", str(out / "data")])
+    return out / "data" / "train.jsonl", out / "data" / "heldout.jsonl"
 
 
 def slimgrpo_cmd(*args: str) -> list[str]:

@@ -120,14 +120,14 @@ def packed_completion_hidden(
     # Source (row, column), position, group and owner row (-1 = prompt) of every packed token.
     src_row, src_col, pos, grp, owner = [], [], [], [], []
     prompt_last = []  # packed index of each group's last prompt token
+    offset = 0  # packed tokens so far
     for g, r in enumerate(first_row.tolist()):
         n = int(p_len[r])
-        start = sum(len(x) for x in src_row)
         src_row.append(torch.full((n,), r)), src_col.append(torch.arange(P - n, P)), pos.append(torch.arange(n))
         grp.append(torch.full((n,), g)), owner.append(torch.full((n,), -1))
-        prompt_last.append(start + n - 1)
+        offset += n
+        prompt_last.append(offset - 1)
     completion_start = []
-    offset = sum(len(x) for x in src_row)
     for r in range(rows):
         g, n = int(group_of_row[r]), int(c_len[r])
         completion_start.append(offset)

@@ -54,8 +54,8 @@ def micro_batch_loss(
     hidden_fn = unpadded_hidden  # rows re-laid without padding: no attention mask, no [rows, 1, S, S] tensor
     if share_prompt:
         lm = _unwrapped(model)
-        shared = shared_prompt.applicable(lm, ids, am, T)
-        if packed.cheaper(lm, ids, am, T, shared_prompt.shares_work(lm, ids, am, T) if shared else 0):
+        shared = shared_prompt.applicable(lm, ids, am, T)  # groups, or 0 where the fanned-out layout is not used
+        if packed.cheaper(lm, ids, am, T, shared):
             hidden_fn = packed.packed_completion_hidden  # only real tokens, each prompt once, one sequence
         elif shared:
             hidden_fn = shared_prompt.shared_completion_hidden

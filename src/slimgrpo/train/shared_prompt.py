@@ -54,16 +54,17 @@ def shares_work(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num
     return first_row.numel() if first_row.numel() < input_ids.shape[0] else 0
 
 
-def applicable(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion_tokens: int) -> bool:
-    """The update shares: it saves work (``shares_work``) and keeps fewer bytes than the plain update
-    (``saves_memory``). Passes without gradients (reference and old-policy log-probs) keep no
-    activations, so for them ``shares_work`` alone decides."""
+def applicable(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion_tokens: int) -> int:
+    """The number of groups when the update shares (it saves work, ``shares_work``, and keeps fewer bytes
+    than the plain update, ``saves_memory``), else 0. Passes without gradients (reference and old-policy
+    log-probs) keep no activations, so for them ``shares_work`` alone decides."""
     groups = shares_work(model, input_ids, attention_mask, num_completion_tokens)
     if not groups:
-        return False
+        return 0
     P = input_ids.shape[1] - num_completion_tokens
-    return saves_memory(unwrap_causal_lm(model), input_ids.shape[0], groups, P, num_completion_tokens,
-                        prompt_padded=bool((attention_mask[:, :P] == 0).any()))
+    saves = saves_memory(unwrap_causal_lm(model), input_ids.shape[0], groups, P, num_completion_tokens,
+                         prompt_padded=bool((attention_mask[:, :P] == 0).any()))
+    return groups if saves else 0
 
 
 def saves_memory(lm: nn.Module, rows: int, groups: int, P: int, T: int, prompt_padded: bool) -> bool:
