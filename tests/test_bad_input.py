@@ -192,7 +192,8 @@ def test_resume_with_another_model_or_dataset(tmp_path, good_run, capsys):
         c["data"]["path"] = "three.jsonl"
 
     err = bad_run(tmp_path, good_run, capsys, edit=edit)
-    assert "data.path: 'prompts.jsonl' -> 'three.jsonl'" in err
+    # config.yaml holds paths resolved by the rule of config/paths.py: absolute
+    assert f"data.path: '{good_run['run'].parent / 'prompts.jsonl'}' -> '{tmp_path / 'three.jsonl'}'" in err
 
 
 def test_debug_shows_the_traceback(tmp_path, good_run, capsys):

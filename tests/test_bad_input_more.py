@@ -440,7 +440,7 @@ def test_num_threads_zero_or_negative(tmp_path, tiny_model_dir, capsys, threads)
 def test_ragged_csv_row(tmp_path, tiny_model_dir, capsys):
     cfg = write_run(tmp_path, tiny_model_dir)
     (tmp_path / "p.csv").write_text("prompt,answer\nWhat is 1 plus 2?,3\nWhat is 3, plus 4?,7\n")
-    assert train(cfg, "data.path=p.csv") == 2
+    assert train(cfg, f"data.path={tmp_path / 'p.csv'}") == 2  # (an override is taken from the working directory)
     err = one_line_error(capsys)
     assert "p.csv: row 2 (line 3) has 3 fields, the header has 2" in err and "quote" in err
 

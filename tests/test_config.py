@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -34,7 +36,8 @@ def test_yaml_and_overrides(tmp_path):
     assert cfg.loss.beta == 0.04
     assert cfg.optim.learning_rate == 1e-5
     assert cfg.lora.enabled is True
-    assert cfg.rewards.functions == ["a.py:f", "format_strict"]
+    # a file spec given on the command line is taken from the working directory (config/paths.py)
+    assert cfg.rewards.functions == [str(Path.cwd() / "a.py") + ":f", "format_strict"]
     assert cfg.loss.epsilon_high == 0.28
     assert cfg.prompts_per_step == 2
     assert cfg.base_dir == str(tmp_path.resolve())

@@ -16,11 +16,18 @@ def test_recipes_validate(name):
     assert cfg.rollout.num_generations == 8
 
 
-def test_gsm8k_recipe_points_at_the_shared_data():
-    from slimgrpo.config import resolve_path
-
+def test_gsm8k_recipe_runs_from_a_fresh_clone():
+    """Its data is the sample shipped under examples/gsm8k/ (with its licence), not a developer's folder, and
+    its run lands in outputs/ at the repository's root, where the docs look for it."""
     cfg = load_config(EXAMPLES / "gsm8k.yaml")
-    assert Path(resolve_path(cfg, cfg.data.path)).is_file()
+    data = Path(cfg.data.path)
+    assert data.is_file() and data.parent == EXAMPLES / "gsm8k"
+    assert (EXAMPLES / "gsm8k" / "LICENSE").read_text().startswith("MIT License")
+    assert sum(1 for _ in data.open()) == 200 and data.stat().st_size < 200_000
+    assert Path(cfg.run.output_dir) == EXAMPLES.parent / "outputs" / "gsm8k"
+    addition = load_config(EXAMPLES / "smollm2_addition.yaml", validate=False)
+    assert Path(addition.run.output_dir) == EXAMPLES.parent / "outputs" / "smollm2-addition"
+    assert Path(addition.model.path) == EXAMPLES.parent / "models" / "smollm2"
 
 
 def load_example_module(name: str = "custom_reward"):

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 
 from slimgrpo.config.errors import ConfigError
+from slimgrpo.config.paths import PathOrigin, resolve_paths
 from slimgrpo.config.schema import iter_fields, type_name
 from slimgrpo.config.tree import Config
 from slimgrpo.config.trl_names import TRL_KEY_HINTS
@@ -235,35 +236,77 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-def from_dict(data: dict[str, Any], base_dir: str = ".") -> Config:
+def from_dict(data: dict[str, Any], base_dir: str = ".", origins: dict[str, PathOrigin] | None = None) -> Config:
+    """A Config from nested sections. Relative paths in ``data`` are resolved against ``base_dir`` (the
+    config file's folder; ``"."``: the working directory) by the one rule of ``config/paths.py``."""
+    origins = dict(origins or {})
+    source = "command line" if base_dir == "." else "config file"
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: expected a mapping of sections, got {data!r}")
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}  # sections: ours to change
+    return _make(resolve_paths(data, base_dir, source, origins), base_dir, origins)
+
+
+def _make(data: dict[str, Any], base_dir: str, origins: dict[str, PathOrigin]) -> Config:
     cfg = _build(Config, data, "")
-    cfg.base_dir = base_dir
+    cfg.base_dir = os.path.abspath(base_dir)
+    cfg.path_origins = origins
     return cfg
 
 
+def apply_overrides(data: dict[str, Any], overrides: list[str], origins: dict[str, PathOrigin]) -> dict[str, Any]:
+    """Merge ``key=value`` overrides into ``data``; their relative paths are taken from the working directory."""
+    for text in overrides:
+        parts, value = parse_override(text)
+        single: dict[str, Any] = {}
+        node = single
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+        for key in list(origins):  # the override replaces what the file said
+            if key == ".".join(parts) or key.startswith(".".join(parts) + "."):
+                del origins[key]
+        resolve_paths(single, os.getcwd(), "command line", origins)
+        node = single
+        for p in parts[:-1]:
+            node = node[p]
+        _set(data, parts, node[parts[-1]], text)
+    return data
+
+
+def _set(data: dict[str, Any], parts: list[str], value: Any, text: str) -> None:
+    node = data
+    for p in parts[:-1]:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {text!r}: {p!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
 def load_config(path: str | os.PathLike | None, overrides: list[str] = (), validate: bool = True) -> Config:
-    """Read a YAML config (or start from defaults when ``path`` is None) and apply overrides."""
+    """Read a YAML config (or start from defaults when ``path`` is None) and apply overrides.
+
+    The one rule for relative paths (``config/paths.py``): in the file, from the file's folder; in the
+    overrides, from the working directory. Every path key then holds an absolute path."""
+    origins: dict[str, PathOrigin] = {}
     data = read_yaml(path) if path else {}
-    data = merge_overrides(data, list(overrides))
-    base = str(Path(path).resolve().parent) if path else os.getcwd()
-    cfg = from_dict(data, base_dir=base)
+    base = str(Path(path).resolve().parent) if path else "."
+    data = resolve_paths(data, base, "config file" if path else "command line", origins)
+    data = apply_overrides(data, list(overrides), origins)
+    cfg = _make(data, base, origins)
     if validate:
         validate_config(cfg)
     return cfg
 
 
 def resolve_path(cfg: Config, path: str) -> str:
-    """A path from the config, relative to the config file's folder; kept as-is when absent there
-    and present relative to the working directory (or a hub name)."""
+    """A path of the config as a usable path. A config read by ``load_config`` / ``from_dict`` already
+    holds absolute paths (or hub names); a Config built in Python code takes relative ones from the working
+    directory, as Python does."""
     if not isinstance(path, str) or not path or os.path.isabs(path):
         return path  # an in-memory dataset from Python stays as it is
-    expanded = os.path.expanduser(path)
-    if expanded != path:
-        return expanded
-    candidate = os.path.join(cfg.base_dir, path)
-    if os.path.exists(candidate) or not os.path.exists(path):
-        return os.path.normpath(candidate) if os.path.exists(candidate) else path
-    return path
+    return os.path.expanduser(path)
 
 
 def dump_config(cfg: Config, path: str | os.PathLike) -> None:

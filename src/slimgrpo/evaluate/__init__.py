@@ -35,6 +35,8 @@ class EvalResult:
     per_function: dict[str, float]  # mean score of each reward function
     num_prompts: int
     num_samples: int
+    # The completions of the first ``keep_prompts`` prompts: {"prompt", "answer" (when the data has one),
+    # "correct" (of num_samples), "completions": [{"text", "score", "correct", "rewards": {function: score}}]}
     samples: list[dict[str, Any]] = field(default_factory=list)
     # Standard error over prompts of "accuracy" and "mean_reward": std of the per-prompt means / sqrt(prompts)
     stderr: dict[str, float] = field(default_factory=dict)
@@ -59,7 +61,7 @@ def evaluate(
     prompts_per_batch: int = 32,
     seed: int = 0,
     success_threshold: float = 1.0,
-    keep_samples: int = 0,
+    keep_prompts: int = 0,
     engine=None,
     indices: list[int] | None = None,
     agent=None,
@@ -67,7 +69,8 @@ def evaluate(
     """Sample ``num_samples`` completions for every prompt (or the prompts at ``indices``) and score them.
     ``engine``: a rollout engine to reuse (the trainer's, which knows how to gather sharded weights).
     ``agent``: the multi-turn rollout of ``rollout.tools`` / ``rollout.environment`` (an ``AgentRollout``):
-    completions are then its conversations, scored as in training."""
+    completions are then its conversations, scored as in training. ``keep_prompts``: keep the completions of
+    the first N prompts in ``EvalResult.samples``, so an accuracy can be read against what the model wrote."""
     engine = engine or TorchRolloutEngine(model)
     order = list(range(len(dataset))) if indices is None else list(indices)
     device = next(model.parameters()).device
@@ -75,7 +78,6 @@ def evaluate(
     correct_per_prompt: list[int] = []
     reward_per_prompt: list[float] = []
     totals: list[float] = []
-    first_scores: list[float] = []
     per_fn: dict[str, list[float]] = {}
     samples: list[dict[str, Any]] = []
     for start in range(0, len(order), prompts_per_batch):
@@ -100,14 +102,12 @@ def evaluate(
         ok = (first >= success_threshold - 1e-6).view(-1, num_samples)
         correct_per_prompt += ok.sum(dim=1).tolist()
         reward_per_prompt += torch.nan_to_num(out.total, nan=0.0).view(-1, num_samples).mean(dim=1).tolist()
-        first_scores += first.tolist()
         totals += torch.nan_to_num(out.total, nan=0.0).tolist()
         for j, name in enumerate(out.names):
             col = out.per_function[:, j]
             per_fn.setdefault(name, []).extend(col[~torch.isnan(col)].tolist())
-        for i in range(len(texts)):
-            if len(samples) < keep_samples:
-                samples.append({"prompt": prompts[i], "completion": texts[i], "score": first_scores[-len(texts) + i]})
+        for p in range(min(len(batch.prompts), keep_prompts - len(samples))):
+            samples.append(_kept(p, num_samples, batch, texts, out, ok, completions, rollout.conversations))
     n_prompts = len(correct_per_prompt)
     accuracy = sum(correct_per_prompt) / max(n_prompts * num_samples, 1)
     return EvalResult(
@@ -122,6 +122,27 @@ def evaluate(
         stderr={"accuracy": standard_error([c / num_samples for c in correct_per_prompt]),
                 "mean_reward": standard_error(reward_per_prompt)},
     )
+
+
+def _kept(p: int, n: int, batch, texts, out, ok, completions, conversations) -> dict[str, Any]:
+    """Prompt ``p`` of a batch with its ``n`` completions, scores and rewards (plain JSON values)."""
+    rows = range(p * n, (p + 1) * n)
+    kept: dict[str, Any] = {"prompt": batch.prompts[p]}
+    if "answer" in batch.columns:
+        kept["answer"] = batch.columns["answer"][p]
+    kept["correct"] = int(ok[p].sum())
+    kept["completions"] = [{
+        "text": completions[i] if conversations is not None else texts[i],
+        "score": _number(out.per_function[i, 0]),
+        "correct": bool(ok[p, i - p * n]),
+        "rewards": {name: _number(out.per_function[i, j]) for j, name in enumerate(out.names)},
+    } for i in rows]
+    return kept
+
+
+def _number(value) -> float | None:
+    v = float(value)
+    return None if math.isnan(v) else v
 
 
 def standard_error(values: list[float]) -> float:

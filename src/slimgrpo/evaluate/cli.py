@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slimgrpo.config import Config, ConfigError, from_dict, load_config, merge_overrides, resolve_path
+from slimgrpo.config.paths import RULE, check_inputs_exist, describe
 from slimgrpo.data import load_prompt_dataset
 from slimgrpo.evaluate import EvalResult, evaluate
 from slimgrpo.modeling import ModelLoadError, load_model, load_tokenizer, resolve_device, resolve_dtype
@@ -19,14 +20,23 @@ from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.units import column_labels
 
 
-def load_for_eval(path: str, cfg: Config):
-    """A model folder, a training checkpoint folder, or a peft adapter folder (base read from it)."""
-    p = given = Path(path)
+def flag_origin(flag: str, value: str) -> str:
+    """``--model 'x' (relative to the working directory, /cwd)``: where a path given as a flag was looked for."""
+    if os.path.isabs(os.path.expanduser(value)):
+        return f"{flag} {value!r}"
+    return f"{flag} {value!r} (relative to the working directory, {os.getcwd()})"
+
+
+def load_for_eval(path: str, cfg: Config, origin: str | None = None):
+    """A model folder, a training checkpoint folder, or a peft adapter folder (base read from it).
+    ``origin`` says where ``path`` came from, for the error message (``--model ...`` / ``model.path ...``)."""
+    p = given = Path(path).expanduser()
     from slimgrpo.modeling import looks_like_hub_name
 
     if not p.exists() and not looks_like_hub_name(path):
-        raise ModelLoadError(f"--model {path}: no such folder; give a model folder, a run's final/ folder, a "
-                             "checkpoints/checkpoint-<step> folder or an adapter folder")
+        raise ModelLoadError(f"{origin or flag_origin('--model', path)}: {p.absolute()} does not exist; give a "
+                             "model folder, a run's final/ folder, a checkpoints/checkpoint-<step> folder or an "
+                             f"adapter folder. ({RULE})")
     if (p / "model").is_dir() and (p / "trainer_state.json").is_file():
         p = p / "model"  # a slimgrpo checkpoint
     device = resolve_device(cfg.run.device)
@@ -80,8 +90,8 @@ def find_tokenizer(model_dir: Path, given: Path, cfg: Config) -> Path:
                          f"(slimgrpo eval CONFIG --model {given}) or model.tokenizer_path=PATH")
 
 
-def run_eval(model_path: str, cfg: Config, args) -> EvalResult:
-    model, tok = load_for_eval(model_path, cfg)
+def run_eval(model_path: str, cfg: Config, args, origin: str | None = None) -> EvalResult:
+    model, tok = load_for_eval(model_path, cfg, origin)
     data_cfg = cfg.data
     if args.limit:
         data_cfg.max_samples = args.limit
@@ -102,7 +112,8 @@ def run_eval(model_path: str, cfg: Config, args) -> EvalResult:
                             top_k=r.top_k, min_p=r.min_p, repetition_penalty=r.repetition_penalty,
                             eos_token_ids=tuple(sorted(eos)), pad_token_id=tok.pad_token_id)
     return evaluate(model, tok, dataset, runner, params, num_samples=args.num_samples, ks=tuple(args.k),
-                    seed=cfg.run.seed, success_threshold=args.threshold, agent=agent)
+                    seed=cfg.run.seed, success_threshold=args.threshold, agent=agent,
+                    keep_prompts=args.json_samples if args.json_out else 0)
 
 
 def eval_command(args) -> int:
@@ -116,6 +127,13 @@ def eval_command(args) -> int:
         raise ConfigError("slimgrpo eval: give --model PATH (or a config with model.path)")
     if not (args.data or cfg.data.path):
         raise ConfigError("slimgrpo eval: give --data PROMPTS (or a config with data.path)")
+    if args.json_samples < 0:
+        raise ConfigError(f"--json-samples must be >= 0 (prompts whose completions --json keeps), got {args.json_samples}")
+    if args.data:
+        _check_flag_path("--data", args.data)
+    else:
+        check_inputs_exist(cfg, ("data.path",))
+    origin = flag_origin("--model", args.model) if args.model else describe(cfg, "model.path")
     if not (args.rewards or cfg.rewards.functions or cfg.rollout.environment):  # (or an environment's get_reward)
         raise ConfigError("slimgrpo eval: give --rewards FN [FN ...] (or a config with rewards.functions)")
     if any(k > args.num_samples for k in args.k):
@@ -124,15 +142,28 @@ def eval_command(args) -> int:
 
     quiet_third_party(cfg.log.verbose)
     models = [model] + ([args.compare] if args.compare else [])
-    results = {m: run_eval(m, cfg, args) for m in models}
+    if not args.model:  # say which model, and from where: the config's model.path, resolved by the one rule
+        Console().print(f"model: {model} (model.path of {args.config})" if args.config else f"model: {model}",
+                        soft_wrap=True, highlight=False)
+    origins = {model: origin, **({args.compare: flag_origin("--compare", args.compare)} if args.compare else {})}
+    results = {m: run_eval(m, cfg, args, origins[m]) for m in models}
     table = results_table(results, models, cfg, args)
     console = Console()
     need = console.measure(table, options=console.options.update(max_width=10_000)).maximum
     console = Console(width=max(console.width, need))  # never cut a number or a header
     console.print(table)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({m: r.to_dict() for m, r in results.items()}, indent=2))
+        Path(args.json_out).write_text(json.dumps(
+            {m: {**r.to_dict(), "samples": r.samples} for m, r in results.items()}, indent=2, ensure_ascii=False))
     return 0
+
+
+def _check_flag_path(flag: str, value: str) -> None:
+    from slimgrpo.config.paths import looks_like_hub_name
+
+    if not os.path.exists(os.path.expanduser(value)) and not looks_like_hub_name(value):
+        raise ConfigError(f"{flag_origin(flag, value)}: {Path(value).expanduser().absolute()} does not exist. "
+                          f"({RULE})")
 
 
 def decoding_line(cfg: Config, args) -> str:

@@ -147,7 +147,8 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
     _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), budget)
     fix = overrides_for(all_changes(suggestions))
     if cfg.memory.fit and fits:
-        new_cfg = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir)
+        new_cfg = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir,
+                           origins=cfg.path_origins)
         console.print(f"memory.fit: applying {' '.join(fix)} to fit {format_gib(budget)} GiB")
         new_plan = plan_memory(shape, plan_inputs(new_cfg, device, world_size, shape.vocab))
         if show:
@@ -172,7 +173,8 @@ def fit_by_trace(cfg: Config, shape: ModelShape, device: str, world_size: int, b
         if not fits:
             break
         fix = overrides_for(all_changes(suggestions))
-        tried = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir) if fix else cfg
+        tried = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir,
+                           origins=cfg.path_origins) if fix else cfg
         traced = trace_step(tried, shape, device).device_peak_bytes
         if show:
             console.print(f"memory.fit=trace: {' '.join(fix) or 'the config as given'}: traced peak "

@@ -148,6 +148,20 @@ def read_trl_yaml(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
+# TRL keys naming a path, and the slimgrpo key that says how (config/paths.py's rule).
+_TRL_PATH_KEYS = {"output_dir": "run.output_dir", "model_name_or_path": "model.path", "dataset_name": "data.path"}
+
+
+def _from_working_dir(key: str, value):
+    """A TRL key=value override naming a path is taken from the working directory, as slimgrpo's own."""
+    from slimgrpo.config.paths import resolve_paths
+
+    if key not in _TRL_PATH_KEYS or not isinstance(value, str):
+        return value
+    section, leaf = _TRL_PATH_KEYS[key].split(".")
+    return resolve_paths({section: {leaf: value}}, os.getcwd(), "command line")[section][leaf]
+
+
 def load_trl_config(path: str | os.PathLike, overrides: list[str] = (), show=print):
     """Read a ``trl grpo`` YAML, print what happened to each key, and return the slimgrpo Config.
 
@@ -161,7 +175,7 @@ def load_trl_config(path: str | os.PathLike, overrides: list[str] = (), show=pri
     for text in overrides:
         parts, value = parse_override(text)
         if len(parts) == 1:
-            trl[parts[0]] = value
+            trl[parts[0]] = _from_working_dir(parts[0], value)
         else:
             slim_overrides.append(text)
     base_dir = str(Path(path).resolve().parent)
