@@ -59,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="accuracy and pass@k of a model on a dataset",
                        description="Evaluate a model (or checkpoint) with reward functions: accuracy "
                                    "(fraction scored >= --threshold by the first function) and pass@k.")
-    e.add_argument("config", nargs="?", help="YAML config giving data, rewards and sampling (optional)")
+    e.add_argument("config", nargs="?", help="YAML config giving the model (model.path, unless --model), data, "
+                   "rewards and sampling (optional)")
     e.add_argument("overrides", nargs="*", metavar="key=value")
     e.add_argument("--model", help="model folder (default: config's model.path)")
     e.add_argument("--compare", help="a second model folder to evaluate side by side")
@@ -69,7 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--k", type=int, nargs="+", default=[1], help="pass@k values (default 1)")
     e.add_argument("--threshold", type=float, default=1.0, help="score counted as correct (default 1.0)")
     e.add_argument("--limit", type=int, help="evaluate only the first N prompts")
-    e.add_argument("--json", dest="json_out", help="write the results as JSON to this file")
+    e.add_argument("--json", dest="json_out", help="write the results as JSON to this file, with the completions "
+                   "of the first --json-samples prompts (text, score, each reward)")
+    e.add_argument("--json-samples", type=int, default=3, metavar="N",
+                   help="with --json: keep every completion of the first N prompts (default 3; 0 = none)")
     e.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     r = sub.add_parser("report", help="plots and an HTML page for a run folder (or several runs overlaid)",
@@ -147,8 +151,11 @@ def cmd_train(args) -> int:
 
 
 def _train(cfg, args) -> int:
+    from slimgrpo.config.paths import check_inputs_exist
     from slimgrpo.train.console import print_end_summary, quiet_third_party
     from slimgrpo.train.runner import run_training
+
+    check_inputs_exist(cfg)  # a missing model / data / critic path: named with its key and folder, before any work
 
     if getattr(args, "from_command_line", False):  # the wait policy must be in place before torch loads
         from slimgrpo import threads

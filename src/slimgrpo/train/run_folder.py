@@ -85,9 +85,13 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """Keys (present in both) whose values differ and that are not resumable: ``[(key, old, new)]``."""
+    from slimgrpo.config.paths import CODE_KEYS, PATH_KEYS, same_path
+
+    # A folder from before paths were stored absolute holds them as written: the same path, not a change.
     old, new = _flat(saved), _flat(current)
     return [(k, old[k], new[k]) for k in sorted(old.keys() & new.keys())
-            if old[k] != new[k] and not is_resumable_key(k)]
+            if old[k] != new[k] and not is_resumable_key(k)
+            and not (k.startswith(PATH_KEYS + CODE_KEYS) and same_path(old[k], new[k]))]
 
 
 def current_config_dict(cfg) -> dict[str, Any]:
