@@ -34,6 +34,13 @@ def _check(path: str | Path) -> Path:
     return p
 
 
+def _damaged(p: Path, e: BaseException, what: str = "its metadata") -> GGUFError:
+    """A GGUF file transformers cannot read: damaged (cut short), not a GGUF model, or an unsupported one."""
+    return GGUFError(f"GGUF file {str(p)!r} is damaged (cut short?) or not a model transformers can read: "
+                     f"reading {what} failed ({type(e).__name__}: {e}). Copy or download the file again, or "
+                     "point model.path at another model.")
+
+
 @functools.lru_cache(maxsize=8)
 def _config_dict(path: str, size: int, mtime: float) -> dict[str, Any]:
     from transformers import AutoConfig
@@ -41,8 +48,8 @@ def _config_dict(path: str, size: int, mtime: float) -> dict[str, Any]:
     p = Path(path)
     try:
         return AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name).to_dict()
-    except (ValueError, KeyError, OSError, RuntimeError) as e:
-        raise GGUFError(f"{p}: transformers cannot read this GGUF file ({type(e).__name__}: {e})") from None
+    except Exception as e:  # struct.error / EOFError for a file cut short, ValueError for a foreign one
+        raise _damaged(p, e) from None
 
 
 def gguf_config(path: str | Path) -> dict[str, Any]:
@@ -59,8 +66,8 @@ def load_gguf_tokenizer(path: str | Path):
     p = _check(path)
     try:
         return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    except (ValueError, KeyError, OSError, RuntimeError) as e:
-        raise GGUFError(f"{p}: cannot read the tokenizer from this GGUF file ({type(e).__name__}: {e})") from None
+    except Exception as e:
+        raise _damaged(p, e, "the tokenizer") from None
 
 
 @contextlib.contextmanager
@@ -91,8 +98,8 @@ def load_gguf_model(path: str | Path, dtype, **kwargs: Any):
     try:
         with _quiet_dequantise():
             model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=dtype, **kwargs)
-    except (ValueError, KeyError, OSError, RuntimeError) as e:
-        raise GGUFError(f"{p}: cannot load the model from this GGUF file ({type(e).__name__}: {e})") from None
+    except Exception as e:
+        raise _damaged(p, e, "the model") from None
     _drop_gguf_quantizer(model)
     return model
 

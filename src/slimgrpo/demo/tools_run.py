@@ -21,6 +21,7 @@ from slimgrpo.demo.tools_task import tool_accuracy
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.train.console import quiet_third_party
 from slimgrpo.train.trainer import Trainer
+from slimgrpo.units import human_duration
 
 TOOLS_DIR = Path(__file__).resolve().parent / "tools"
 EVAL_SAMPLES = 4
@@ -82,8 +83,9 @@ def run_tool_demo(output_dir: str = "outputs/demo-tools", overrides: list[str] |
                 "greedy": measure(trainer, eval_set, 0.0, 1, 7)}
 
     before = both()
-    console.print(f"held-out accuracy before: sampled {before['sampled']['accuracy']:.1%}, "
-                  f"greedy {before['greedy']['accuracy']:.1%} ({len(eval_set)} prompts)")
+    # the same line, in the same order, as the main demo's (train/console.py's evaluation before training)
+    console.print(f"eval before training: greedy {before['greedy']['accuracy']:.1%}  "
+                  f"sampled {before['sampled']['accuracy']:.1%}  ({len(eval_set)} held-out prompts)")
     summary = trainer.train()
     after = both()
     table = Table(title=f"held-out, {len(eval_set)} prompts")
@@ -100,5 +102,7 @@ def run_tool_demo(output_dir: str = "outputs/demo-tools", overrides: list[str] |
     summary.update({"eval_before": before, "eval_after": after, "wall_time_s": wall})
     out = Path(cfg.run.output_dir)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    console.print(f"wall time {wall:.0f} s; conversations in {out / 'completions.jsonl'}")
+    console.print(f"wall time {human_duration(wall)}; metrics in {out / 'metrics.jsonl'}, conversations in "
+                  f"{out / 'completions.jsonl'}\nnext: slimgrpo report {out}   (plots and samples as one HTML page); "
+                  f"the trained model is in {out / 'final'}", soft_wrap=True)
     return 0
