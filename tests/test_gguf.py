@@ -151,3 +151,25 @@ def test_missing_gguf_file_and_package_are_named(tmp_path, monkeypatch):
     monkeypatch.setattr(model_gguf.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelLoadError, match="pip install gguf"):
         read_model_config(str(f))
+
+
+@pytest.mark.parametrize("keep", [24, 0.5])
+def test_a_gguf_file_cut_short_is_bad_input_naming_the_file(tiny_gguf, tmp_path, capsys, keep):
+    """A download cut short: exit 2 naming the file as damaged, in plan, eval and train (was 'internal error:
+    unpack_from requires a buffer of at least 24 bytes', exit 1)."""
+    from slimgrpo.cli import main
+    from slimgrpo.demo import EVAL_FILE
+
+    path, _, _ = tiny_gguf
+    data = path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
+    runs = [["plan", "--model", str(cut)],
+            ["eval", "--model", str(cut), "--data", str(EVAL_FILE), "--rewards", "length", "--limit", "1"],
+            ["train", f"model.path={cut}", f"data.path={EVAL_FILE}", "rewards.functions=[length]",
+             f"run.output_dir={tmp_path / 'run'}", "run.max_steps=1", "rollout.num_generations=2",
+             "run.batch_size=2"]]
+    for argv in runs:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert str(cut) in err and "damaged" in err and "internal error" not in err, (argv, err)
