@@ -49,7 +49,8 @@ def test_eval_missing_model_is_a_clear_error(capsys, tmp_path):
     (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n')
     assert main(["eval", "--model", "missing/", "--data", str(tmp_path / "p.jsonl"), "--rewards", "length"]) == 2
     err = capsys.readouterr().err
-    assert "missing/" in err and "no such folder" in err and "Repo id" not in err
+    assert "--model 'missing/' (relative to the working directory" in err and "does not exist" in err \
+        and "Repo id" not in err
 
 
 @pytest.mark.parametrize("argv, says", [
