@@ -24,7 +24,7 @@ PACKAGE = "slimgrpo"
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 # Every package may import these; they import nothing from slimgrpo.
-FOUNDATIONS = ("types", "units", "secrets", "threads", "model_gguf")
+FOUNDATIONS = ("types", "units", "secrets", "threads", "model_gguf", "exit_codes")
 
 
 def is_command(module: str) -> bool:

@@ -90,7 +90,7 @@ def test_units():
 
 def test_plan_small_model_counts_and_units(tmp_path, tiny_model_dir, capsys):
     assert main(["plan", "--model", str(tiny_model_dir), "run.batch_size=8", "rollout.num_generations=4",
-                 "--budget", "1KiB"]) == 3
+                 "--budget", "1KiB"]) == 4
     out = capsys.readouterr().out
     assert "0.00B" not in out and "K parameters" in out
     advice = [ln for ln in out.splitlines() if ln.strip().startswith("- ")]

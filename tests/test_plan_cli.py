@@ -14,7 +14,7 @@ def test_plan_preset_fits_and_exit_codes(capsys):
     out = capsys.readouterr().out
     assert "KV cache" in out and "peak" in out
     assert main(["plan", "--model", "llama-3.1-8b", "run.batch_size=8", "rollout.max_completion_length=20000",
-                 "--budget", "80GiB"]) == 3
+                 "--budget", "80GiB"]) == 4
     out = capsys.readouterr().out
     assert "To fit the budget" in out and "memory.gradient_checkpointing=true" in out
 
@@ -42,6 +42,20 @@ def test_train_refuses_a_run_over_budget_before_loading(tmp_path, tiny_model_dir
     cfg = _cfg(tmp_path, tiny_model_dir, "memory.budget=1MiB")
     with pytest.raises(ConfigError, match="more than memory.budget=1MiB"):
         check_before_training(cfg, show=False)
+
+
+def test_train_refused_by_the_budget_exits_like_plan(tmp_path, tiny_model_dir, capsys):
+    """'Does not fit' is exit 4 in train (memory.budget) as in plan (--budget): slimgrpo/exit_codes.py."""
+    from slimgrpo.demo import EVAL_FILE
+
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({
+        "model": {"path": str(tiny_model_dir)}, "data": {"path": str(EVAL_FILE), "max_prompt_length": 16},
+        "rewards": {"functions": ["length"]},
+        "rollout": {"num_generations": 8, "max_completion_length": 256},
+        "run": {"batch_size": 64, "device": "cpu", "output_dir": str(tmp_path / "run")}}))
+    assert main(["train", str(tmp_path / "c.yaml"), "memory.budget=1MiB"]) == 4
+    assert "more than memory.budget=1MiB" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_memory_fit_applies_the_advice(tmp_path, tiny_model_dir):

@@ -9,6 +9,8 @@ import sys
 import textwrap
 import traceback
 
+from slimgrpo import exit_codes
+
 EPILOG_TRAIN = """\
 examples:
   slimgrpo train examples/gsm8k.yaml model.path=./my-model run.max_steps=200
@@ -19,9 +21,14 @@ examples:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from slimgrpo.exit_codes import help_text
+
     p = argparse.ArgumentParser(
         prog="slimgrpo",
-        description="GRPO-family RL for language models, lean in memory and time.",
+        description="GRPO-family RL for language models, lean in memory and time. Relative paths in a config "
+                    "file are taken from the file's folder; in key=value overrides and --flags, from the working "
+                    "directory.",
+        epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -29,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a model with GRPO from a YAML config",
                        description="Train a causal LM with GRPO. CONFIG is a YAML file; key=value pairs "
                                    "override it (dotted keys, values read as YAML).",
-                       epilog=EPILOG_TRAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG_TRAIN + "\n" + help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("config", nargs="?", help="YAML config file")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, e.g. loss.beta=0.04")
     t.add_argument("--help-config", action="store_true", help="list every config key and exit")
@@ -40,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="predict peak memory of a run, component by component",
                         description="Predict peak memory before a run. Give a CONFIG (with overrides), "
-                                    "or --model SHAPE with options.")
+                                    "or --model SHAPE with options.",
+                        epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     pl.add_argument("config", nargs="?", help="YAML config file (optional with --model)")
     pl.add_argument("overrides", nargs="*", metavar="key=value")
     pl.add_argument("--model", help="model folder, config.json, or a preset (e.g. qwen2.5-0.5b, llama-3.1-8b)")
@@ -226,9 +234,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-# Exit codes: 0 done, 1 internal error, 2 bad input (config, data, model, reward, run folder, storage),
-# 3 training diverged (non-finite updates), 130 interrupted.
-EXIT_DIVERGED = 3
+# Exit codes: one table for every command, slimgrpo/exit_codes.py (README and `slimgrpo --help` show it).
+EXIT_DIVERGED = exit_codes.DIVERGED
 
 
 def _storage_error(e: BaseException) -> str | None:
@@ -266,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     args.from_command_line = argv is None
     if not args.command:
         parser.print_help()
-        return 2
+        return exit_codes.BAD_INPUT
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     from slimgrpo.secrets import install_log_filter, scrub_text
 
@@ -286,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_DIVERGED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return exit_codes.INTERRUPTED
     except BrokenPipeError:  # the reader went away (``slimgrpo train --help-config | head``): stop quietly
         _silence_stdout()
         return 0
@@ -301,11 +308,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {scrub_text(storage or str(e))}", file=sys.stderr)
             if not args.debug:
                 print("(run with --debug for the traceback)", file=sys.stderr)
-            return 2
+            return getattr(e, "exit_code", exit_codes.BAD_INPUT)  # memory.budget refusing a run: DOES_NOT_FIT
         if not args.debug:
             print(f"internal error: {type(e).__name__}: {scrub_text(str(e))}\n(run with --debug for the traceback; "
                   "please report it)", file=sys.stderr)
-        return 1
+        return exit_codes.INTERNAL_ERROR
 
 
 if __name__ == "__main__":

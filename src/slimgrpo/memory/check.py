@@ -99,6 +99,12 @@ def budget_bytes(spec: str, device: str) -> int:
     raise ConfigError("memory.budget=auto: cannot read available memory here; give a size such as 16GiB")
 
 
+class MemoryBudgetError(ConfigError):
+    """The run's memory plan exceeds ``memory.budget``: exit code 4 (``slimgrpo.exit_codes``), not 2."""
+
+    exit_code = 4
+
+
 def shape_of(cfg: Config, spec: str | None = None) -> ModelShape:
     target = spec or resolve_path(cfg, cfg.model.path)
     try:
@@ -159,7 +165,7 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
     advice = (f"these changes bring it to {format_gib(suggestions[-1].plan_after.peak_bytes)} GiB: {' '.join(fix)} "
               "(or set memory.fit=true to apply them)") if fits else \
         "no combination of the planner's changes fits; use a smaller model, shorter completions or more memory"
-    raise ConfigError(f"the run needs about {format_gib(plan.peak_bytes)} GiB at its peak ({plan.peak_phase}), more "
+    raise MemoryBudgetError(f"the run needs about {format_gib(plan.peak_bytes)} GiB at its peak ({plan.peak_phase}), more "
                       f"than memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB); {advice}")
 
 
@@ -187,6 +193,6 @@ def fit_by_trace(cfg: Config, shape: ModelShape, device: str, world_size: int, b
         target -= traced - budget
         if target <= 0:
             break
-    raise ConfigError(f"memory.fit=trace: no settings the planner proposes trace below memory.budget="
+    raise MemoryBudgetError(f"memory.fit=trace: no settings the planner proposes trace below memory.budget="
                       f"{cfg.memory.budget} ({format_gib(budget)} GiB); use a smaller model, shorter "
                       "completions or more memory")

@@ -9,6 +9,7 @@ import os
 from rich.console import Console
 
 from slimgrpo.config import ConfigError, from_dict, load_config, merge_overrides
+from slimgrpo.exit_codes import DOES_NOT_FIT
 from slimgrpo.memory.advice import fit_to_budget, format_gib, render_plan
 from slimgrpo.memory.check import (all_changes, budget_bytes, check_before_training, fit_by_trace,
                                    overrides_for, plan_device, plan_inputs, shape_of)
@@ -21,7 +22,8 @@ __all__ = ["all_changes", "budget_bytes", "check_before_training", "fit_by_trace
 
 
 def plan_command(args) -> int:
-    """``slimgrpo plan``: exit 0 when the plan fits the budget (or none is given), 3 when it does not."""
+    """``slimgrpo plan``: exit 0 when the plan fits the budget (or none is given), 4 when it does not
+    (``slimgrpo.exit_codes``: the same code as ``slimgrpo train`` refused by ``memory.budget``)."""
     console = Console()
     if args.presets:
         for name, shape in preset_shapes().items():
@@ -65,8 +67,8 @@ def plan_command(args) -> int:
     if fits:
         console.print(f"\nall together: [bold]{' '.join(overrides_for(all_changes(suggestions)))}[/bold] "
                       "(or memory.fit=true)")
-        return 3
+        return DOES_NOT_FIT
     console.print("\nno combination fits this budget.")
-    return 3
+    return DOES_NOT_FIT
 
 
