@@ -9,8 +9,8 @@ from typing import Literal
 @dataclass
 class RunConfig:
     output_dir: str = "outputs/run"
-    """Run folder (relative to the working directory): metrics.jsonl, summary.json, checkpoints/, the
-    final model."""
+    """Run folder: metrics.jsonl, summary.json, checkpoints/, the final model. Relative: from the config file's
+    folder when written there, from the working directory when given as an override (like every path key)."""
     max_steps: int = 100
     """Optimizer steps to train (each generates one batch)."""
     num_train_epochs: float | None = None
