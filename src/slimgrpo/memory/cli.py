@@ -12,7 +12,7 @@ from slimgrpo.config import ConfigError, from_dict, load_config, merge_overrides
 from slimgrpo.exit_codes import DOES_NOT_FIT
 from slimgrpo.memory.advice import fit_to_budget, format_gib, render_plan
 from slimgrpo.memory.check import (all_changes, budget_bytes, check_before_training, fit_by_trace,
-                                   overrides_for, plan_device, plan_inputs, shape_of)
+                                   not_modelled, overrides_for, plan_device, plan_inputs, shape_of)
 from slimgrpo.memory.planner import plan_memory
 from slimgrpo.memory.shapes import preset_shapes
 from slimgrpo.units import human_count
@@ -50,6 +50,8 @@ def plan_command(args) -> int:
     budget = budget_bytes(spec, device) if spec else None
     console.print(f"[bold]{args.model or cfg.model.path}[/bold]: {human_count(shape.num_params)} parameters, "
                   f"{inputs.rows} completions per step x {inputs.max_completion_length} tokens, on {device}")
+    for caveat in not_modelled(cfg, plan) if args.config else []:  # under the headline, before 40 lines of table
+        console.print(f"[yellow]note[/yellow]: {caveat}", soft_wrap=True)
     render_plan(plan, console, budget)
     if getattr(args, "trace", False):
         from slimgrpo.train.trace import trace_step
