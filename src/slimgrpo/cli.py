@@ -172,7 +172,7 @@ def _train(cfg, args) -> int:
     quiet_third_party(cfg.log.verbose)
     summary = run_training(cfg)
     print_end_summary(summary, cfg)  # rank 0 only under torchrun; says "already finished" or "stopped by"
-    return 0
+    return EXIT_STALLED if summary.get("stopped_by") == "stall" else 0  # run.stop_on_stall
 
 
 def cmd_plan(args) -> int:
@@ -236,6 +236,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 # Exit codes: one table for every command, slimgrpo/exit_codes.py (README and `slimgrpo --help` show it).
 EXIT_DIVERGED = exit_codes.DIVERGED
+EXIT_STALLED = exit_codes.STALLED  # run.stop_on_stall: learning stalled (train/stall.py)
 
 
 def _storage_error(e: BaseException) -> str | None:

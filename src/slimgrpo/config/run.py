@@ -60,6 +60,26 @@ class RunConfig:
     """A gradient norm at or below this counts as vanished (see ``max_collapsed_steps``)."""
     collapse_grad_norm_max: float = 1e4
     """A gradient norm (before clipping) at or above this counts as blown up (see ``max_collapsed_steps``)."""
+    stall_steps: int = 10
+    """Say once, on the terminal, in metrics.jsonl (``stall/*``) and in the report, when learning has stalled
+    for this many consecutive steps: at least ``stall_zero_std_fraction`` of the groups had rewards all equal
+    (``frac_reward_zero_std``: no gradient from them), or the token entropy stayed below
+    ``stall_entropy_ratio`` x its value at the start while the mean reward was flat (``stall_reward_flat``).
+    The message names the likely cause (a reward saturated or never paid, a learning rate too high, a
+    temperature too low). 0 = never check."""
+    stall_zero_std_fraction: float = 0.75
+    """A step carries (almost) no learning signal when at least this fraction of its groups had rewards all
+    equal (see ``stall_steps``)."""
+    stall_entropy_ratio: float = 0.2
+    """Token entropy below this fraction of its value at the start of the run (the mean of the first three
+    steps) counts as collapsed (see ``stall_steps``)."""
+    stall_reward_flat: float = 0.1
+    """The mean reward counts as flat when, over the stretch, it moved (highest - lowest step mean) by at most
+    this fraction of the reward's spread at the start (the mean ``reward_std`` of the first three steps)."""
+    stop_on_stall: bool = False
+    """Stop the run where a stall is detected (see ``stall_steps``) with exit code 5, without a final model;
+    the last checkpoint from before the stalled stretch is kept (pruning by ``save_total_limit`` spares it
+    while a stretch lasts). False: warn and train on."""
 
 
 @dataclass

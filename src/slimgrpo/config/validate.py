@@ -69,6 +69,12 @@ def validate_config(cfg: Config) -> None:
     if not 0.0 <= run.collapse_grad_norm_min < run.collapse_grad_norm_max:
         raise ConfigError(f"run.collapse_grad_norm_min ({run.collapse_grad_norm_min}) must be >= 0 and below "
                           f"run.collapse_grad_norm_max ({run.collapse_grad_norm_max})")
+    _positive(run.stall_steps, "run.stall_steps", allow_zero=True)
+    for key in ("stall_zero_std_fraction", "stall_entropy_ratio"):
+        if not 0.0 < getattr(run, key) <= 1.0:
+            raise ConfigError(f"run.{key} must be in (0, 1], got {getattr(run, key)}")
+    if run.stall_reward_flat < 0:
+        raise ConfigError(f"run.stall_reward_flat must be >= 0, got {run.stall_reward_flat}")
     if cfg.rewards.timeout_s is not None:
         _positive(cfg.rewards.timeout_s, "rewards.timeout_s")
     _positive(cfg.rewards.max_failed_steps, "rewards.max_failed_steps", allow_zero=True)

@@ -95,6 +95,8 @@ def summary_lines(summary: dict[str, Any], cfg, history: list[dict[str, Any]], w
                 f"  report      slimgrpo report {out}"]
     if summary.get("preempted_by"):
         head = f"stopped by {summary['preempted_by']} at step {steps} of {cfg.run.max_steps}"
+    elif summary.get("stopped_by") == "stall":
+        head = f"stopped at step {steps} of {cfg.run.max_steps}: learning stalled (run.stop_on_stall=true, exit code 5)"
     elif steps < cfg.run.max_steps:
         head = f"stopped at step {steps} of {cfg.run.max_steps}"
     else:
@@ -115,12 +117,31 @@ def summary_lines(summary: dict[str, Any], cfg, history: list[dict[str, Any]], w
     if summary.get("eval_skipped_at_step") is not None:  # stopped early: say so, never show "before" as "after"
         lines.append(f"  eval        skipped after step {steps} (the run stopped early); the held-out evaluation "
                      "runs after the last step when the resumed run finishes")
+    lines += _stall_lines(summary)
     lines.append(f"  report      slimgrpo report {out}")
     final = os.path.join(out, "final")
     if os.path.isdir(final):
         lines.append(f"  model       {final}")
     elif summary.get("preempted_by"):
         lines.append(f"  checkpoint  {os.path.join(out, 'checkpoints')} (run the same command again to resume)")
+    return lines
+
+
+STALL_KINDS = {"no_signal": "most groups had rewards all equal (no gradient)",
+               "entropy_collapse": "entropy collapsed while the reward stayed flat"}
+
+
+def _stall_lines(summary: dict[str, Any]) -> list[str]:
+    """Each stalled stretch of the run (train/stall.py) and, for a run stopped on one, the checkpoint to go
+    back to."""
+    lines = []
+    for s in summary.get("stalls") or []:
+        what = STALL_KINDS.get(s.get("kind"), s.get("kind"))
+        lines.append(f"  stalled     steps {s.get('start_step')}-{s.get('end_step')}: {what}")
+    if summary.get("stopped_by") == "stall":
+        kept = summary.get("stall_checkpoint")
+        lines.append(f"  checkpoint  {kept} (the last from before the stall)" if kept else
+                     "  checkpoint  none from before the stall (run.save_steps sets how often one is saved)")
     return lines
 
 

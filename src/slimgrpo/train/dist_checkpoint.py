@@ -62,8 +62,10 @@ def save_checkpoint(
     strategy: str,
     keep: int = 2,
     extra: dict[str, Any] | None = None,
+    protect: int | None = None,
 ) -> Path:
-    """Collective: every rank calls it. Returns the checkpoint folder (on every rank)."""
+    """Collective: every rank calls it. Returns the checkpoint folder (on every rank). ``protect``: see
+    ``checkpoint._prune``."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -90,7 +92,7 @@ def save_checkpoint(
         (tmp / "trainer_state.json").write_text(json.dumps(state))
         ckpt.copy_history(output_dir, tmp)
         _fsync_files([tmp / "trainer_state.json", tmp / DCP_DIR / ".metadata"])
-        ckpt.finish_save(tmp, final, step, keep)
+        ckpt.finish_save(tmp, final, step, keep, protect)
     dist.barrier()
     return final
 

@@ -72,7 +72,7 @@ def run_training(cfg: Config, callbacks=None, train_dataset=None) -> dict[str, A
         summary = trainer.train()
     finally:
         restore_handlers()
-    if trainer.stop_requested and trainer.step_idx < cfg.run.max_steps and dist_ctx.is_main:
+    if trainer.stop_requested and trainer.step_idx < cfg.run.max_steps and dist_ctx.is_main and not trainer.stalled:
         signal_name = trainer.preempted_by or summary.get("preempted_by")
         why = f"by {signal_name}" if signal_name else "early (a callback asked)"
         complete = ckpt.list_complete(ckpt.checkpoint_dir(trainer.output_dir))

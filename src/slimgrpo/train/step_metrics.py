@@ -26,6 +26,7 @@ def step_metrics(trainer, rollout, rewards: RewardOutput, stats, grad_norm: floa
     all_per_fn = d.all_gather_cat(rewards.per_function.to(trainer.policy.device)).cpu()
     for j, name in enumerate(rewards.names):
         m[f"rewards/{name}/mean"], m[f"rewards/{name}/std"] = masked_stats(all_per_fn[:, j])
+        m[f"rewards/{name}/frac_zero_std"] = zero_std_fraction(all_per_fn[:, j], rollout.num_generations)
     m["frac_reward_zero_std"] = zero_std_fraction(all_total, rollout.num_generations)
     all_len = d.all_gather_cat(lengths.to(trainer.policy.device)).cpu()
     all_trunc = d.all_gather_cat(rollout.is_truncated.float().to(trainer.policy.device)).cpu()

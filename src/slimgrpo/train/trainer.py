@@ -36,7 +36,7 @@ from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.train import checkpoint as ckpt
 from slimgrpo.train.critic import build_critic
 from slimgrpo.train import dist_checkpoint as dist_ckpt
-from slimgrpo.train import health, launch
+from slimgrpo.train import health, launch, stall
 from slimgrpo.train import run_folder
 from slimgrpo.train.distributed import DistContext, from_environment
 from slimgrpo.train.metrics import MetricsWriter, console_line
@@ -94,6 +94,8 @@ class Trainer:
         self.plan = run_folder.Plan()
         self.critic = None  # PPO's value function (train/critic.py), built in setup()
         self.value_metrics: dict[str, Any] = {}  # PPO: the critic's numbers of this step
+        self.stall = stall.StallDetector(stall.StallLimits(steps=0))  # setup() reads run.stall_* (train/stall.py)
+        self.stalled: stall.Stall | None = None  # the stall that stopped the run (run.stop_on_stall)
 
     # ------------------------------------------------------------------------- setup
 
@@ -161,6 +163,7 @@ class Trainer:
         )
         self.setup_objective()
         self.health = health.monitor_for(cfg, self.policy.model)  # a collapsed policy stops the run (exit 3)
+        self.stall = stall.detector_for(cfg)  # says when learning stalls; run.stop_on_stall stops there (exit 5)
         for warning in loss_warnings(cfg) if self.dist.is_main else []:
             log.warning(warning)
         self.plan = self.plan_run_folder()  # resume, fresh, refuse, or already finished: before writing
@@ -232,6 +235,7 @@ class Trainer:
         self.writer.truncate_after(state.step, saved_history=path / "metrics.jsonl")
         if not self.dist.enabled:  # (under torchrun a rank may not see rank 0's file: all ranks start afresh)
             self.health.remember_rewards(self.writer.history())  # "reward fell" compares with the whole run
+            self.stall.replay(self.writer.history())  # a stretch going on when the checkpoint was saved
         log.info("resumed from %s at step %d", path, state.step)
 
     # ------------------------------------------------------------------------- the step
@@ -413,6 +417,18 @@ class Trainer:
             raise PolicyCollapsedError(health.collapse_diagnosis(self.health, self.step_idx, self.output_dir,
                                                                  self.cfg.optim.learning_rate))
 
+    def watch_learning(self, metrics: dict[str, Any]) -> None:
+        """Say once when learning stalled (train/stall.py); with run.stop_on_stall stop there (exit 5)."""
+        verdict = self.stall.observe(self.step_idx, metrics)
+        metrics.update(verdict.fields)  # stall/* into this step's record
+        for warning in verdict.warnings if self.dist.is_main else []:
+            log.warning(warning)
+        if verdict.detected is not None:
+            if self.dist.is_main:
+                log.warning(stall.stall_notice(verdict.detected, self.output_dir, self.cfg.run.stop_on_stall))
+            if self.cfg.run.stop_on_stall:  # the same numbers on every rank: every rank stops here
+                self.stalled, self.stop_requested = verdict.detected, True
+
     def check_not_diverged(self) -> None:
         """The run ends while its last updates were skipped as non-finite (the model as it stands gives
         NaN/inf) or its policy collapsed (finite weights that no longer learn): stop without a final model."""
@@ -468,6 +484,7 @@ class Trainer:
                 self.step_idx += 1
                 if self.evaluator:  # every eval.steps steps and after the last one
                     result.metrics.update(self.evaluator.after_step(self.step_idx))
+                self.watch_learning(result.metrics)
                 self.writer.log(self.step_idx, result.metrics)
                 self.check_health(result.metrics)
                 self.maybe_log_completions(result)
@@ -518,7 +535,7 @@ class Trainer:
             return dist_ckpt.save_checkpoint(
                 self.output_dir, self.step_idx, self.policy.model, self.optimizer, self.scheduler,
                 self.sampler.state_dict(), self.generator, self.dist, self.cfg.distributed.strategy,
-                keep=self.cfg.run.save_total_limit, extra=self.checkpoint_extra(),
+                keep=self.cfg.run.save_total_limit, extra=self.checkpoint_extra(), protect=self.stall.protected_step(),
             )
         if not self.dist.is_main:
             self.dist.barrier()
@@ -527,6 +544,7 @@ class Trainer:
             self.output_dir, self.step_idx, self.policy.model, self.optimizer, self.scheduler,
             self.sampler.state_dict(), self.generator, keep=self.cfg.run.save_total_limit,
             extra=self.checkpoint_extra(), extra_tensors={"critic": self.critic.state_dict()} if self.critic else None,
+            protect=self.stall.protected_step(),  # the last checkpoint before a stalled stretch survives pruning
         )
         self.dist.barrier()
         return path
@@ -553,7 +571,8 @@ class Trainer:
         preempted = self.step_idx < self.cfg.run.max_steps and self.dist.any_true(self.preempted_by is not None)
         if preempted:
             summary["preempted_by"] = self.preempted_by or "a signal to another rank"
-        if self.cfg.run.save_model and not preempted:  # every rank: FSDP2 gathers the shards
+        summary.update(stall.summary_fields(self.stall, self.stalled, self.output_dir))
+        if self.cfg.run.save_model and not preempted and self.stalled is None:  # every rank: FSDP2 gathers the shards
             self.save_model(self.output_dir / "final")
         if self.dist.is_main:
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
