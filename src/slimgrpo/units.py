@@ -26,9 +26,35 @@ def human_duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60} min"
 
 
+def path_label(path: str, width: int = 28) -> str:
+    """One path as a short header: as given relative to the working folder when that is short, else its last
+    components (``…/smollm2-addition/final``: the run, not ``tmp/…/final``)."""
+    full = os.path.abspath(path)
+    try:
+        rel = os.path.relpath(full)
+    except ValueError:  # another drive (Windows)
+        rel = full
+    text = rel if not rel.startswith("..") else full
+    if len(text) <= width:
+        return text
+    parts = Path(text).parts
+    keep = parts[-1]
+    for part in reversed(parts[:-1]):
+        if len("…/" + part + "/" + keep) > width:
+            break
+        keep = part + "/" + keep
+    if keep == parts[-1] and len(parts) > 1:  # the folder above is long: its end, then the name
+        keep = parts[-2] + "/" + keep
+    label = "…/" + keep
+    return label if len(label) <= width else "…" + keep[-(width - 1):]
+
+
 def column_labels(paths: list[str], width: int = 28) -> list[str]:
     """Short, distinct column headers: the path after the components all paths share, then (when long)
-    its first and last components, ``alpha/…/checkpoint-40`` vs ``beta/…/checkpoint-40``."""
+    its first and last components, ``alpha/…/checkpoint-40`` vs ``beta/…/checkpoint-40``. A single path:
+    :func:`path_label`."""
+    if len(paths) == 1:
+        return [path_label(paths[0], width)]
     parts = [Path(os.path.abspath(p)).parts[1:] if os.path.exists(p) or len(paths) > 1 else Path(p).parts
              for p in paths]
     if len(paths) > 1:

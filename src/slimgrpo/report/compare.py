@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from slimgrpo.report.data import config_value, deltas, load_run, run_status, value_ranges
-from slimgrpo.report.page import _esc, _flatten, _fmt, _fresh_dir, _shown, figures_html, page_html
+from slimgrpo.report.page import _esc, _flatten, _fresh_dir, _shown, figures_html, page_html, pair_text
 from slimgrpo.report.plots import Run, make_plots
 from slimgrpo.units import column_labels
 
@@ -36,9 +36,7 @@ def _runs_table(labels: list[str], loaded: list[tuple[Any, dict, dict | None]]) 
             if found is None:
                 cells.append("<td>—</td>")
                 continue
-            a, b = found
-            pct = "accuracy" in metric or "truncated" in metric or "zero reward" in metric
-            text = f"{a:.1%} → {b:.1%}" if pct else f"{_fmt(a)} → {_fmt(b)}"
+            text = " → ".join(pair_text(metric, *found))
             cells.append(f"<td class='num'>{_esc(text)}</td>")
         rows.append(f"<tr><td>{_esc(metric)}</td>{''.join(cells)}</tr>")
     return (f'<div class="scroll"><table class="deltas"><thead><tr><th>first → last</th>{head}</tr></thead>'

@@ -156,6 +156,11 @@ def run_status(m: Metrics, summary: dict[str, Any], config: dict[str, Any] | Non
     max_steps = config_value(config, "run.max_steps")
     of = f" of {max_steps}" if isinstance(max_steps, int) else ""
     step = int(summary.get("steps", m.last_step)) if summary else m.last_step
+    if summary.get("stopped_by") == "stall":
+        kept = summary.get("stall_checkpoint")
+        return "stopped", (f"Stopped at step {step}{of}: learning stalled (run.stop_on_stall=true); "
+                           + (f"the last checkpoint from before the stall is {kept}." if kept else
+                              "no checkpoint from before the stall was saved."))
     if summary and (not isinstance(max_steps, int) or step >= max_steps) and not summary.get("preempted_by"):
         return "complete", f"Complete: {step}{of} steps."
     if summary:
@@ -177,6 +182,38 @@ DELTA_KEYS = [
     ("completions/clipped_ratio", "truncated completions", False),
     ("frac_reward_zero_std", "groups with zero reward std", False),
 ]
+
+
+# Rows that are shares of something (shown as percentages, changes in points); reward means are numbers.
+SHARE_LABELS = {label for key, label, _ in DELTA_KEYS
+                if key in ("eval/accuracy_greedy", "eval/accuracy_sampled", "completions/clipped_ratio",
+                           "frac_reward_zero_std")}
+
+
+def is_share(label: str) -> bool:
+    return label in SHARE_LABELS
+
+
+def stalls(m: Metrics) -> list[tuple[int, int, str]]:
+    """(first step, last step, reason) of each stalled stretch (train/stall.py): from ``stall/start_step`` to
+    the last record that carries it; the reason from the record that detected it."""
+    spans: dict[int, list] = {}
+    for r in m.records:
+        start, step = r.get("stall/start_step"), r.get("step")
+        if isinstance(start, int) and isinstance(step, int):
+            span = spans.setdefault(start, [start, step, ""])
+            span[1] = max(span[1], step)
+            if isinstance(r.get("stall/reason"), str):
+                span[2] = r["stall/reason"]
+    return [tuple(v) for _, v in sorted(spans.items())]
+
+
+def step_to_x(m: Metrics, step: float) -> float:
+    """Where step ``step`` sits on the x axis (steps, or minutes of training)."""
+    if m.x_kind == "step":
+        return step
+    pairs = [(s, x) for s, x in zip(m.steps, m.xs) if not math.isnan(s)]
+    return min(pairs, key=lambda p: abs(p[0] - step))[1] if pairs else step
 
 
 def deltas(m: Metrics) -> list[tuple[str, float, float]]:

@@ -12,7 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from slimgrpo.report.data import Metrics, config_value, deltas, load_run, read_jsonl, run_status, value_ranges
+from slimgrpo.report.data import (Metrics, config_value, deltas, is_share, load_run, read_jsonl, run_status, stalls,
+                                  value_ranges)
 from slimgrpo.report.plots import Plot, Run, make_plots
 
 REPORT_DIR = "report"
@@ -75,8 +76,33 @@ def _kv_grid(rows: list[tuple[str, Any]]) -> str:
     return f'<div class="kv-grid">{body}</div>'
 
 
-def _pct_or_num(key: str, v: float) -> str:
-    return f"{v:.1%}" if "accuracy" in key or "truncated" in key or "zero reward" in key else _fmt(v)
+def _decimals(*values: float) -> int | None:
+    """Decimals that show values of this size with about three significant digits (None: too small or too
+    large for fixed point)."""
+    top = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+    if top == 0:
+        return 3
+    if top < 1e-3 or top >= 1e6:
+        return None
+    return max(0, 2 - math.floor(math.log10(top)))
+
+
+def pair_text(label: str, a: float, b: float) -> tuple[str, str]:
+    """A first/last pair in one format: shares as percentages, other numbers with the same decimals (so
+    ``0.000 -> 0.250`` and ``0.273 -> 0.650`` read alike)."""
+    if is_share(label):
+        return f"{a:.1%}", f"{b:.1%}"
+    d = _decimals(a, b)
+    return (f"{a:.3e}", f"{b:.3e}") if d is None else (f"{a:.{d}f}", f"{b:.{d}f}")
+
+
+def signed(d: float) -> str:
+    """A change with two significant digits: +0.075, -12, +1.2e-05."""
+    if d == 0 or not math.isfinite(d):
+        return "0" if d == 0 else "—"
+    if not 1e-3 <= abs(d) < 1e6:
+        return f"{d:+.1e}"
+    return f"{d:+.{max(0, 1 - math.floor(math.log10(abs(d))))}f}"
 
 
 def eval_headline(m: Metrics, summary: dict[str, Any]) -> str:
@@ -105,8 +131,8 @@ def eval_headline(m: Metrics, summary: dict[str, Any]) -> str:
 
 def deltas_table(m: Metrics, skip: tuple[str, ...] = ()) -> str:
     rows = "".join(
-        f"<tr><td>{_esc(label)}</td><td class='num'>{_esc(_pct_or_num(label, a))}</td>"
-        f"<td class='num'>{_esc(_pct_or_num(label, b))}</td><td class='num'>{_esc(_change(label, a, b))}</td></tr>"
+        f"<tr><td>{_esc(label)}</td>" + "".join(f"<td class='num'>{_esc(t)}</td>" for t in pair_text(label, a, b))
+        + f"<td class='num'>{_esc(_change(label, a, b))}</td></tr>"
         for label, a, b in deltas(m) if label not in skip)
     if not rows:
         return ""
@@ -117,14 +143,21 @@ def deltas_table(m: Metrics, skip: tuple[str, ...] = ()) -> str:
 
 
 def _change(label: str, a: float, b: float) -> str:
-    if "accuracy" in label or "truncated" in label or "zero reward" in label:
+    if is_share(label):
         return f"{(b - a) * 100:+.1f} points"
-    return f"{b - a:+.4g}"
+    return signed(b - a)
+
+
+def stall_section(m: Metrics) -> str:
+    """Stretches where learning stalled (train/stall.py): steps and the reason the run gave."""
+    items = "".join(f"<li><b>Learning stalled at steps {a}–{b}</b> (shaded on the reward plot). {_esc(why)}</li>"
+                    for a, b, why in stalls(m))
+    return f'<ul class="notes stall">{items}</ul>' if items else ""
 
 
 def summary_section(summary: dict[str, Any], m: Metrics, config: dict[str, Any] | None = None) -> str:
     kind, sentence = run_status(m, summary, config)
-    parts = [f'<p class="status {kind}">{_esc(sentence)}</p>', eval_headline(m, summary),
+    parts = [f'<p class="status {kind}">{_esc(sentence)}</p>', stall_section(m), eval_headline(m, summary),
              deltas_table(m, ("KL to reference",) if config_value(config, "loss.beta") == 0 else ())]
     if summary:
         rows = list(summary.items())

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from slimgrpo.report.data import Metrics, Series
+from slimgrpo.report.data import Metrics, Series, stalls, step_to_x
 
 DPI = 200  # 6.4 in wide -> 1280 px, shown at ~640 CSS px: sharp on 2x screens
 RUN_COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray"]
@@ -63,9 +63,29 @@ def band(ax, mean: Series, spread: Series, color, bounds: tuple[float, float] | 
     ax.fill_between(mean.steps, lo, hi, color=color, alpha=0.15, linewidth=0)
 
 
+def steady_axis(ax) -> None:
+    """A panel whose lines are all one constant value (a constant learning rate): a sane y-range around it and
+    one tick labelled with the value, not an offset scale of rounding noise (0.000285 .. 0.000315)."""
+    values = [float(v) for line in ax.get_lines() for v in line.get_ydata() if math.isfinite(float(v))]
+    if not values:
+        return
+    lo, hi = min(values), max(values)
+    if hi - lo > 1e-9 * max(abs(hi), abs(lo), 1e-300):
+        return
+    v = hi
+    pad = abs(v) * 0.5 if v else 1.0
+    ax.set_ylim(v - pad, v + pad)
+    ax.set_yticks([v])
+    ax.set_yticklabels([f"{v:.3g}"])
+    ax.text(0.99, 0.9, f"constant: {v:.3g}", transform=ax.transAxes, ha="right", va="top", fontsize="small",
+            color="0.35")
+
+
 def finish(fig, axes, path: Path, ylabels: list[str], xlabel: str) -> None:
     from matplotlib.ticker import MaxNLocator
 
+    for ax in axes:
+        steady_axis(ax)
     for ax, ylabel in zip(axes, ylabels):
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
@@ -125,6 +145,20 @@ def _bounds(run: Run, key: str, mean: Series) -> tuple[float, float] | None:
     return (0.0, 1.0) if min(vals) >= 0 and max(vals) <= 1 else None
 
 
+def shade_stalls(ax, runs: list[Run]) -> bool:
+    """Shade each stretch where learning stalled (train/stall.py), in the run's colour when several runs are
+    drawn; True when there was one."""
+    shaded = False
+    for i, run in enumerate(runs):
+        m = run.metrics
+        half = 0.5 if m.x_kind == "step" else 0.0
+        for a, b, _ in stalls(m):
+            ax.axvspan(step_to_x(m, a) - half, step_to_x(m, b) + half, color=_colour(runs, i, "tab:red"),
+                       alpha=0.13, linewidth=0, label=None if shaded else "learning stalled")
+            shaded = True
+    return shaded
+
+
 def plot_reward(runs: list[Run], out: Path) -> Plot | None:
     if not any(r.metrics.has("reward") for r in runs):
         return None
@@ -134,10 +168,15 @@ def plot_reward(runs: list[Run], out: Path) -> Plot | None:
         line = draw(ax, mean, "reward (mean)" if len(runs) == 1 else run.label, _colour(runs, i, "tab:blue"))
         if run.metrics.has("reward_std") and len(runs) <= 3:
             band(ax, mean, run.metrics.series("reward_std"), line.get_color(), _bounds(run, "reward", mean))
+    stalled = shade_stalls(ax, runs)
+    if stalled:
+        ax.legend(fontsize="small")
     ax.set_title("Total reward (mean ± std over the step's completions)")
     finish(fig, [ax], out / "reward.png", ["reward"], _xlabel(runs))
     return Plot("reward.png", "Total reward", "Weighted sum of all reward functions; bold = smoothed (EMA), faint "
-                "= every step; the band is ± one std, clipped to the observed range.")
+                "= every step; the band is ± one std, clipped to the observed range."
+                + (" Shaded: steps where learning stalled (most groups without reward spread, or entropy "
+                   "collapsed while the reward was flat; stall/* in metrics.jsonl)." if stalled else ""))
 
 
 def plot_reward_functions(runs: list[Run], out: Path) -> Plot | None:

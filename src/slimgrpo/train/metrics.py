@@ -54,6 +54,8 @@ CONSOLE_KEYS = [
     ("entropy", "ent", "{:.2f}"),
     ("completions/mean_length", "len", "{:.0f} tok"),
     ("grad_norm", "gnorm", "{:.3f}"),
+    ("value/loss", "vloss", "{:.4f}"),  # PPO's critic: value loss and explained variance
+    ("value/explained_variance", "ev", "{:.2f}"),
     ("gen/tokens_per_s", "gen", "{:.0f} tok/s"),
     ("time/step_s", "step", "{:.2f} s"),
     ("memory/peak_mib", "peak", "{:.0f} MiB"),
