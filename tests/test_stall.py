@@ -234,6 +234,12 @@ def test_a_saturating_reward_is_seen_on_the_terminal_in_metrics_and_stops_with_e
         assert not (run_dir / "final").exists()
         assert "stopped at step 5 of 10: learning stalled (run.stop_on_stall=true, exit code 5)" in out
         assert "checkpoint  " + str(run_dir / "checkpoints" / "checkpoint-2") in out
+        # the same command again resumes from checkpoint-5 and trains on: the stretch was reported already
+        caplog.clear()
+        assert train(write_run(tmp_path, ["sat_rewards.py:saturating"], stop_on_stall=True)) == 0
+        assert not [r for r in caplog.records if "learning has stalled" in r.message]
+        assert (run_dir / "final").is_dir()
+        assert json.loads((run_dir / "summary.json").read_text())["stalls"][0]["end_step"] == 10
     else:
         assert rc == 0 and len(records) == 10 and (run_dir / "final").is_dir()
         assert "Training goes on (run.stop_on_stall=true would stop here" in notices[0]
@@ -261,3 +267,16 @@ def test_ppo_has_no_no_signal_sign_and_warns_only_for_a_reward_constant_over_the
     assert no_spread_warnings(alike, grouped=False) == []
     const = StepNumbers.from_metrics(1, step(fns={"acc": (1.0, 0.0, 1.0)}))
     assert no_spread_warnings(const, grouped=False)[0].startswith("reward acc: no spread: PPO cannot learn from it.")
+
+
+def test_the_collapse_of_issue_30_names_every_cause():
+    """Accuracy fell to 0, the format reward stays at 1, entropy fell to 0.1: most groups without spread."""
+    start = [step(reward=1.3, entropy=1.0, zero_std=0.25, fns={"accuracy": (0.3, 0.45, 0.5), "format": (1.0, 0.0, 1.0)})]
+    collapsed = [step(reward=1.0, entropy=0.1, zero_std=1.0, reward_std=0.0,
+                      fns={"accuracy": (0.0, 0.0, 1.0), "format": (1.0, 0.0, 1.0)})]
+    detector, _ = run(start * 3 + collapsed * 4)
+    text = detector.stalls[0].message
+    assert detector.stalls[0].kind == NO_SIGNAL and "token entropy 0.1 (10% of its start, 1)" in text
+    assert "the policy turned near-deterministic" in text and "optim.learning_rate=1e-05" in text
+    assert "reward accuracy is stuck at 0, its lowest so far" in text
+    assert "reward format has scored 1 on every step since the start" in text

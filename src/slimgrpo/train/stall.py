@@ -276,8 +276,9 @@ class StallDetector:
             lo, hi = self._ranges.get(fn, (v, v))
             tol = 1e-6 * max(1.0, abs(hi), abs(lo))
             if hi - lo <= tol:
-                out.append(f"reward {fn} has scored every completion {v:.4g} since the start: it cannot tell "
-                           "completions apart")
+                out.append(f"reward {fn} has scored {v:.4g} on every step since the start: no completion earned "
+                           "anything else yet (a task too hard or too easy for the model), or the function cannot "
+                           "tell completions apart")
             elif v >= hi - tol:
                 out.append(f"reward {fn} saturated at {v:.4g}, its best so far: nearly every completion earns it "
                            "(the task is solved for most prompts, or the reward is too easy to satisfy)")
