@@ -232,7 +232,7 @@ def test_a_saturating_reward_is_seen_on_the_terminal_in_metrics_and_stops_with_e
         assert f"The last checkpoint from before the stall is {run_dir / 'checkpoints' / 'checkpoint-2'}" in notices[0]
         assert summary["stopped_by"] == "stall" and summary["stall_checkpoint"].endswith("checkpoint-2")
         assert not (run_dir / "final").exists()
-        assert "stopped at step 5 of 10: learning stalled (run.stop_on_stall=true, exit code 5)" in out
+        assert "stopped at step 5 of 10 in " in out and ": learning stalled (run.stop_on_stall=true, exit code 5)" in out
         assert "checkpoint  " + str(run_dir / "checkpoints" / "checkpoint-2") in out
         # the same command again resumes from checkpoint-5 and trains on: the stretch was reported already
         caplog.clear()

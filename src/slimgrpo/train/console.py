@@ -95,14 +95,14 @@ def summary_lines(summary: dict[str, Any], cfg, history: list[dict[str, Any]], w
                 f"  report      slimgrpo report {out}"]
     if summary.get("preempted_by"):
         head = f"stopped by {summary['preempted_by']} at step {steps} of {cfg.run.max_steps}"
-    elif summary.get("stopped_by") == "stall":
-        head = f"stopped at step {steps} of {cfg.run.max_steps}: learning stalled (run.stop_on_stall=true, exit code 5)"
-    elif steps < cfg.run.max_steps:
+    elif steps < cfg.run.max_steps:  # a callback, or learning stalled (run.stop_on_stall: said below)
         head = f"stopped at step {steps} of {cfg.run.max_steps}"
     else:
         head = f"done: {steps} steps"
     if wall_s is not None:
         head += f" in {human_duration(wall_s)}"
+    if summary.get("stopped_by") == "stall":
+        head += ": learning stalled (run.stop_on_stall=true, exit code 5)"
     lines = [head]
     r = _first_last([h for h in history if "reward" in h], "reward")
     if r:
