@@ -85,3 +85,18 @@ def test_the_plan_headline_says_what_it_does_not_model(tmp_path, tiny_model_dir)
                                                               "memory.gradient_checkpointing=true"), plan))
     qlora = _cfg(tmp_path, tiny_model_dir, "model.load_in_4bit=true", "lora.enabled=true")
     assert any("QLoRA" in c for c in not_modelled(qlora, plan))
+
+
+def test_plan_trace_prints_no_third_party_warnings(tmp_path, tiny_model_dir):
+    """transformers' `past_key_values` FutureWarnings and torchao's import logs stay out of the terminal, as in
+    train (log.verbose=true shows them)."""
+    import subprocess
+    import sys
+
+    _cfg(tmp_path, tiny_model_dir)
+    proc = subprocess.run([sys.executable, "-m", "slimgrpo", "plan", str(tmp_path / "c.yaml"),
+                           "rollout.max_completion_length=8", "rollout.num_generations=2", "run.batch_size=2",
+                           "data.max_prompt_length=8", "--trace"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "trace / plan" in proc.stdout
+    assert "Warning" not in proc.stderr and "WARNING" not in proc.stderr, proc.stderr

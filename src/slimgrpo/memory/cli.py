@@ -54,7 +54,12 @@ def plan_command(args) -> int:
         console.print(f"[yellow]note[/yellow]: {caveat}", soft_wrap=True)
     render_plan(plan, console, budget)
     if getattr(args, "trace", False):
+        from slimgrpo.train.console import quiet_third_party
         from slimgrpo.train.trace import trace_step
+
+        # As train / eval / export: the traced step runs transformers and torchao code whose FutureWarnings
+        # (`past_key_values` is deprecated ...) and import-time logs are not the user's to act on.
+        quiet_third_party(cfg.log.verbose)
         from slimgrpo.train.trace_report import render_trace
 
         console.print()
