@@ -190,16 +190,33 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype):
 
 
 def apply_lora(model, cfg: LoraConfig, quantized: bool = False):
+    """peft LoRA adapters on ``model`` (fp32 adapters: peft's default). A 4-bit base (``quantized``) is
+    frozen first and otherwise left as loaded: see :func:`prepare_quantized_base`."""
     from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model, prepare_model_for_kbit_training
+    from peft import get_peft_model
 
     if quantized:
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        model = prepare_quantized_base(model)
     peft_cfg = PeftLoraConfig(
         r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
         target_modules=cfg.target_modules, task_type="CAUSAL_LM",
     )
     return get_peft_model(model, peft_cfg)
+
+
+def prepare_quantized_base(model):
+    """Freeze a 4-bit (QLoRA) base for LoRA training, keeping its non-quantised tensors in the compute dtype.
+
+    peft's ``prepare_model_for_kbit_training`` also casts every bf16 / fp16 parameter that is not 4-bit
+    (embedding, LM head, norms) to fp32: the norms' fp32 weights then make the residual stream fp32, so every
+    activation and checkpoint of the update is twice the size (issue 29: trace / plan 1.36-1.42 for
+    Qwen3-8B QLoRA). Here only the freezing is kept; the embedding, head and norms stay in the model's dtype
+    and only the LoRA adapters (and their optimizer state) are fp32. What that function does besides, for
+    gradient checkpointing (inputs that require grad so a checkpointed block has a gradient path), is done
+    by :func:`prepare_for_training` for every LoRA model."""
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
 
 
 def is_peft(model) -> bool:

@@ -464,6 +464,7 @@ def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     mask_shared, mask_layer = attention_mask_bytes(x, groups, P, shape=shape)
     prefill += mask_shared + mask_layer
     return [
+        *_merged_lora_components(shape, x),
         Component("KV cache", kv, "generation", f"{kv_what}·{gen_rows}"),
         Component("generation logits", gen_rows * V * 4 * GEN_LOGITS_COPIES, "generation",
                   f"{GEN_LOGITS_COPIES}·rows·V·4 = {GEN_LOGITS_COPIES}·{gen_rows}·{_n(V)}·4"),
@@ -471,6 +472,22 @@ def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
                   f"groups·P·(one layer, no grad) + S² terms = {groups}·{_n(P)}·"
                   f"{_n(inference_bytes_per_token_layer(shape, x))} + {_n(mask_shared + mask_layer)}"),
     ]
+
+
+def _merged_lora_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
+    """CPU decode multiplies each LoRA layer by a merged ``W + scale·B·A`` (one product instead of three;
+    rollout/model_parts.py): a copy of every adapted weight in the weights' dtype for the whole generate
+    call, plus one layer's delta in the adapters' dtype while it is being merged. CUDA decodes unmerged."""
+    if x.device != "cpu" or not x.lora:
+        return []
+    dims = shape.linear_dims()
+    targets = lora_targets(x.lora_target_modules)
+    merged = shape.layers * sum(dims[m][0] * dims[m][1] for m in targets)
+    largest = max(dims[m][0] * dims[m][1] for m in targets)
+    Bp = x.param_dtype_bytes
+    return [Component("merged LoRA weights", merged * Bp + largest * LORA_ADAPTER_BYTES, "generation",
+                      f"cpu decode through W + scale·B·A: L·Σ in·out·{Bp} B + one delta ·{LORA_ADAPTER_BYTES} B "
+                      f"= {shape.layers}·{_n(merged // shape.layers)}·{Bp} + {_n(largest)}·{LORA_ADAPTER_BYTES}")]
 
 
 def _notes(shape: ModelShape, x: PlanInputs) -> list[str]:

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from ..memory.target import device_kind
+
 
 class CausalLMParts:
     """Decoder, LM head and logit post-processing of a (possibly peft-wrapped) causal LM."""
@@ -89,7 +91,11 @@ class CausalLMParts:
         With ``"auto"`` and ``"all"``, LoRA layers on CPU decode through a merged weight
         ``W + scale B A`` of their active adapters (``_mergeable``): one product per layer instead of the
         base product plus two thin adapter products, at the cost of one copy of the adapted weights while
-        generating. The merged copies are separate tensors: the base weights are never modified.
+        generating, in the base weight's dtype (the plan's ``merged LoRA weights`` line). The merged
+        copies are separate tensors: the base weights are never modified.
+
+        Both choices follow :func:`~slimgrpo.memory.target.device_kind`: a trace of a CUDA step (fake
+        tensors on the CPU device) takes the CUDA path, which merges and packs nothing.
         """
         if which not in ("auto", "head", "all", "none"):
             raise ValueError(f"pack_weights must be 'auto', 'head', 'all' or 'none', got {which!r}")
@@ -100,8 +106,7 @@ class CausalLMParts:
             if which in ("auto", "all"):
                 for module in self.decoder.modules():
                     if _mergeable(module):
-                        delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
-                        self.merged[module] = module.base_layer.weight + delta
+                        self.merged[module] = _merged_weight(module)
             for module in modules:
                 if _packable(module):
                     try:
@@ -129,9 +134,21 @@ def _mergeable(module: nn.Module) -> bool:
         and not getattr(module, "disable_adapters", False)
         and not any(getattr(module, "use_dora", {}).get(a, False) for a in active)
         and not getattr(module, "fan_in_fan_out", False)
-        and base.weight.device.type == "cpu"
+        and device_kind(base.weight) == "cpu"
         and not hasattr(base.weight, "device_mesh")
     )
+
+
+def _merged_weight(module: nn.Module) -> torch.Tensor:
+    """``W + Σ scale·B·A`` over the active adapters, summed in the adapters' dtype (fp32) and stored in
+    ``W``'s dtype: the decode product ``x @ merged`` then runs in the compute dtype, as the base's does."""
+    weight = module.base_layer.weight
+    total = None
+    for a in module.active_adapters:
+        if a in module.lora_A:
+            delta = module.get_delta_weight(a)
+            total = delta if total is None else total.add_(delta)
+    return total.add_(weight).to(weight.dtype)
 
 
 def _packable(module: nn.Module) -> bool:
@@ -139,7 +156,7 @@ def _packable(module: nn.Module) -> bool:
     return (
         type(module) is nn.Linear
         and weight is not None
-        and weight.device.type == "cpu"
+        and device_kind(weight) == "cpu"
         and weight.dtype == torch.float32
         and not hasattr(weight, "device_mesh")  # a sharded DTensor (FSDP2)
         and torch.backends.mkldnn.is_available()

@@ -25,6 +25,8 @@ import contextlib
 import torch
 from torch import nn
 
+from slimgrpo.memory.target import device_kind
+
 DEFAULT_MIN_BYTES = 1 << 20  # smaller tensors are not worth a copy
 
 
@@ -92,9 +94,10 @@ class AsyncOffload(torch.autograd.graph.saved_tensors_hooks):
 
 def offload_context(enabled: bool, device: torch.device, min_bytes: int = DEFAULT_MIN_BYTES):
     """The context ``accumulate_gradients`` runs each forward pass in: nothing when disabled,
-    :class:`AsyncOffload` on CUDA, ``save_on_cpu`` elsewhere (the path before this module)."""
+    :class:`AsyncOffload` on CUDA, ``save_on_cpu`` elsewhere (the path before this module). The choice
+    follows the planned device (``memory/target.py``): a trace of a CUDA step takes the CUDA path."""
     if not enabled:
         return contextlib.nullcontext()
-    if device.type == "cuda":
+    if device_kind(device) == "cuda":
         return AsyncOffload(min_bytes=min_bytes)
     return torch.autograd.graph.save_on_cpu(pin_memory=False)

@@ -7,7 +7,9 @@
 The model is built on the ``meta`` device and materialised with ``to_empty`` inside
 ``FakeTensorMode``: every tensor has its real shape, dtype and storage size and no data, so no memory
 is allocated and no GPU is needed. Then the trainer's own code runs, under a
-:class:`~slimgrpo.memory.live_bytes.LiveBytes` tracker:
+:class:`~slimgrpo.memory.live_bytes.LiveBytes` tracker and with the planned device set
+(:func:`~slimgrpo.memory.target.planned_device`), so every choice the step makes by device (LoRA merge
+and weight packing in the rollout, the offload path) is the one a run on ``device`` makes:
 
 * **resident**: weights (LoRA adapters apart), the full-fine-tuning reference copy, optimizer state
   (created by one warm-up step before tracking, as every step after a run's first has it), the
@@ -48,6 +50,7 @@ import torch
 from slimgrpo.memory.live_bytes import LiveBytes, PhasePeak
 from slimgrpo.memory.planner import CPU_FRAMEWORK_OVERHEAD_BYTES, CUDA_FRAMEWORK_OVERHEAD_BYTES
 from slimgrpo.memory.shapes import ModelShape
+from slimgrpo.memory.target import planned_device
 
 # Caching allocator rounding, fragmentation and stream-ordered reuse on CUDA, as a fraction of the
 # traced tensor peak. A documented guess (docs/memory.md#trace), to be replaced by the measured
@@ -115,7 +118,9 @@ def trace_step(cfg, shape: ModelShape, device: str = "cpu", generation: bool = T
     if cfg.memory.optimizer == "adamw_8bit":
         notes.append("8-bit AdamW: a stand-in keeps bitsandbytes' blockwise state (two uint8 moments, fp32 "
                      "absmax per 256) and steps in place like its fused kernel (memory/standins.py)")
-    with FakeTensorMode(allow_non_fake_inputs=True), FakeData():
+    # Every choice that shapes the step's memory follows the device planned for, not the fake tensors' CPU
+    # device (memory/target.py): a CUDA trace decodes LoRA without the CPU's merged weights, packs nothing.
+    with planned_device(device), FakeTensorMode(allow_non_fake_inputs=True), FakeData():
         runner, model = _build(cfg, meta, reference)
         with tracker:
             _track_resident(tracker, runner, cfg)
@@ -145,7 +150,7 @@ def _prepared_meta(cfg, shape: ModelShape, device: str, notes: list[str]):
     if cfg.model.load_in_4bit:
         from slimgrpo.memory.standins import quantize_standin
 
-        model = quantize_standin(model)  # then apply_lora runs peft's prepare_model_for_kbit_training on it
+        model = quantize_standin(model)  # then apply_lora freezes it (modeling.prepare_quantized_base)
         notes.append("4-bit base: a stand-in stores each projection as bitsandbytes NF4 does (packed 4-bit, "
                      "absmax per 64, double-quantised) and dequantises it to the compute dtype per matmul "
                      "(memory/standins.py)")

@@ -1,0 +1,152 @@
+"""The trace follows the device it plans for (issue 29, item 0).
+
+A CUDA trace runs the step's code on fake tensors that live on the CPU device. Every choice the step makes
+by device must follow the planned device (``memory/target.py``), or the trace walks CPU-only paths a CUDA
+run never takes: the LoRA decode through merged weights made the traced generation phase of Llama-3.1-8B
+LoRA 8 x 20K 46.8 GiB against the plan's 20.3 (62.2 GiB of tensors against 36.0 at b92ad18).
+
+The pins: on a scaled-down Llama shape (widths that divide no chunk size, a completion long enough for
+the KV cache and checkpoints to dominate as they do at full size), each phase's traced tensor peak and its
+main categories agree with the plan's formulas for LoRA, QLoRA (the NF4 stand-in) and full fine-tuning on
+the CUDA trace path. Tolerances: 12% on phase totals and 20% on the generation category, so a drift of the
+size above (2x in the generation category) fails.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from slimgrpo.config import from_dict, merge_overrides
+from slimgrpo.memory.check import plan_inputs
+from slimgrpo.memory.planner import plan_memory
+from slimgrpo.memory.shapes import ModelShape
+from slimgrpo.memory.target import device_kind, planned, planned_device, traced_off_device
+from slimgrpo.train.trace import trace_step
+from slimgrpo.train.trace_report import category_rows, plan_tensor_bytes
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# Hidden 256, MLP 688 (no power of two), 8 query / 4 KV heads of 32, 4 layers, untied 1,000-token head.
+SHAPE = ModelShape("llama", hidden=256, intermediate=688, layers=4, heads=8, kv_heads=4, vocab=1000, tie=False,
+                   max_positions=1 << 20)
+# Unsloth's anchor (benchmarks/trace_anchors.py UNSLOTH), scaled down: checkpointing, one row per
+# micro-batch, a long pinned completion, beta 0.
+BASE = ["model.dtype=bfloat16", "run.device=cuda", "lora.enabled=true", "memory.gradient_checkpointing=true",
+        "memory.micro_batch_size=1", "rollout.num_generations=2", "run.batch_size=2", "data.max_prompt_length=37",
+        "rollout.max_completion_length=3001", "rollout.min_completion_length=3001", "loss.beta=0",
+        "loss.token_chunk=256"]
+SETTINGS = {"lora": [], "qlora": ["model.load_in_4bit=true"], "full": ["lora.enabled=false"]}
+
+
+def _config(extra):
+    return from_dict(merge_overrides({}, BASE + extra))
+
+
+def _plan_and_trace(extra, device="cuda"):
+    cfg = _config(extra)
+    plan = plan_memory(SHAPE, plan_inputs(cfg, device, vocab=SHAPE.vocab))
+    return plan, trace_step(cfg, SHAPE, device=device)
+
+
+def _category(plan, trace, name, phase):
+    return dict(category_rows(plan, trace))[name][phase]
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_cuda_trace_agrees_with_the_plan_phase_by_phase(setting):
+    plan, trace = _plan_and_trace(SETTINGS[setting])
+    assert set(trace.phases) == {"generation", "update"}
+    for phase in ("generation", "update"):
+        ratio = trace.phases[phase].peak_bytes / plan_tensor_bytes(plan, phase)
+        assert 0.88 <= ratio <= 1.12, f"{setting} {phase}: trace / plan = {ratio:.3f}"
+    planned_gen, traced_gen = _category(plan, trace, "KV cache, prefill, sampling", "generation")
+    assert 0.95 <= traced_gen / planned_gen <= 1.2, f"{setting} generation: {traced_gen:,} vs plan {planned_gen:,}"
+    for name in ("weights + adapters", "optimizer state"):
+        planned_bytes, traced = _category(plan, trace, name, "update")
+        assert abs(traced / planned_bytes - 1) < 0.02, f"{setting} {name}: {traced:,} vs plan {planned_bytes:,}"
+    if setting == "qlora":  # embedding, head and norms of the 4-bit base stay bf16 (issue 29 item 1): the
+        # plan's NF4 + bf16 line within 2% (the quantisation constants); peft's fp32 cast would make it ~1.4x
+        planned_bytes = sum(c.bytes for c in plan.components if c.name == "weights")
+        traced = trace.phases["update"].by_tag["weights"]
+        assert abs(traced / planned_bytes - 1) < 0.02, (traced, planned_bytes)
+
+
+def test_cpu_trace_counts_the_merged_lora_weights_the_plan_counts():
+    """On CPU the rollout decodes LoRA layers through merged weights: the plan has a line for them and the
+    CPU trace sees them; the CUDA plan and trace have neither."""
+    plan, trace = _plan_and_trace(["model.dtype=float32", "run.device=cpu"], device="cpu")
+    merged = [c for c in plan.components if c.name == "merged LoRA weights"]
+    assert merged and merged[0].phase == "generation"
+    dims = SHAPE.linear_dims()
+    assert merged[0].bytes >= SHAPE.layers * sum(i * o for i, o in dims.values()) * 4
+    planned_gen, traced_gen = _category(plan, trace, "KV cache, prefill, sampling", "generation")
+    assert 0.95 <= traced_gen / planned_gen <= 1.2, (traced_gen, planned_gen)
+    cuda_plan = plan_memory(SHAPE, plan_inputs(_config([]), "cuda", vocab=SHAPE.vocab))
+    assert not [c for c in cuda_plan.components if c.name == "merged LoRA weights"]
+
+
+def test_device_kind_follows_the_planned_device():
+    t = torch.zeros(2)
+    assert planned() is None and device_kind(t) == "cpu" and device_kind("cpu") == "cpu"
+    assert not traced_off_device(t)
+    with planned_device("cuda"):
+        assert planned() == "cuda" and device_kind(t) == "cuda" and device_kind(torch.device("cpu")) == "cuda"
+        assert traced_off_device(t) and not traced_off_device("cuda")
+        with planned_device(None):
+            assert device_kind(t) == "cpu"
+    assert planned() is None
+    with pytest.raises(ValueError, match="planned device"):
+        with planned_device("tpu"):
+            pass
+
+
+def test_lora_merge_and_packing_follow_the_planned_device():
+    from peft import LoraConfig, get_peft_model
+
+    from slimgrpo.rollout.model_parts import _mergeable, _packable
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.head = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    model = get_peft_model(Tiny(), LoraConfig(r=2, target_modules=["q_proj"]))
+    lora_layer = model.base_model.model.q_proj
+    assert _mergeable(lora_layer)
+    with planned_device("cuda"):
+        assert not _mergeable(lora_layer)
+        assert not _packable(model.base_model.model.head)
+
+
+def test_offload_path_follows_the_planned_device():
+    from slimgrpo.train.offload import AsyncOffload, offload_context
+
+    assert not isinstance(offload_context(True, torch.device("cpu")), AsyncOffload)
+    with planned_device("cuda"):
+        assert isinstance(offload_context(True, torch.device("cpu")), AsyncOffload)
+
+
+def test_cpu_lora_decode_in_bf16_merges_in_the_weights_dtype():
+    """A bf16 model on CPU: the merged copy is bf16 (the fp32 adapters' delta used to promote it to fp32, a
+    copy twice the weights' size that the bf16 decode product then refused), and decoding through it
+    gives the unmerged path's tokens and log-probs within bf16 rounding."""
+    from peft import LoraConfig, get_peft_model
+
+    from slimgrpo.rollout import SamplingParams, TorchRolloutEngine
+    from slimgrpo.train.synthetic import random_causal_lm
+
+    shape = ModelShape("llama", hidden=64, intermediate=96, layers=2, heads=4, kv_heads=2, vocab=101, tie=False)
+    model = get_peft_model(random_causal_lm(shape, torch.bfloat16, "cpu", initializer_range=0.2),
+                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    engine = TorchRolloutEngine(model, lean_decode=True)
+    with engine.parts.packed_weights(2, "auto"):
+        assert engine.parts.merged and {w.dtype for w in engine.parts.merged.values()} == {torch.bfloat16}
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, eos_token_ids=(), pad_token_id=0)
+    ro = engine.generate([[3, 4, 5], [6, 7]], 2, params)
+    ref = TorchRolloutEngine(model, lean_decode=True, pack_weights="none").generate([[3, 4, 5], [6, 7]], 2, params)
+    assert torch.equal(ro.completion_ids, ref.completion_ids)
+    torch.testing.assert_close(ro.sampler_logprobs, ref.sampler_logprobs, rtol=0, atol=0.1)
