@@ -101,9 +101,10 @@ def test_eval_path_errors_name_the_key_or_flag_and_the_folder(project, capsys):
     assert main(["eval", str(conf), "--model", str(project / "models" / "tiny"), "--data", "none.jsonl"]) == 2
     err = capsys.readouterr().err
     assert "--data 'none.jsonl' (relative to the working directory" in err
-    assert main(["train", str(conf)]) == 2
-    err = capsys.readouterr().err
-    assert "model.path '../models/missing' (relative to the config file's folder" in err
+    for command in ("train", "plan"):
+        assert main([command, str(conf)]) == 2
+        err = capsys.readouterr().err
+        assert "model.path '../models/missing' (relative to the config file's folder" in err, command
     assert main(["eval", str(conf), "--model", str(project / "models" / "tiny"), "--json", "x.json",
                  "--json-samples", "-1"]) == 2
     assert "--json-samples" in capsys.readouterr().err

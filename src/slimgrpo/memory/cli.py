@@ -38,7 +38,11 @@ def plan_command(args) -> int:
         cfg = from_dict(merge_overrides({}, list(args.overrides)))
     else:
         raise ConfigError("slimgrpo plan: give a CONFIG file or --model SHAPE (see slimgrpo plan --help)")
+    from slimgrpo.config.paths import check_inputs_exist
     from slimgrpo.config.validate import attention_problem
+
+    if args.config and not args.model:
+        check_inputs_exist(cfg, ("model.path",))  # named with its key, the path as written and its folder
 
     if cfg.model.attn_implementation and attention_problem(cfg):  # the run would stop at validation
         console.print(f"[yellow]warning[/yellow]: {attention_problem(cfg)}; `slimgrpo train` refuses this config")

@@ -152,6 +152,9 @@ def build_critic(cfg, policy, distributed: bool = False) -> Critic:
     from slimgrpo.config import ModelConfig, resolve_path
     from slimgrpo.modeling import disable_dropout, load_model
 
+    from slimgrpo.config.paths import check_inputs_exist
+
+    check_inputs_exist(cfg, ("critic.model_path",))  # a missing folder: named with its key, not a hub message
     path = resolve_path(cfg, cfg.critic.model_path or cfg.model.path)
     model = load_model(ModelConfig(**{**cfg.model.__dict__, "path": path}), policy.device, policy.dtype)
     head, emb = model.get_output_embeddings(), model.get_input_embeddings()
