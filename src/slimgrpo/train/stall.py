@@ -149,7 +149,6 @@ class StallDetector:
     active: Stall | None = None  # the detected stretch that is still going
     no_signal_since: int | None = None  # first step of the current run of no-signal steps
     low_entropy_since: int | None = None
-    seen_steps: int = 0
     _start_entropy: list[float] = field(default_factory=list)
     _start_spread: list[float] = field(default_factory=list)
     _ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # fn -> (lowest, highest) mean so far
@@ -170,7 +169,6 @@ class StallDetector:
             verdict.warnings = no_spread_warnings(n, self.limits.grouped)
         if metrics.get("update_skipped") or self.limits.steps <= 0:
             return verdict  # a skipped step is the non-finite guard's business
-        self.seen_steps += 1
         if len(self._start_entropy) < START_STEPS and n.entropy is not None:
             self._start_entropy.append(n.entropy)
         if len(self._start_spread) < START_STEPS and n.reward_std is not None:
