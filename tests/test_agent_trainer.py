@@ -108,7 +108,8 @@ def _call(name, **args):
 
 def test_trl_style_tool_from_the_python_api(tmp_path, tiny_model_dir, monkeypatch):
     (tmp_path / "rew.py").write_text(REWARD_FILE)
-    cfg = load_config(_config(tmp_path, tiny_model_dir), ["rewards.functions=[rew.py:answer_reward]"])
+    cfg = load_config(_config(tmp_path, tiny_model_dir),  # an override's path: from the working directory
+                      [f"rewards.functions=[{tmp_path / 'rew.py'}:answer_reward]"])
     trainer = Trainer(cfg, tools=[multiply])
     trainer.setup()
     tok = trainer.policy.tokenizer
@@ -218,7 +219,7 @@ def test_trl_rollout_func_contract(tmp_path, tiny_model_dir):
         return out
 
     (tmp_path / "rew.py").write_text("def judged(completions, judge, **kw):\n    return judge\n")
-    cfg = load_config(_config(tmp_path, tiny_model_dir), ["rewards.functions=[rew.py:judged]"])
+    cfg = load_config(_config(tmp_path, tiny_model_dir), [f"rewards.functions=[{tmp_path / 'rew.py'}:judged]"])
     trainer = Trainer(cfg, rollout_func=rollout_func)
     trainer.setup()
     result = trainer.step()

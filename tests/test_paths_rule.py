@@ -27,7 +27,8 @@ def project(tmp_path, monkeypatch, tiny_model_dir):
     conf = tmp_path / "configs"
     conf.mkdir()
     shutil.copy(EVAL_FILE, conf / "prompts.jsonl")
-    (conf / "r.py").write_text("def score(prompts, completions, **kw):\n    return [float(len(c) % 2) for c in completions]\n")
+    (conf / "r.py").write_text("def score(prompts, completions, **kw):\n"
+                               "    return [float(len(c) % 2) for c in completions]\n")
     (conf / "run.yaml").write_text(yaml.safe_dump({
         "model": {"path": "../models/tiny"}, "data": {"path": "prompts.jsonl", "max_prompt_length": 16},
         "rollout": {"num_generations": 2, "max_completion_length": 4},

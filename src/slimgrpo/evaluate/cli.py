@@ -128,7 +128,8 @@ def eval_command(args) -> int:
     if not (args.data or cfg.data.path):
         raise ConfigError("slimgrpo eval: give --data PROMPTS (or a config with data.path)")
     if args.json_samples < 0:
-        raise ConfigError(f"--json-samples must be >= 0 (prompts whose completions --json keeps), got {args.json_samples}")
+        raise ConfigError(f"--json-samples must be >= 0 (prompts whose completions --json keeps), "
+                          f"got {args.json_samples}")
     if args.data:
         _check_flag_path("--data", args.data)
     else:

@@ -123,7 +123,7 @@ def all_changes(suggestions: list[Suggestion]) -> dict[str, Any]:
 def not_modelled(cfg: Config, plan: MemoryPlan) -> list[str]:
     """What the plan leaves out where it can be far off, in a few words each, for its headline: packed
     update rows (a run with short prompts or completions peaks far lower: the addition recipe's plan says
-    6.21 GiB for a measured 2.98 GiB peak) and QLoRA's fp32 casts (counted by ``plan --trace``)."""
+    6.21 GiB for a measured 2.98 GiB peak)."""
     out = []
     x = plan.inputs
     packable = (cfg.memory.share_prompt_forward and not cfg.memory.gradient_checkpointing
@@ -133,9 +133,6 @@ def not_modelled(cfg: Config, plan: MemoryPlan) -> list[str]:
         out.append(f"an upper bound: prompts counted at {x.max_prompt_length} tokens, completions at "
                    f"{x.max_completion_length}, packed update rows (real tokens only) not modelled: short prompts "
                    "or completions peak lower, docs/memory.md 'Packed rows'")
-    if cfg.model.load_in_4bit:
-        out.append("QLoRA's fp32 casts of embeddings, norms and LM head are not counted (slimgrpo plan --trace "
-                   "counts them)")
     return out
 
 
@@ -185,8 +182,8 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
     advice = (f"these changes bring it to {format_gib(suggestions[-1].plan_after.peak_bytes)} GiB: {' '.join(fix)} "
               "(or set memory.fit=true to apply them)") if fits else \
         "no combination of the planner's changes fits; use a smaller model, shorter completions or more memory"
-    raise MemoryBudgetError(f"the run needs about {format_gib(plan.peak_bytes)} GiB at its peak ({plan.peak_phase}), more "
-                      f"than memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB); {advice}")
+    raise MemoryBudgetError(f"the run needs about {format_gib(plan.peak_bytes)} GiB at its peak ({plan.peak_phase}), "
+                            f"more than memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB); {advice}")
 
 
 def fit_by_trace(cfg: Config, shape: ModelShape, device: str, world_size: int, budget: int, console: Console,
