@@ -35,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a model with GRPO from a YAML config",
                        description="Train a causal LM with GRPO. CONFIG is a YAML file; key=value pairs "
-                                   "override it (dotted keys, values read as YAML).",
+                                   "override it (dotted keys, values read as YAML). Relative paths in CONFIG are "
+                                   "taken from its folder, those in key=value from the working directory.",
                        epilog=EPILOG_TRAIN + "\n" + help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("config", nargs="?", help="YAML config file")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, e.g. loss.beta=0.04")
@@ -66,7 +67,9 @@ def _parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="accuracy and pass@k of a model on a dataset",
                        description="Evaluate a model (or checkpoint) with reward functions: accuracy "
-                                   "(fraction scored >= --threshold by the first function) and pass@k.")
+                                   "(fraction scored >= --threshold by the first function) and pass@k. Relative "
+                                   "paths in CONFIG are taken from its folder; in key=value, --model, --compare "
+                                   "and --data from the working directory.")
     e.add_argument("config", nargs="?", help="YAML config giving the model (model.path, unless --model), data, "
                    "rewards and sampling (optional)")
     e.add_argument("overrides", nargs="*", metavar="key=value")
