@@ -89,8 +89,9 @@ def test_units():
 
 
 def test_plan_small_model_counts_and_units(tmp_path, tiny_model_dir, capsys):
+    # within the tiny model's 512 positions (the defaults, 512 + 256, are refused: test_position_limit.py)
     assert main(["plan", "--model", str(tiny_model_dir), "run.batch_size=8", "rollout.num_generations=4",
-                 "--budget", "1KiB"]) == 4
+                 "data.max_prompt_length=256", "--budget", "1KiB"]) == 4
     out = capsys.readouterr().out
     assert "0.00B" not in out and "K parameters" in out
     advice = [ln for ln in out.splitlines() if ln.strip().startswith("- ")]

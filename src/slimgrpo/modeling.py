@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import torch
 
 from slimgrpo.config import Config, LoraConfig, ModelConfig
+from slimgrpo.config.context import position_limit
 from slimgrpo.model_gguf import GGUFError, gguf_config, is_gguf, load_gguf_model, load_gguf_tokenizer
 
 log = logging.getLogger("slimgrpo")
@@ -71,11 +72,8 @@ def looks_like_hub_name(path: str) -> bool:
 
 
 def max_positions(model_config: dict[str, Any]) -> int | None:
-    text_cfg = model_config.get("text_config", model_config)
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        if isinstance(text_cfg.get(key), int):
-            return text_cfg[key]
-    return None
+    """The model's position limit after its rope scaling (``config/context.py``), None when unknown."""
+    return position_limit(model_config)[0]
 
 
 def check_weights_present(path: str) -> None:

@@ -291,6 +291,7 @@ def check_context_length(cfg: Config, max_positions: int | None, model_path: str
         raise ConfigError(
             f"data.max_prompt_length ({cfg.data.max_prompt_length}) + rollout.max_completion_length "
             f"({cfg.rollout.max_completion_length}) = {need} tokens exceeds the context of {model_path!r} "
-            f"({max_positions} positions): lower rollout.max_completion_length to at most {room} "
+            f"({max_positions} positions, its position limit after rope scaling): lower "
+            f"rollout.max_completion_length to at most {room} "
             "or shorten data.max_prompt_length"
         )

@@ -8,7 +8,7 @@ import os
 
 from rich.console import Console
 
-from slimgrpo.config import ConfigError, from_dict, load_config, merge_overrides
+from slimgrpo.config import ConfigError, check_context_length, from_dict, load_config, merge_overrides
 from slimgrpo.exit_codes import DOES_NOT_FIT
 from slimgrpo.memory.advice import fit_to_budget, format_gib, render_plan
 from slimgrpo.memory.check import (all_changes, budget_bytes, check_before_training, fit_by_trace,
@@ -48,6 +48,9 @@ def plan_command(args) -> int:
         console.print(f"[yellow]warning[/yellow]: {attention_problem(cfg)}; `slimgrpo train` refuses this config")
     device = plan_device(cfg, args.device or ("cuda" if not args.config and cfg.run.device == "auto" else None))
     shape = shape_of(cfg, args.model)
+    # As `slimgrpo train` does before loading weights: a context past the model's position limit (after its
+    # rope scaling) is refused, naming the limit, instead of planned.
+    check_context_length(cfg, shape.max_positions, args.model or cfg.model.path)
     inputs = plan_inputs(cfg, device, vocab=shape.vocab)
     plan = plan_memory(shape, inputs)
     spec = args.budget or cfg.memory.budget

@@ -496,8 +496,8 @@ def _notes(shape: ModelShape, x: PlanInputs) -> list[str]:
     if unknown:
         notes.append(unknown)
     if shape.max_positions and x.seq_len > shape.max_positions:
-        notes.append(f"prompt + completion = {x.seq_len:,} tokens exceeds the model's "
-                     f"max_position_embeddings ({shape.max_positions:,})")
+        notes.append(f"prompt + completion = {x.seq_len:,} tokens exceeds the model's position limit "
+                     f"({shape.max_positions:,}, after rope scaling): `slimgrpo plan` and `train` refuse it")
     if x.offload_activations and x.device == "cpu":
         notes.append("offload_activations has no effect on cpu: host memory is the device; checkpoints stay in RSS")
     if x.micro_batch_rows > x.rows:

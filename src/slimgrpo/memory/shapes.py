@@ -32,6 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from slimgrpo.config.context import position_limit
 from slimgrpo.model_gguf import gguf_config, is_gguf
 
 # Per-family architecture details that change the parameter count.
@@ -142,7 +143,8 @@ class ModelShape:
         Reads ``model_type``, ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
         ``num_attention_heads``, ``num_key_value_heads`` (default: heads), ``vocab_size``,
         ``tie_word_embeddings`` (default: False, as in the llama/qwen2 configs),
-        ``max_position_embeddings`` and ``head_dim`` (default: hidden // heads).
+        ``max_position_embeddings`` stretched by its rope scaling (``config/context.py``: Qwen3-8B with YaRN
+        x4 over 32,768 gives 131,072) and ``head_dim`` (default: hidden // heads).
         A multimodal config whose language model sits under ``text_config`` is read from there.
         """
         if not isinstance(config, dict):
@@ -171,7 +173,7 @@ class ModelShape:
             kv_heads=int(config.get("num_key_value_heads") or heads),
             vocab=int(config["vocab_size"]),
             tie=bool(tie) if tie is not None else False,
-            max_positions=int(config.get("max_position_embeddings") or 0),
+            max_positions=position_limit(config)[0] or 0,
             head_dim=int(config.get("head_dim") or 0),
         )
 
