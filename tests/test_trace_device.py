@@ -12,6 +12,8 @@ the CUDA trace path. Tolerances: 12% on phase totals and 20% on the generation c
 size above (2x in the generation category) fails.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -150,3 +152,68 @@ def test_cpu_lora_decode_in_bf16_merges_in_the_weights_dtype():
     ref = TorchRolloutEngine(model, lean_decode=True, pack_weights="none").generate([[3, 4, 5], [6, 7]], 2, params)
     assert torch.equal(ro.completion_ids, ref.completion_ids)
     torch.testing.assert_close(ro.sampler_logprobs, ref.sampler_logprobs, rtol=0, atol=0.1)
+
+
+def test_cuda_trace_counts_offloaded_checkpoints_in_host_memory():
+    """memory.offload_activations on a CUDA trace takes the CUDA path: the checkpoints (and every other saved
+    tensor of 1 MiB or more: the final norm's) are counted in host memory, apart from the device peak, and
+    the device's update peak drops with the number of layers. Ten layers, update only. The trace keeps about
+    four layers' checkpoints on the device at the peak where the plan assumes two (OFFLOAD_RESIDENT_LAYERS;
+    probably layer 0's input, a leaf that requires grad under LoRA, which AsyncOffload keeps, plus the
+    inputs brought back for the recompute)."""
+    shape = dataclasses.replace(SHAPE, layers=10)
+    runs = {}
+    for name, extra in (("kept", []), ("offloaded", ["memory.offload_activations=true"])):
+        cfg = _config(extra)
+        runs[name] = (plan_memory(shape, plan_inputs(cfg, "cuda", vocab=shape.vocab)),
+                      trace_step(cfg, shape, device="cuda", generation=False))
+    (_, kept), (plan, offloaded) = runs["kept"], runs["offloaded"]
+    assert kept.host_peak_bytes == 0
+    host = offloaded.phases["update"].host_peak_bytes
+    layer = 1 * (37 + 3001) * shape.hidden * 2  # m·S·H·B: one layer's checkpoint
+    checkpoints = plan.bytes_of("offloaded checkpoints")
+    assert checkpoints == shape.layers * layer == plan.host_bytes
+    final_norm = (37 + 3001) * ((4 + 2 * 2) * shape.hidden + 4)  # kept on the device by the plan
+    assert 0.85 * checkpoints <= host <= 1.15 * (checkpoints + final_norm), (host, checkpoints, final_norm)
+    ratio = offloaded.phases["update"].peak_bytes / plan_tensor_bytes(plan, "update")
+    assert 0.88 <= ratio <= 1.12, ratio
+    saved = kept.phases["update"].peak_bytes - offloaded.phases["update"].peak_bytes
+    assert saved >= 0.9 * (shape.layers - 4) * layer, (saved, layer)
+
+
+def test_cuda_trace_keeps_the_full_fine_tuning_reference_in_host_memory():
+    """Full fine-tuning with beta > 0 on CUDA: the frozen reference copy lives in host RAM (the plan's host
+    line); the trace counts it there, not in the device peak."""
+    plan, trace = _plan_and_trace(["lora.enabled=false", "loss.beta=0.04"])
+    assert plan.host_bytes == plan.bytes_of("reference policy") > 0
+    assert abs(trace.host_peak_bytes / plan.host_bytes - 1) < 0.01
+    assert "reference policy" not in trace.phases["update"].by_tag
+    from rich.console import Console
+
+    from slimgrpo.train.trace_report import render_trace
+
+    console = Console(record=True, width=300)
+    render_trace(plan, trace, console)
+    assert "host memory, apart from the device peak" in console.export_text()
+    ratio = trace.phases["update"].peak_bytes / plan_tensor_bytes(plan, "update")
+    assert 0.88 <= ratio <= 1.12, ratio
+
+
+def test_live_bytes_counts_host_tags_apart():
+    from slimgrpo.memory.live_bytes import LiveBytes
+
+    tracker = LiveBytes(host_tags=("offloaded checkpoints",))
+    with tracker:
+        with tracker.phase("update"):
+            a = torch.empty(100)  # 400 B on the device
+            with tracker.tag("offloaded checkpoints"):
+                h = torch.empty(50)  # 200 B on the host
+            assert (tracker.total_bytes, tracker.host_bytes) == (400, 200)
+            assert tracker.live_bytes("offloaded checkpoints") == 200
+            tracker.retag(a, "offloaded checkpoints")  # moved to the host
+            assert (tracker.total_bytes, tracker.host_bytes) == (0, 600)
+            del a, h
+            assert (tracker.total_bytes, tracker.host_bytes) == (0, 0)
+    assert tracker.peak_bytes == 400 and tracker.host_peak_bytes == 600
+    assert tracker.phases["update"].host_peak_bytes == 600
+    assert "offloaded checkpoints" not in tracker.phases["update"].by_tag

@@ -20,6 +20,10 @@ explicitly with :meth:`LiveBytes.tag` (``backward_tag=None`` turns that off). :m
 storage's bytes to another tag (e.g. a parameter's ``.grad`` once accumulated); a retag while the
 total still equals the peak also moves them in the peak's breakdown. At every new peak of a phase
 the per-tag totals are copied: ``phases[name].by_tag`` is the breakdown at that moment.
+
+``host_tags`` name tags whose storages a run would hold in host memory, not on the device (a CUDA trace:
+offloaded checkpoints, the full-fine-tuning reference copy). Their bytes are counted apart: ``host_bytes``
+now, ``host_peak_bytes`` at most, ``host_by_tag``; they are not in ``total_bytes`` or the device peaks.
 """
 
 from __future__ import annotations
@@ -40,13 +44,19 @@ class PhasePeak:
 
     peak_bytes: int = 0
     by_tag: dict[str, int] = field(default_factory=dict)
+    host_peak_bytes: int = 0  # largest live total of the host tags during the phase
 
 
 class LiveBytes(TorchDispatchMode):
     """Counts live storage bytes per tag; see the module docstring."""
 
-    def __init__(self, default_tag: str = "other", backward_tag: str | None = "backward") -> None:
+    def __init__(self, default_tag: str = "other", backward_tag: str | None = "backward",
+                 host_tags: Iterable[str] = ()) -> None:
         super().__init__()
+        self.host_tags = frozenset(host_tags)
+        self.host_by_tag: dict[str, int] = {}  # live bytes per host tag, now
+        self.host_bytes = 0  # live bytes of the host tags, now
+        self.host_peak_bytes = 0
         self._live: dict[int, tuple[int, str, weakref.ref]] = {}  # storage address -> (nbytes, tag, ref)
         self.by_tag: dict[str, int] = {}  # live bytes per tag, now
         self.total_bytes = 0  # live bytes, now
@@ -102,8 +112,7 @@ class LiveBytes(TorchDispatchMode):
         nbytes = int(storage.nbytes())
         tag = tag or self.current_tag()
         self._live[key] = (nbytes, tag, weakref.ref(storage, lambda _, k=key: self._free(k)))
-        self.by_tag[tag] = self.by_tag.get(tag, 0) + nbytes
-        self.total_bytes += nbytes
+        self._add(tag, nbytes)
         self._note_peak()
 
     def track_all(self, tensors: Iterable[torch.Tensor | None], tag: str) -> None:
@@ -120,9 +129,12 @@ class LiveBytes(TorchDispatchMode):
         nbytes, old, ref = self._live[key]
         if old == tag:
             return
-        self.by_tag[old] -= nbytes
-        self.by_tag[tag] = self.by_tag.get(tag, 0) + nbytes
+        self._add(old, -nbytes)
+        self._add(tag, nbytes)
         self._live[key] = (nbytes, tag, ref)
+        if (old in self.host_tags) != (tag in self.host_tags):  # moved between host and device
+            self._note_peak()
+            return
         # Retagged at the peak itself (nothing freed since, e.g. a gradient just accumulated): the
         # peak's breakdown names it by its new tag too.
         peaks = [self.peak_by_tag] if self.total_bytes == self.peak_bytes else []
@@ -134,15 +146,29 @@ class LiveBytes(TorchDispatchMode):
                 by_tag[tag] = by_tag.get(tag, 0) + nbytes
 
     def live_bytes(self, tag: str | None = None) -> int:
-        return self.total_bytes if tag is None else self.by_tag.get(tag, 0)
+        if tag is None:
+            return self.total_bytes
+        return self.host_by_tag.get(tag, 0) if tag in self.host_tags else self.by_tag.get(tag, 0)
 
     def _free(self, key: int) -> None:
         entry = self._live.pop(key, None)
         if entry is not None:
-            self.by_tag[entry[1]] -= entry[0]
-            self.total_bytes -= entry[0]
+            self._add(entry[1], -entry[0])
+
+    def _add(self, tag: str, nbytes: int) -> None:
+        """``nbytes`` (negative: freed) more under ``tag``, on the host or on the device by its tag."""
+        if tag in self.host_tags:
+            self.host_by_tag[tag] = self.host_by_tag.get(tag, 0) + nbytes
+            self.host_bytes += nbytes
+        else:
+            self.by_tag[tag] = self.by_tag.get(tag, 0) + nbytes
+            self.total_bytes += nbytes
 
     def _note_peak(self) -> None:
+        self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
+        if self._phase is not None:
+            p = self.phases[self._phase]
+            p.host_peak_bytes = max(p.host_peak_bytes, self.host_bytes)
         if self.total_bytes > self.peak_bytes:
             self.peak_bytes = self.total_bytes
             self.peak_by_tag = {k: v for k, v in self.by_tag.items() if v}

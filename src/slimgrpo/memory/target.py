@@ -16,8 +16,10 @@ So every such choice asks :func:`device_kind` instead of reading ``.device.type`
         ...
 
 What follows the planned device: choices that change which tensors a step allocates (the LoRA merge
-and oneDNN packing in ``rollout/model_parts.py``, the offload path in ``train/offload.py``). What does
-not: calls that must run on the real device (``torch.cuda.synchronize``, CUDA streams and graphs, a
+and oneDNN packing in ``rollout/model_parts.py``, the offload path in ``train/offload.py``). Where the
+planned device would put a tensor in host memory (an offloaded checkpoint), the code makes it inside
+:func:`host_scope`, which the trace maps to its host account (``planned_device(kind, host=...)``). What
+does not follow: calls that must run on the real device (``torch.cuda.synchronize``, CUDA streams and graphs, a
 library's kernels); where the planned device would need one of those, the trace substitutes a stand-in
 that keeps the real one's memory (``memory/standins.py``) or says in its notes what it cannot follow.
 """
@@ -26,25 +28,35 @@ from __future__ import annotations
 
 import contextlib
 from contextvars import ContextVar
-from typing import Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
 _PLANNED: ContextVar[str | None] = ContextVar("slimgrpo_planned_device", default=None)
+_HOST: ContextVar[Callable[[], ContextManager[Any]] | None] = ContextVar("slimgrpo_host_scope", default=None)
 KINDS = ("cpu", "cuda")
 
 
 @contextlib.contextmanager
-def planned_device(kind: str | None) -> Iterator[None]:
+def planned_device(kind: str | None, host: Callable[[], ContextManager[Any]] | None = None) -> Iterator[None]:
     """Inside this block :func:`device_kind` answers ``kind`` ("cpu" or "cuda") whatever device a tensor is
-    on; ``None`` leaves each tensor's own device in charge (a run)."""
+    on; ``None`` leaves each tensor's own device in charge (a run). ``host``: a factory of the context
+    :func:`host_scope` enters, where tensors a run would hold in host memory are made."""
     if kind is not None and kind not in KINDS:
         raise ValueError(f"planned device must be one of {KINDS} or None, got {kind!r}")
-    token = _PLANNED.set(kind)
+    token, host_token = _PLANNED.set(kind), _HOST.set(host)
     try:
         yield
     finally:
+        _HOST.reset(host_token)
         _PLANNED.reset(token)
+
+
+def host_scope() -> ContextManager[Any]:
+    """The context to make a host-memory copy in (an offloaded checkpoint): the trace's host account while
+    a trace gives one, else nothing."""
+    factory = _HOST.get()
+    return factory() if factory is not None else contextlib.nullcontext()
 
 
 def planned() -> str | None:

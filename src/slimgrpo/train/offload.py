@@ -15,7 +15,9 @@ and each micro-batch moves a copy of the weights (saved by every linear layer) o
 * the host-to-device copy back is issued on the compute stream, asynchronously from pinned memory.
 
 Values make the round trip unchanged, so gradients are identical (the test checks it). On a CPU
-device there is nothing to gain; :func:`offload_context` then uses ``save_on_cpu`` as before.
+device there is nothing to gain; :func:`offload_context` then uses ``save_on_cpu`` as before. A trace of a
+CUDA step (``memory/target.py``) takes the CUDA path on CPU fake tensors: each offloaded tensor becomes
+a copy made in ``host_scope`` (counted as host memory) and comes back as a fresh device copy in backward.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import contextlib
 import torch
 from torch import nn
 
-from slimgrpo.memory.target import device_kind
+from slimgrpo.memory.target import device_kind, host_scope, traced_off_device
 
 DEFAULT_MIN_BYTES = 1 << 20  # smaller tensors are not worth a copy
 
@@ -58,7 +60,7 @@ class AsyncOffload(torch.autograd.graph.saved_tensors_hooks):
         return self._streams[device]
 
     def _keep(self, t: torch.Tensor) -> bool:
-        if t.device.type not in self.device_types or t.layout != torch.strided:
+        if device_kind(t) not in self.device_types or t.layout != torch.strided:
             return True
         if t.numel() * t.element_size() < self.min_bytes:
             return True
@@ -70,8 +72,9 @@ class AsyncOffload(torch.autograd.graph.saved_tensors_hooks):
             return ("kept", t)
         self.offloaded += 1
         self.offloaded_bytes += t.numel() * t.element_size()
-        if t.device.type != "cuda":
-            return ("host", t.device, t.detach().to("cpu", copy=True), None)
+        if t.device.type != "cuda":  # a CPU device (tests), or a CUDA step traced on CPU fake tensors
+            with host_scope():  # the trace counts the copy as host memory (memory/target.py)
+                return ("host", t.device, t.detach().to("cpu", copy=True), None)
         host = torch.empty(t.shape, dtype=t.dtype, layout=t.layout, pin_memory=True)
         side = self._side_stream(t.device)
         side.wait_stream(torch.cuda.current_stream(t.device))  # t is complete before it is copied
@@ -86,8 +89,8 @@ class AsyncOffload(torch.autograd.graph.saved_tensors_hooks):
         if packed[0] == "kept":
             return packed[1]
         _, device, host, done = packed
-        if done is None:
-            return host.to(device)
+        if done is None:  # traced: a device copy, as the CUDA run makes (.to would alias the CPU tensor)
+            return host.clone() if traced_off_device(host) else host.to(device)
         torch.cuda.current_stream(device).wait_event(done)
         return host.to(device, non_blocking=True)
 

@@ -25,7 +25,9 @@ Tags (what ``by_tag`` holds): ``weights``, ``LoRA adapters``, ``reference policy
 state``, ``buffers`` (rollout tensors), ``generation`` (KV cache, prefill, sampling), ``activations``
 (made inside the decoder's forward), ``loss working set`` (made after the decoder, in the forward:
 LM head chunks, objective), ``backward`` (made during backward: activation gradients, recomputed
-layers), ``gradients`` (parameter ``.grad``), ``optimizer step``, ``update other``.
+layers), ``gradients`` (parameter ``.grad``), ``optimizer step``, ``update other``. On CUDA,
+``offloaded checkpoints`` (``memory.offload_activations``) and ``reference policy`` are host memory
+(``HOST_TAGS``): counted apart from the device peak, in ``TraceResult.host_peak_bytes``.
 
 What the trace cannot see: the allocator's caching and fragmentation (CUDA caching allocator, glibc
 heaps), workspaces libraries take outside PyTorch tensors (cuBLAS, cuDNN, oneDNN packed weights,
@@ -56,6 +58,8 @@ from slimgrpo.memory.target import planned_device
 # traced tensor peak. A documented guess (docs/memory.md#trace), to be replaced by the measured
 # max_memory_reserved / traced ratio of the GPU suite.
 CUDA_TRACE_MARGIN = 0.10
+# Tags of what a CUDA run holds in host memory, not on the GPU: counted apart (TraceResult.host_peak_bytes).
+HOST_TAGS = ("offloaded checkpoints", "reference policy")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -72,6 +76,7 @@ class TraceResult:
     kv_bytes: int = 0  # live generation tensors at the last traced decode step: KV cache and output buffers
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    host_peak_bytes: int = 0  # cuda: most bytes held in host memory at once (offloaded checkpoints, reference copy)
 
     @property
     def device_peak_bytes(self) -> int:
@@ -113,14 +118,16 @@ def trace_step(cfg, shape: ModelShape, device: str = "cpu", generation: bool = T
 
     t0 = time.perf_counter()
     notes: list[str] = []
-    tracker = LiveBytes(default_tag="update other")
+    # On CUDA these live in host memory (as the plan's location="host" lines): counted apart from the device peak
+    tracker = LiveBytes(default_tag="update other", host_tags=HOST_TAGS if device == "cuda" else ())
     meta, reference = _prepared_meta(cfg, shape, device, notes)
     if cfg.memory.optimizer == "adamw_8bit":
         notes.append("8-bit AdamW: a stand-in keeps bitsandbytes' blockwise state (two uint8 moments, fp32 "
                      "absmax per 256) and steps in place like its fused kernel (memory/standins.py)")
     # Every choice that shapes the step's memory follows the device planned for, not the fake tensors' CPU
     # device (memory/target.py): a CUDA trace decodes LoRA without the CPU's merged weights, packs nothing.
-    with planned_device(device), FakeTensorMode(allow_non_fake_inputs=True), FakeData():
+    with planned_device(device, host=lambda: tracker.tag("offloaded checkpoints")), \
+            FakeTensorMode(allow_non_fake_inputs=True), FakeData():
         runner, model = _build(cfg, meta, reference)
         with tracker:
             _track_resident(tracker, runner, cfg)
@@ -133,7 +140,7 @@ def trace_step(cfg, shape: ModelShape, device: str = "cpu", generation: bool = T
     overhead = CUDA_FRAMEWORK_OVERHEAD_BYTES if device == "cuda" else CPU_FRAMEWORK_OVERHEAD_BYTES
     margin = math.ceil(CUDA_TRACE_MARGIN * tracker.peak_bytes) if device == "cuda" else 0
     return TraceResult(dict(tracker.phases), tracker.peak_bytes, phase, device, overhead, margin, kv,
-                       time.perf_counter() - t0, notes)
+                       time.perf_counter() - t0, notes, tracker.host_peak_bytes)
 
 
 def _prepared_meta(cfg, shape: ModelShape, device: str, notes: list[str]):
@@ -159,8 +166,8 @@ def _prepared_meta(cfg, shape: ModelShape, device: str, notes: list[str]):
     if cfg.loss.beta > 0 and not cfg.lora.enabled:
         reference = meta_model(shape, dtype, attn).eval().requires_grad_(False)
     if cfg.memory.offload_activations and device == "cuda":
-        notes.append("offload_activations: traced on the CPU code path, where it keeps checkpoints in place; "
-                     "the CUDA run moves them to host memory (the plan's 'offloaded checkpoints' line)")
+        notes.append("offload_activations: traced on the CUDA code path (train/offload.py): each offloaded tensor "
+                     "is counted in host memory while it waits for backward, and as a device copy once it is back")
     return model, reference
 
 

@@ -78,6 +78,10 @@ def render_trace(plan: MemoryPlan, trace: TraceResult, console: Any = None,
              if trace.device == "cuda" else f"process runtime {format_gib(trace.overhead_bytes)} GiB (measured)")
     console.print(f"device peak from the trace: {format_gib(trace.device_peak_bytes)} GiB = traced "
                   f"{format_gib(trace.peak_bytes)} + {extra}; plan {format_gib(plan.peak_bytes)} GiB", soft_wrap=True)
+    if trace.device == "cuda" and (trace.host_peak_bytes or plan.host_bytes):
+        console.print(f"host memory, apart from the device peak: trace {format_gib(trace.host_peak_bytes)} GiB at "
+                      f"most (offloaded checkpoints, reference copy), plan {format_gib(plan.host_bytes)} GiB",
+                      soft_wrap=True)
     if trace.kv_bytes:
         console.print(f"generation tensors live at the last traced decode step (KV cache, output buffers): "
                       f"{format_gib(trace.kv_bytes)} GiB", soft_wrap=True)
