@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .planner import GiB, PHASES, MemoryPlan, PlanInputs, plan_memory
+from .planner import CUDA_TRACE_MARGIN, GiB, PHASES, MemoryPlan, PlanInputs, plan_memory
 from .shapes import ModelShape
 
 _UNITS = {
@@ -224,6 +224,20 @@ def format_gib(n: int) -> str:
     return f"{n / GiB:,.2f}"
 
 
+def headroom_warning(plan: MemoryPlan, budget: int) -> str | None:
+    """On CUDA, a plan that fits ``budget`` with less to spare than the allocator margin
+    (``CUDA_TRACE_MARGIN`` of the tensor peak, which the plan does not add and the trace does): say so."""
+    if plan.inputs.device != "cuda" or plan.peak_bytes > budget:
+        return None
+    margin = CUDA_TRACE_MARGIN * plan.tensor_peak_bytes
+    spare = budget - plan.peak_bytes
+    if spare >= margin:
+        return None
+    return (f"{format_gib(spare)} GiB to spare is less than the CUDA caching allocator's margin the trace assumes "
+            f"({CUDA_TRACE_MARGIN:.0%} of the {format_gib(plan.tensor_peak_bytes)} GiB tensor peak = "
+            f"{format_gib(margin)} GiB): the run may not fit; check with `slimgrpo plan --trace` or leave more room")
+
+
 def render_plan(plan: MemoryPlan, console: Any = None, budget_bytes: int | str | None = None) -> None:
     """Print the plan as a rich table: component, phase, GiB, formula; phase totals; peak; verdict."""
     from rich.console import Console
@@ -258,6 +272,9 @@ def render_plan(plan: MemoryPlan, console: Any = None, budget_bytes: int | str |
         if plan.peak_bytes <= budget:
             console.print(f"[green]fits[/green] in {format_gib(budget)} GiB "
                           f"({format_gib(budget - plan.peak_bytes)} GiB to spare)")
+            warning = headroom_warning(plan, budget)
+            if warning:
+                console.print(Text("warning: ", style="yellow") + Text(warning), soft_wrap=True)
         else:
             console.print(f"[red]does not fit[/red] in {format_gib(budget)} GiB: "
                           f"over by {format_gib(plan.peak_bytes - budget)} GiB")

@@ -46,6 +46,11 @@ CUDA_FRAMEWORK_OVERHEAD_BYTES = 512 * MiB
 # Qwen2/Llama model classes: ru_maxrss = 352,396 KiB (about 344 MiB), measured on the 2-core
 # development machine. On CPU this is the floor under every plan.
 CPU_FRAMEWORK_OVERHEAD_BYTES = 352_396 * KiB
+# Caching allocator rounding, fragmentation and stream-ordered reuse on CUDA, as a fraction of the tensor
+# peak: what the trace adds for its device peak (train/trace.py), and the least headroom `slimgrpo plan`
+# asks of a budget before it says "fits" without a warning. A documented guess (docs/memory.md#trace), to be
+# replaced by the measured max_memory_reserved / traced ratio of the GPU suite.
+CUDA_TRACE_MARGIN = 0.10
 
 # LoRA adapters are kept in fp32 (peft's get_peft_model(autocast_adapter_dtype=True) default).
 LORA_ADAPTER_BYTES = 4

@@ -50,14 +50,10 @@ from dataclasses import dataclass, field
 import torch
 
 from slimgrpo.memory.live_bytes import LiveBytes, PhasePeak
-from slimgrpo.memory.planner import CPU_FRAMEWORK_OVERHEAD_BYTES, CUDA_FRAMEWORK_OVERHEAD_BYTES
+from slimgrpo.memory.planner import CPU_FRAMEWORK_OVERHEAD_BYTES, CUDA_FRAMEWORK_OVERHEAD_BYTES, CUDA_TRACE_MARGIN
 from slimgrpo.memory.shapes import ModelShape
 from slimgrpo.memory.target import planned_device
 
-# Caching allocator rounding, fragmentation and stream-ordered reuse on CUDA, as a fraction of the
-# traced tensor peak. A documented guess (docs/memory.md#trace), to be replaced by the measured
-# max_memory_reserved / traced ratio of the GPU suite.
-CUDA_TRACE_MARGIN = 0.10
 # Tags of what a CUDA run holds in host memory, not on the GPU: counted apart (TraceResult.host_peak_bytes).
 HOST_TAGS = ("offloaded checkpoints", "reference policy")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
