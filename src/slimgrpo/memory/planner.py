@@ -92,6 +92,9 @@ LOSS_PER_TOKEN_TENSORS = 12
 
 # Decode: fp32 logits of the last position for every row, plus the sampling workspace.
 GEN_LOGITS_COPIES = 2
+# The rollout prefills prompts this many positions at a time (rollout/engine.py TorchRolloutEngine's
+# prefill_chunk): the prefill's working set is one chunk's, not the whole prompt's.
+PREFILL_CHUNK_TOKENS = 2048
 
 
 
@@ -465,8 +468,9 @@ def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
                    f"2·B·S·kv_heads·head_dim·rows; L {shape.layers}, S {_n(S)}, kv_heads {shape.kv_heads}, "
                    f"head_dim {shape.head_dim}")
     groups = min(x.prompts_per_step, math.ceil(gen_rows / x.num_generations))
-    prefill = groups * P * inference_bytes_per_token_layer(shape, x)
-    mask_shared, mask_layer = attention_mask_bytes(x, groups, P, shape=shape)
+    chunk = min(P, PREFILL_CHUNK_TOKENS)  # queries of one prefill chunk, against up to P keys
+    prefill = groups * chunk * inference_bytes_per_token_layer(shape, x)
+    mask_shared, mask_layer = attention_mask_bytes(x, groups, P, shape=shape, pairs=groups * chunk * P)
     prefill += mask_shared + mask_layer
     return [
         *_merged_lora_components(shape, x),
@@ -474,7 +478,7 @@ def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
         Component("generation logits", gen_rows * V * 4 * GEN_LOGITS_COPIES, "generation",
                   f"{GEN_LOGITS_COPIES}·rows·V·4 = {GEN_LOGITS_COPIES}·{gen_rows}·{_n(V)}·4"),
         Component("prefill working set", prefill, "generation",
-                  f"groups·P·(one layer, no grad) + S² terms = {groups}·{_n(P)}·"
+                  f"groups·min(P, chunk)·(one layer, no grad) + chunk·P terms = {groups}·{_n(chunk)}·"
                   f"{_n(inference_bytes_per_token_layer(shape, x))} + {_n(mask_shared + mask_layer)}"),
     ]
 

@@ -4,7 +4,8 @@
 implement it later. ``TorchRolloutEngine`` generates with the trainer's own live model -- no weight
 copy and nothing to synchronise after an optimizer step -- and is built for the cost profile of GRPO:
 
-* each prompt is prefilled once, then its KV cache is fanned out to the G rows of its group;
+* each prompt is prefilled once, ``prefill_chunk`` positions at a time (a bounded working set at any
+  prompt length), then its KV cache is fanned out to the G rows of its group;
 * every decode step runs the decoder on one new token per row and the LM head on that position only;
   Llama-shaped models use a lean step with a preallocated KV buffer (``decode.LlamaStepper``),
   others the model's own forward; on CPU the LM head weight (optionally every linear layer) is
@@ -27,6 +28,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..memory.malloc import generation_heap
+from ..memory.planner import PREFILL_CHUNK_TOKENS
 from ..types import Rollout
 from .decode import make_stepper
 from .model_parts import CausalLMParts, eval_mode
@@ -65,6 +67,10 @@ class TorchRolloutEngine:
         lean_decode: run decode steps through ``decode.LlamaStepper`` (Llama/Qwen2/Qwen3/Mistral
             without sliding windows) instead of the model's own forward. ``None`` = where supported,
             ``False`` = never, ``True`` = always (ValueError if the model is not supported).
+        prefill_chunk: prompts are prefilled this many positions at a time (each chunk attends to the
+            cache of the ones before), so the prefill's working set is one chunk's, whatever the prompt
+            length; ``None`` = the whole prompt in one piece. Default ``PREFILL_CHUNK_TOKENS`` (2,048), which
+            the planner's ``prefill working set`` line assumes.
     """
 
     def __init__(
@@ -76,6 +82,7 @@ class TorchRolloutEngine:
         pack_weights: str = "auto",
         lean_decode: bool | None = None,
         kv_cache_dtype: str | None = None,
+        prefill_chunk: int | None = PREFILL_CHUNK_TOKENS,
     ) -> None:
         if max_batch_rows is not None and (not isinstance(max_batch_rows, int) or max_batch_rows < 1):
             raise ValueError(f"max_batch_rows must be a positive int or None, got {max_batch_rows!r}")
@@ -89,6 +96,9 @@ class TorchRolloutEngine:
         self.pack_weights = pack_weights
         self.lean_decode = lean_decode
         self.kv_cache_dtype = kv_cache_dtype  # None/"auto" = model dtype; "fp8_e4m3" / "int8": rollout/kv_quant.py
+        if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or prefill_chunk < 1):
+            raise ValueError(f"prefill_chunk must be a positive int or None, got {prefill_chunk!r}")
+        self.prefill_chunk = prefill_chunk
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -153,11 +163,7 @@ class TorchRolloutEngine:
 
         # Prefill each distinct prompt once (batch = prompts), left padding handled by mask + positions.
         cache = DynamicCache(config=self.parts.config)
-        positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)  # [p, P]
-        hidden = self.parts.decoder(
-            input_ids=ids, attention_mask=mask.long(), position_ids=positions,
-            past_key_values=cache, use_cache=True,
-        ).last_hidden_state[:, -1]  # [p, H]
+        hidden = self._prefill(ids, mask, cache)  # [p, H]
         logits = self.parts.logits(hidden)[row_slot]  # [n, V]
         # Fan the prompt's KV cache out to its rows (rows of one prompt are adjacent).
         cache.batch_select_indices(row_slot)
@@ -208,6 +214,26 @@ class TorchRolloutEngine:
             logits = self.parts.logits(stepper.step(tokens))  # [b, V]
 
         return out_tokens.t().contiguous(), out_logprobs.t().contiguous(), lengths, ~ended
+
+
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+        """Run the left-padded prompts ``ids`` [p, P] into ``cache``, ``prefill_chunk`` positions at a time;
+        the last position's hidden state [p, H]. A chunk's queries attend to the cached keys of the chunks
+        before it and causally within it, so every position sees what it sees in one piece (the same values
+        up to float rounding: tests/test_prefill_chunks.py)."""
+        positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)  # [p, P]
+        P = ids.shape[1]
+        step = P if self.prefill_chunk is None else self.prefill_chunk
+        attention = mask.long()
+        for start in range(0, P, step):
+            end = min(start + step, P)
+            out = self.parts.decoder(
+                input_ids=ids[:, start:end], attention_mask=attention[:, :end], position_ids=positions[:, start:end],
+                past_key_values=cache, use_cache=True,
+            )
+            hidden = out.last_hidden_state[:, -1]
+            del out
+        return hidden
 
 
 def _check_prompts(prompt_ids: list[list[int]]) -> None:
