@@ -37,7 +37,7 @@ def test_secrets_stay_out_of_every_file_and_the_console(tmp_path, tiny_model_dir
     out = capsys.readouterr()
     console = out.out + out.err + caplog.text
     assert "run the same command again: slimgrpo train" in console and "data.system_prompt=<redacted>" in console
-    assert "tokenizer folder '<redacted>' does not exist" in console
+    assert "model.tokenizer_path '<redacted>' (relative to the working directory" in console  # (config/paths.py)
     files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
     assert any(p.name == "config.yaml" for p in files) and any("events.out.tfevents" in p.name for p in files)
     assert any("checkpoints" in p.parts for p in files) and (tmp_path / "run" / "final").is_dir()
