@@ -88,6 +88,8 @@ def test_missing_data_file(tmp_path, good_run, capsys):
 def test_missing_reward_file(tmp_path, good_run, capsys):
     err = bad_run(tmp_path, good_run, capsys, "rewards.functions=[nofile.py:score]")
     assert "nofile.py" in err
+    # named with its key, the spec as written and the folder it was taken from (the working directory here)
+    assert "rewards.functions \"['nofile.py:score']\" (relative to the working directory" in err
 
 
 def test_empty_dataset(tmp_path, good_run, capsys):

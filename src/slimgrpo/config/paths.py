@@ -147,6 +147,15 @@ def check_inputs_exist(cfg: Any, keys: tuple[str, ...] = INPUT_KEYS) -> None:
         if key in HUB_KEYS and looks_like_hub_name(value) and not os.path.isabs(value):
             continue
         raise ConfigError(f"{describe(cfg, key, value)}: {value} does not exist. {RULE}.")
+    if keys is INPUT_KEYS:  # and the files of file.py:name specs
+        for key in CODE_KEYS:
+            section, _, leaf = key.partition(".")
+            value = getattr(getattr(cfg, section), leaf)
+            specs = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
+            for spec in specs:
+                target = spec.rpartition(":")[0] if isinstance(spec, str) else ""
+                if target.endswith(".py") and os.path.isabs(target) and not os.path.isfile(target):
+                    raise ConfigError(f"{describe(cfg, key)}: {target} does not exist. {RULE}.")
 
 
 def same_path(old: Any, new: Any) -> bool:
