@@ -29,6 +29,11 @@ class MemoryConfig:
     budget: str | None = None
     """Memory budget, e.g. ``16GiB``; ``auto`` = the device's free memory. The run is refused before
     loading the model when the plan does not fit."""
+    host_budget: str | None = "auto"
+    """Host RAM a CUDA run may hold off the GPU: offloaded checkpoints (``offload_activations``) and the
+    full-fine-tuning reference copy, e.g. ``64GiB``. ``auto``: the machine's available memory
+    (``MemAvailable``) when the run starts; null: not checked. A run whose plan needs more is refused before
+    it starts, with both numbers; ``fit`` does not offload past it."""
     fit: bool | Literal["trace"] = False
     """When the plan exceeds ``budget``, apply the suggested changes instead of refusing. ``trace``: also
     check the settings by tracing one full-size step on fake tensors (``slimgrpo plan --trace``; seconds to

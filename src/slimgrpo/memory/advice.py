@@ -178,11 +178,13 @@ def _micro_rows(x: PlanInputs) -> PlanInputs:
     return x
 
 
-def suggest_fixes(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str) -> list[Suggestion]:
+def suggest_fixes(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str,
+                  host_budget: int | None = None) -> list[Suggestion]:
     """Cumulative changes, cheapest first, until the plan's peak is within ``budget_bytes``.
 
     Empty when the inputs already fit. The last suggestion's ``plan_after`` tells whether the budget
-    was reached (``plan_after.peak_bytes <= budget``); see :func:`fit_to_budget`.
+    was reached (``plan_after.peak_bytes <= budget``); see :func:`fit_to_budget`. ``host_budget``: host RAM
+    the run may hold off the device (CUDA); a change whose plan needs more (offloading) is not taken.
     """
     budget = parse_bytes(budget_bytes)
     x = inputs
@@ -196,6 +198,8 @@ def suggest_fixes(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str
             change, description = proposal
             candidate = dataclasses.replace(_micro_rows(x), **change)
             after = plan_memory(shape, candidate)
+            if host_budget is not None and after.host_bytes > max(host_budget, plan.host_bytes):
+                continue  # would park more in host RAM than the machine gives the run
             if plan.peak_bytes - after.peak_bytes >= MIN_GAIN_FRACTION * (plan.peak_bytes - budget):
                 x, plan = candidate, after
                 steps.append(Suggestion(change=change, description=description, plan_after=after))
@@ -205,10 +209,12 @@ def suggest_fixes(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str
     return steps
 
 
-def fit_to_budget(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str) -> tuple[PlanInputs, list[Suggestion], bool]:
-    """(inputs with all suggestions applied, the suggestions, whether the final plan fits)."""
+def fit_to_budget(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str,
+                  host_budget: int | None = None) -> tuple[PlanInputs, list[Suggestion], bool]:
+    """(inputs with all suggestions applied, the suggestions, whether the final plan fits); ``host_budget``
+    as in :func:`suggest_fixes`."""
     budget = parse_bytes(budget_bytes)
-    steps = suggest_fixes(shape, inputs, budget)
+    steps = suggest_fixes(shape, inputs, budget, host_budget)
     final = inputs
     for step in steps:
         final = dataclasses.replace(_micro_rows(final), **step.change)

@@ -105,6 +105,38 @@ class MemoryBudgetError(ConfigError):
     exit_code = 4
 
 
+def host_budget_bytes(cfg: Config, device: str) -> int | None:
+    """Host RAM a CUDA run may hold off the device (``memory.host_budget``): a size, ``auto`` = the
+    machine's MemAvailable, None when not checked (null, or a CPU run, where host memory is the device)."""
+    spec = cfg.memory.host_budget
+    if device != "cuda" or spec is None:
+        return None
+    if spec == "auto":
+        try:
+            return budget_bytes("auto", "cpu")
+        except (ConfigError, OSError):
+            return None  # cannot read it here: not checked
+    try:
+        return parse_bytes(spec)
+    except ValueError as e:
+        raise ConfigError(f"memory.host_budget={spec!r}: {e}") from None
+
+
+def check_host_memory(cfg: Config, plan: MemoryPlan, host_budget: int | None) -> None:
+    """Refuse a CUDA run whose plan parks more in host RAM than ``host_budget`` (before it starts, rather
+    than the OOM killer halfway), naming both numbers and what holds the host memory."""
+    if host_budget is None or plan.host_bytes <= host_budget:
+        return
+    lines = ", ".join(f"{c.name} {format_gib(c.bytes)} GiB" for c in plan.components
+                      if c.location == "host" and c.bytes)
+    where = ("the machine's available memory (memory.host_budget=auto)" if cfg.memory.host_budget == "auto"
+             else f"memory.host_budget={cfg.memory.host_budget}")
+    raise MemoryBudgetError(
+        f"the run would hold {format_gib(plan.host_bytes)} GiB in host RAM ({lines}), more than the "
+        f"{format_gib(host_budget)} GiB of {where}: turn memory.offload_activations off, use smaller "
+        "micro-batches (memory.micro_batch_size) or LoRA, or run where more host memory is free")
+
+
 def shape_of(cfg: Config, spec: str | None = None) -> ModelShape:
     target = spec or resolve_path(cfg, cfg.model.path)
     try:
@@ -151,7 +183,9 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
             raise
         return cfg, None  # an architecture the planner does not model: train without a plan
     plan = plan_memory(shape, plan_inputs(cfg, device, world_size, shape.vocab))
+    host_budget = host_budget_bytes(cfg, device)
     if not cfg.memory.budget:
+        check_host_memory(cfg, plan, host_budget)
         if show:
             caveat = "; ".join(not_modelled(cfg, plan))
             console.print(f"memory plan: peak {format_gib(plan.peak_bytes)} GiB during {plan.peak_phase} "
@@ -164,16 +198,19 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
                               "pass trace_fn=slimgrpo.train.trace.trace_step to Trainer")
         return fit_by_trace(cfg, shape, device, world_size, budget, console, trace_fn, show)
     if plan.peak_bytes <= budget:
+        check_host_memory(cfg, plan, host_budget)
         if show:
             render_plan(plan, console, budget)
         return cfg, plan
-    _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), budget)
+    _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), budget,
+                                         host_budget)
     fix = overrides_for(all_changes(suggestions))
     if cfg.memory.fit and fits:
         new_cfg = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir,
                            origins=cfg.path_origins)
         console.print(f"memory.fit: applying {' '.join(fix)} to fit {format_gib(budget)} GiB")
         new_plan = plan_memory(shape, plan_inputs(new_cfg, device, world_size, shape.vocab))
+        check_host_memory(new_cfg, new_plan, host_budget)
         if show:
             render_plan(new_plan, console, budget)
         return new_cfg, new_plan
@@ -190,9 +227,10 @@ def fit_by_trace(cfg: Config, shape: ModelShape, device: str, world_size: int, b
                  trace_step, show: bool = True, rounds: int = 4) -> tuple[Config, MemoryPlan]:
     """``memory.fit=trace``: the planner's fit, checked by a trace (``trace_step``: ``train/trace.py``).
     While the traced device peak is over ``budget``, fit the plan again to a budget smaller by the overshoot."""
-    target, tried = budget, cfg
+    target, tried, host_budget = budget, cfg, host_budget_bytes(cfg, device)
     for _ in range(rounds):
-        _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), target)
+        _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), target,
+                                             host_budget)
         if not fits:
             break
         fix = overrides_for(all_changes(suggestions))
@@ -204,6 +242,7 @@ def fit_by_trace(cfg: Config, shape: ModelShape, device: str, world_size: int, b
                           f"{format_gib(traced)} GiB against {format_gib(budget)} GiB", soft_wrap=True)
         if traced <= budget:
             new_plan = plan_memory(shape, plan_inputs(tried, device, world_size, shape.vocab))
+            check_host_memory(tried, new_plan, host_budget)
             if show:
                 render_plan(new_plan, console, budget)
             return tried, new_plan

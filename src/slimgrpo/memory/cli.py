@@ -11,8 +11,9 @@ from rich.console import Console
 from slimgrpo.config import ConfigError, check_context_length, from_dict, load_config, merge_overrides
 from slimgrpo.exit_codes import DOES_NOT_FIT
 from slimgrpo.memory.advice import fit_to_budget, format_gib, render_plan
-from slimgrpo.memory.check import (all_changes, budget_bytes, check_before_training, fit_by_trace,
-                                   not_modelled, overrides_for, plan_device, plan_inputs, shape_of)
+from slimgrpo.memory.check import (MemoryBudgetError, all_changes, budget_bytes, check_before_training,
+                                   check_host_memory, fit_by_trace, host_budget_bytes, not_modelled,
+                                   overrides_for, plan_device, plan_inputs, shape_of)
 from slimgrpo.memory.planner import plan_memory
 from slimgrpo.memory.shapes import preset_shapes
 from slimgrpo.units import human_count
@@ -71,9 +72,20 @@ def plan_command(args) -> int:
 
         console.print()
         render_trace(plan, trace_step(cfg, shape, device), console, budget)
+    host_budget = host_budget_bytes(cfg, device)
+    if host_budget is not None and plan.host_bytes:
+        what = ("this machine's available memory; memory.host_budget=SIZE for another"
+                if cfg.memory.host_budget == "auto" else f"memory.host_budget={cfg.memory.host_budget}")
+        console.print(f"host RAM: the plan holds {format_gib(plan.host_bytes)} GiB, {format_gib(host_budget)} GiB "
+                      f"available ({what})", soft_wrap=True)
+        try:
+            check_host_memory(cfg, plan, host_budget)
+        except MemoryBudgetError as e:
+            console.print(f"[red]does not fit in host RAM[/red]: {e}", soft_wrap=True)
+            return DOES_NOT_FIT
     if budget is None or plan.peak_bytes <= budget:
         return 0
-    _, suggestions, fits = fit_to_budget(shape, inputs, budget)
+    _, suggestions, fits = fit_to_budget(shape, inputs, budget, host_budget)
     console.print("\n[bold]To fit the budget[/bold], cheapest first:")
     for s in suggestions:
         console.print(f"  - {s.description}: {' '.join(overrides_for(s.change)) or '(no config key)'} "
