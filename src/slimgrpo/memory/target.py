@@ -18,10 +18,12 @@ So every such choice asks :func:`device_kind` instead of reading ``.device.type`
 What follows the planned device: choices that change which tensors a step allocates (the LoRA merge
 and oneDNN packing in ``rollout/model_parts.py``, the offload path in ``train/offload.py``). Where the
 planned device would put a tensor in host memory (an offloaded checkpoint), the code makes it inside
-:func:`host_scope`, which the trace maps to its host account (``planned_device(kind, host=...)``). What
-does not follow: calls that must run on the real device (``torch.cuda.synchronize``, CUDA streams and graphs, a
-library's kernels); where the planned device would need one of those, the trace substitutes a stand-in
-that keeps the real one's memory (``memory/standins.py``) or says in its notes what it cannot follow.
+:func:`host_scope`, which the trace maps to its host account (``planned_device(kind, host=...)``).
+What does not follow: calls that must run on the real device (``torch.cuda.synchronize``, CUDA streams
+and graphs, a library's kernels); where the planned device would need one of those, the trace substitutes
+a stand-in that keeps the real one's memory (``memory/standins.py``: the 4-bit base, 8-bit AdamW) or
+says in its notes what it cannot follow. Choices that allocate the same on both devices (fused AdamW,
+picked for CPU and CUDA alike in ``train/optim.py``) keep reading the real device.
 """
 
 from __future__ import annotations
