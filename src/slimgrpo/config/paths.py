@@ -158,6 +158,15 @@ def check_inputs_exist(cfg: Any, keys: tuple[str, ...] = INPUT_KEYS) -> None:
                     raise ConfigError(f"{describe(cfg, key)}: {target} does not exist. {RULE}.")
 
 
+def shown(path: str | os.PathLike) -> str:
+    """A path as a user would type it from here: relative to the working directory when inside it."""
+    text = str(path)
+    if not os.path.isabs(text):
+        return text
+    rel = os.path.relpath(text)
+    return text if rel == ".." or rel.startswith(".." + os.sep) else rel
+
+
 def same_path(old: Any, new: Any) -> bool:
     """A value in a run folder's config.yaml written before paths were stored absolute (``../models/m``,
     ``rewards.py:fn``) and the same value stored absolute now: the same path when the absolute one ends

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slimgrpo.config import from_dict, merge_overrides, validate_config
+from slimgrpo.config.paths import shown
 from slimgrpo.modeling import build_policy
 from slimgrpo.train.console import quiet_third_party
 from slimgrpo.train.trainer import Trainer
@@ -103,7 +104,7 @@ def run_demo(output_dir: str = "outputs/demo", overrides: list[str] | None = Non
     summary.update({"eval_before": before["sampled"], "eval_after": after["sampled"],
                     "eval_before_greedy": before["greedy"], "eval_after_greedy": after["greedy"],
                     "wall_time_s": wall})
-    out = Path(cfg.run.output_dir)
+    out = Path(shown(cfg.run.output_dir))  # outputs/demo, as typed, when it lies below the working directory
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"wall time {human_duration(wall)}; metrics in {out / 'metrics.jsonl'}, summary in "
                   f"{out / 'summary.json'}\nnext: slimgrpo report {out}   (plots and samples as one HTML page); "

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slimgrpo.config import from_dict, merge_overrides, validate_config
+from slimgrpo.config.paths import shown
 from slimgrpo.data import load_prompt_dataset
 from slimgrpo.demo.tools_task import tool_accuracy
 from slimgrpo.rollout.sampling import SamplingParams
@@ -100,7 +101,7 @@ def run_tool_demo(output_dir: str = "outputs/demo-tools", overrides: list[str] |
     console.print(table)
     wall = time.perf_counter() - t0
     summary.update({"eval_before": before, "eval_after": after, "wall_time_s": wall})
-    out = Path(cfg.run.output_dir)
+    out = Path(shown(cfg.run.output_dir))  # outputs/demo-tools, as typed, when below the working directory
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"wall time {human_duration(wall)}; metrics in {out / 'metrics.jsonl'}, conversations in "
                   f"{out / 'completions.jsonl'}\nnext: slimgrpo report {out}   (plots and samples as one HTML page); "

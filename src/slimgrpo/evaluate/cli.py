@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slimgrpo.config import Config, ConfigError, from_dict, load_config, merge_overrides, resolve_path
-from slimgrpo.config.paths import RULE, check_inputs_exist, describe
+from slimgrpo.config.paths import RULE, check_inputs_exist, describe, shown
 from slimgrpo.data import load_prompt_dataset
 from slimgrpo.evaluate import EvalResult, evaluate
 from slimgrpo.modeling import ModelLoadError, load_model, load_tokenizer, resolve_device, resolve_dtype
@@ -144,7 +144,7 @@ def eval_command(args) -> int:
     quiet_third_party(cfg.log.verbose)
     models = [model] + ([args.compare] if args.compare else [])
     if not args.model:  # say which model, and from where: the config's model.path, resolved by the one rule
-        Console().print(f"model: {model} (model.path of {args.config})" if args.config else f"model: {model}",
+        Console().print(f"model: {shown(model)} (model.path of {args.config})" if args.config else f"model: {model}",
                         soft_wrap=True, highlight=False)
     origins = {model: origin, **({args.compare: flag_origin("--compare", args.compare)} if args.compare else {})}
     results = {m: run_eval(m, cfg, args, origins[m]) for m in models}
