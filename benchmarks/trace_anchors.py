@@ -1,7 +1,7 @@
 """The published GPU anchors' settings, simulated: plan and trace (fake tensors) for CUDA, bf16.
 
     python benchmarks/trace_anchors.py                  # Oxen's table, Unsloth's 8B x 20K, Qwen3-8B QLoRA
-    python benchmarks/trace_anchors.py --only oxen      # or: unsloth, qlora
+    python benchmarks/trace_anchors.py --only oxen      # or: unsloth, qlora, window
 
 Nothing runs on a GPU: each row is ``slimgrpo plan --trace --device cuda`` for the setting, so every
 figure is **simulated** until a GPU run confirms it. The device peak from the trace is the traced tensor
@@ -91,7 +91,7 @@ def longest_fit(model: str, budget: float, base: list[str]) -> tuple[int, list[s
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", nargs="*", choices=["oxen", "unsloth", "qlora"])
+    ap.add_argument("--only", nargs="*", choices=["oxen", "unsloth", "qlora", "window"])
     args = ap.parse_args()
     parts = args.only or ["oxen", "unsloth", "qlora"]
     out = ["| setting (simulated, cuda, bf16) | plan GiB | trace tensors GiB | trace device GiB | trace peak phase "
@@ -115,6 +115,14 @@ def main() -> int:
     if "qlora" in parts:
         for budget in (80 * GB, 24 * GB):
             out.extend(longest_fit("qwen3-8b", budget, QLORA)[1])
+    if "window" in parts:  # Qwen3-8B's whole YaRN window, checkpoints offloaded to host memory
+        t0 = time.perf_counter()
+        T = 131_072 - 256
+        plan, tr = plan_and_trace("qwen3-8b", QLORA + [f"rollout.max_completion_length={T}",
+                                                       "memory.offload_activations=true"])
+        out.append(row(f"qwen3-8b QLoRA + offload, T = {T:,} (S = 131,072; host: plan {plan.host_bytes / GiB:.1f}, "
+                       f"trace {tr.host_peak_bytes / GiB:.1f} GiB)", plan, tr, "110K tokens on 80 GB (Unsloth)",
+                       time.perf_counter() - t0))
     print("\n".join(out))
     return 0
 
