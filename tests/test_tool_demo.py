@@ -47,7 +47,7 @@ def test_reward_scores_the_last_answer():
 
 
 @pytest.mark.slow
-def test_demo_runs_a_few_steps(tmp_path):
+def test_demo_runs_a_few_steps(tmp_path, capsys):
     from slimgrpo.demo.tools_run import TOOLS_DIR, run_tool_demo
 
     if not (TOOLS_DIR / "model" / "model.safetensors").exists():
@@ -57,3 +57,6 @@ def test_demo_runs_a_few_steps(tmp_path):
     assert 0 <= summary["eval_after"]["sampled"]["accuracy"] <= 1
     line = json.loads((tmp_path / "run" / "completions.jsonl").read_text().splitlines()[0])
     assert "completion" in json.dumps(line)
+    out = capsys.readouterr().out  # the main demo's lines: greedy before sampled, and what to run next
+    assert "eval before training: greedy" in out and out.index("greedy") < out.index("sampled")
+    assert f"next: slimgrpo report {tmp_path / 'run'}" in out.replace("\n", "")
