@@ -33,7 +33,8 @@ def project(tmp_path, monkeypatch, tiny_model_dir):
         "model": {"path": "../models/tiny"}, "data": {"path": "prompts.jsonl", "max_prompt_length": 16},
         "rollout": {"num_generations": 2, "max_completion_length": 4},
         "rewards": {"functions": ["r.py:score", "length"]},
-        "run": {"output_dir": "../outputs/run", "max_steps": 1, "batch_size": 4, "device": "cpu"},
+        "run": {"output_dir": "../outputs/run", "max_steps": 1, "batch_size": 4, "device": "cpu",
+                "max_collapsed_steps": 0},  # a random tiny model: its "collapse" is not what these tests are about
         "log": {"progress": False}}))
     work = tmp_path / "work"
     work.mkdir()
@@ -117,3 +118,30 @@ def test_critic_path_that_does_not_exist_names_the_key(project, capsys):
     err = capsys.readouterr().err
     assert "critic.model_path 'critic-model' (relative to the working directory" in err
     assert "Repo id" not in err
+
+
+def test_a_run_folder_written_before_paths_were_absolute_resumes(project, capsys):
+    """Its config.yaml holds paths as written (../models/tiny, prompts.jsonl, r.py:score): the same paths as the
+    absolute ones a resume resolves, not a changed config."""
+    conf = project / "configs" / "run.yaml"
+    assert main(["train", str(conf), "run.save_steps=1"]) == 0
+    run = project / "outputs" / "run"
+    for saved in run.rglob("config.yaml"):
+        data = yaml.safe_load(saved.read_text())
+        data["model"]["path"], data["data"]["path"] = "../models/tiny", "prompts.jsonl"
+        data["rewards"]["functions"] = ["r.py:score", "length"]
+        saved.write_text(yaml.safe_dump(data, sort_keys=False))
+        marker = saved.parent / "COMPLETE"  # a checkpoint's manifest records each file's size
+        if marker.is_file():
+            manifest = json.loads(marker.read_text())
+            manifest["files"]["config.yaml"] = saved.stat().st_size
+            marker.write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert main(["train", str(conf), "run.max_steps=2"]) == 0, capsys.readouterr().err
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert steps[-1] == 2
+    # a really different model is still refused
+    other = project / "models" / "other"
+    shutil.copytree(project / "models" / "tiny", other)
+    assert main(["train", str(conf), "run.max_steps=3", f"model.path={other}"]) == 2
+    assert "model.path: '" in capsys.readouterr().err
