@@ -101,3 +101,13 @@ def test_plan_trace_prints_no_third_party_warnings(tmp_path, tiny_model_dir):
     assert proc.returncode == 0, proc.stderr
     assert "trace / plan" in proc.stdout
     assert "Warning" not in proc.stderr and "WARNING" not in proc.stderr, proc.stderr
+
+
+def test_overrides_may_follow_the_flags(capsys):
+    """`slimgrpo plan --model X --budget B key=value`: argparse alone would call key=value unrecognized."""
+    assert main(["plan", "--model", "qwen2.5-0.5b", "--budget", "80GiB", "rollout.num_generations=4",
+                 "run.batch_size=4", "rollout.max_completion_length=64"]) == 0
+    assert "x 64 tokens" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:  # argparse's usage error, as before
+        main(["plan", "--model", "qwen2.5-0.5b", "--nope"])
+    assert e.value.code == 2 and "unrecognized arguments: --nope" in capsys.readouterr().err

@@ -273,7 +273,11 @@ def _silence_stdout() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # key=value after a flag (`plan run.yaml --trace loss.beta=0`): argparse leaves them over
+        if not hasattr(args, "overrides") or any(x.startswith("-") or "=" not in x for x in extra):
+            parser.parse_args(argv)  # the usual "unrecognized arguments" error, exit 2
+        args.overrides = list(args.overrides) + extra
     args.from_command_line = argv is None
     if not args.command:
         parser.print_help()
