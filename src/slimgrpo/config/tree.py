@@ -50,7 +50,7 @@ class Config:
     # Folder of the YAML file the config came from; relative paths resolve against it.
     base_dir: str = field(default=".", repr=False, metadata={"internal": True})
     # Where each relative path of the config came from (``config/paths.py``: key -> PathOrigin), for messages.
-    path_origins: dict = field(default_factory=dict, repr=False, metadata={"internal": True})
+    path_origins: dict = field(default_factory=dict, repr=False, compare=False, metadata={"internal": True})
 
     @property
     def ppo(self) -> bool:
