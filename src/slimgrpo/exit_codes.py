@@ -20,7 +20,7 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (DIVERGED, "training diverged: non-finite updates or a collapsed policy (run.max_nonfinite_steps, "
                "run.max_collapsed_steps); no final model, the last good checkpoint is kept"),
     (DOES_NOT_FIT, "does not fit: the memory plan exceeds the budget (plan --budget, or train's memory.budget "
-                   "without memory.fit); the message lists the changes that would fit"),
+                   "without memory.fit, or memory.host_budget); the message lists the changes that would fit"),
     (STALLED, "stopped because learning stalled (run.stop_on_stall); the last checkpoint before the stall is kept"),
     (INTERRUPTED, "interrupted (Ctrl-C, or a second SIGINT/SIGTERM)"),
 )
