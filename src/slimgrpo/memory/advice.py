@@ -149,6 +149,14 @@ def _halve_token_budget(x: PlanInputs):
     return None
 
 
+def _tiled_mlp(x: PlanInputs):
+    if x.tiled_mlp != "on":
+        return ({"tiled_mlp": "on"},
+                "tiled MLP: the MLP runs a shard of the tokens at a time, recomputed in backward (one more MLP "
+                "forward per layer)")
+    return None
+
+
 def _four_bit(x: PlanInputs):
     if x.device == "cuda" and x.lora and not x.load_in_4bit:
         return {"load_in_4bit": True}, "QLoRA: 4-bit NF4 base weights (slower matmuls, small quality cost)"
@@ -166,6 +174,7 @@ LADDER: tuple[Rung, ...] = (
     _halve_token_budget,
     _halve("micro_batch_rows", 1, "more gradient-accumulation passes (slower update, same result)"),
     _halve("generation_batch_rows", 1, "decode fewer rows at once (slower rollout, same result)"),
+    _tiled_mlp,
     _four_bit,
     _halve("max_completion_length", MIN_COMPLETION_LENGTH, "shorter completions (changes the task)"),
 )

@@ -29,6 +29,7 @@ CONFIG_KEY = {
     "generation_batch_rows": "rollout.max_batch_rows",
     "max_completion_length": "rollout.max_completion_length",
     "num_generations": "rollout.num_generations",
+    "tiled_mlp": "memory.tiled_mlp",
 }
 
 
@@ -66,7 +67,14 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
         micro_batch_tokens=cfg.memory.micro_batch_tokens,
         share_prompt_forward=cfg.memory.share_prompt_forward,
         kv_cache_dtype=cfg.rollout.kv_cache_dtype,
+        tiled_mlp=tiled_mlp_setting(cfg),
     )
+
+
+def tiled_mlp_setting(cfg: Config) -> str:
+    """``memory.tiled_mlp`` as ``auto`` / ``on`` / ``off`` (YAML reads a bare on / off as true / false)."""
+    value = cfg.memory.tiled_mlp
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 def overrides_for(changes: dict[str, Any]) -> list[str]:
@@ -252,3 +260,52 @@ def fit_by_trace(cfg: Config, shape: ModelShape, device: str, world_size: int, b
     raise MemoryBudgetError(f"memory.fit=trace: no settings the planner proposes trace below memory.budget="
                       f"{cfg.memory.budget} ({format_gib(budget)} GiB); use a smaller model, shorter "
                       "completions or more memory")
+
+
+def apply_tiled_mlp(cfg: Config, model, plan: MemoryPlan | None, console: Console | None = None,
+                    show: bool = True, distributed: bool = False) -> bool:
+    """Tile the policy's decoder MLPs (``memory/tiled_mlp.py``) when ``memory.tiled_mlp`` and the plan say so;
+    returns whether they run tiled. ``plan``: the run's plan (``check_before_training``), None for an
+    architecture the planner does not model (then only ``on`` tiles). All or nothing, as the plan counts it:
+    when an MLP cannot be tiled (a class the tiler does not know, dropout inside it) none is, and the run
+    goes on untiled only if the plan without tiling fits ``memory.budget``; else ``MemoryBudgetError``
+    (exit 4) with both numbers. ``distributed`` (DDP / FSDP): not tiled, the same way (each shard's backward
+    would hand a parameter its gradient more than once, which their gradient hooks do not expect)."""
+    import dataclasses
+
+    from slimgrpo.memory.planner import tiled_mlp_on
+    from slimgrpo.memory.tiled_mlp import tile_mlps, untile_mlps
+
+    setting = tiled_mlp_setting(cfg)
+    if setting == "off" or not (tiled_mlp_on(plan.shape, plan.inputs) if plan is not None else setting == "on"):
+        return False
+    if distributed:
+        reasons = ["an MLP under distributed training (not supported yet)"]
+    else:
+        report = tile_mlps(model)
+        if report.complete:
+            return True
+        untile_mlps(model)
+        reasons = report.unknown
+    console = console or Console()
+    cannot = f"memory.tiled_mlp={setting}: cannot tile {'; '.join(reasons)}"
+    if plan is None:
+        if show:
+            console.print(f"{cannot}; the run goes on untiled (no plan for this architecture)", soft_wrap=True)
+        return False
+    untiled = plan_memory(plan.shape, dataclasses.replace(plan.inputs, tiled_mlp="off"))
+    if cfg.memory.budget:
+        budget = budget_bytes(cfg.memory.budget, plan.inputs.device)
+        if untiled.peak_bytes > budget:
+            raise MemoryBudgetError(
+                f"{cannot}. Untiled, the run needs about {format_gib(untiled.peak_bytes)} GiB at its peak "
+                f"({untiled.peak_phase}), more than memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB); "
+                f"tiled the plan was {format_gib(plan.peak_bytes)} GiB. Use shorter sequences, smaller "
+                "micro-batches or more memory (slimgrpo plan CONFIG memory.tiled_mlp=off shows the untiled plan)")
+        fits = f", which fits memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB)"
+    else:
+        fits = ""
+    if show:
+        console.print(f"{cannot}; the run goes on untiled: the plan without tiling peaks at "
+                      f"{format_gib(untiled.peak_bytes)} GiB{fits}", soft_wrap=True)
+    return False

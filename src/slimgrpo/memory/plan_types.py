@@ -80,6 +80,11 @@ class PlanInputs:
     several rows of one prompt and checkpointing is off (train/shared_prompt.py)."""
     generation_batch_rows: int | None = None
     """Rows decoded together; None = all rows of the step at once."""
+    tiled_mlp: str = "off"
+    """memory.tiled_mlp: "on" runs each decoder MLP on ceil(tokens / H) shards of the micro-batch's tokens,
+    each recomputed in backward (memory/tiled_mlp.py), so one shard's MLP intermediates are alive instead
+    of the whole micro-batch's; "off" does not; "auto" is on where the planner says it pays
+    (``planner.tiled_mlp_on``: long micro-batches whose update peak it lowers)."""
     framework_overhead_bytes: int | None = None
     """Memory the framework holds before any tensor; None = CUDA_FRAMEWORK_OVERHEAD_BYTES on cuda,
     CPU_FRAMEWORK_OVERHEAD_BYTES (measured import RSS) on cpu."""
@@ -117,6 +122,8 @@ class PlanInputs:
             raise ValueError("load_in_4bit needs lora=True: a 4-bit base cannot be trained directly (QLoRA)")
         if self.load_in_4bit and self.device != "cuda":
             raise ValueError("load_in_4bit (bitsandbytes NF4) is CUDA only; use device='cuda' or drop it")
+        if self.tiled_mlp not in ("auto", "on", "off"):
+            raise ValueError(f"tiled_mlp must be 'auto', 'on' or 'off', got {self.tiled_mlp!r}")
         if self.kv_cache_dtype not in ("auto", "fp8_e4m3", "int8"):
             raise ValueError(f"kv_cache_dtype must be 'auto', 'fp8_e4m3' or 'int8', got {self.kv_cache_dtype!r}")
         if self.offload_activations and not self.gradient_checkpointing:

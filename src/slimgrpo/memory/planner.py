@@ -23,6 +23,7 @@ them in one place. The derivations are in docs/memory.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from . import attention as attn_kernels
@@ -32,7 +33,7 @@ from .shapes import ModelShape
 # Component, MemoryPlan, PHASES and PlanInputs are re-exported: callers import them from here.
 __all__ = ["Component", "MemoryPlan", "PHASES", "PlanInputs", "plan_memory", "logits_bytes", "kv_cache_bytes",
            "lora_num_params", "activation_bytes_per_token_layer", "attention_mask_bytes", "update_layer_bytes",
-           "shared_prompt_groups"]
+           "shared_prompt_groups", "mlp_bytes_per_token", "tiled_mlp_on", "tiled_shard_tokens"]
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
@@ -95,6 +96,11 @@ GEN_LOGITS_COPIES = 2
 # The rollout prefills prompts this many positions at a time (rollout/engine.py TorchRolloutEngine's
 # prefill_chunk): the prefill's working set is one chunk's, not the whole prompt's.
 PREFILL_CHUNK_TOKENS = 2048
+# memory.tiled_mlp=auto turns the tiled MLP on only where one update micro-batch runs at least this many
+# tokens through each MLP and tiling lowers the planned peak by at least TILED_MLP_MIN_GAIN of it: shorter
+# runs keep the untiled MLP (no extra MLP forward in backward; their plans and measurements do not move).
+TILED_MLP_AUTO_TOKENS = 32_768
+TILED_MLP_MIN_GAIN = 0.02
 
 
 
@@ -131,7 +137,8 @@ def lora_num_params(shape: ModelShape, rank: int, targets: tuple[str, ...]) -> i
     return shape.layers * sum(rank * sum(dims[m]) for m in lora_targets(targets))
 
 
-def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padded: bool = False) -> int:
+def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padded: bool = False,
+                                     tokens: int | None = None) -> int:
     """Bytes autograd keeps per token and per decoder layer without checkpointing (mask excluded).
 
     A tensor is kept only if a backward formula needs it, and a matmul with a frozen weight does
@@ -150,6 +157,10 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padd
         MLP             3·B·I          SiLU input, SiLU output, up output
         down_proj input B·I            full fine-tuning; A·I for a LoRA adapter on down_proj
         LoRA            A·r per adapted projection (lora_A output, kept by lora_B)
+
+    Tiled MLP (``inputs.tiled_mlp == "on"`` and a call of ``tokens`` > H tokens): the MLP's part
+    (:func:`mlp_bytes_per_token`) is not kept; the tiler keeps the MLP's input instead, which full
+    fine-tuning keeps anyway (the weighted norm output above) and LoRA adds (B·H).
 
     Checked tensor by tensor against saved_tensors_hooks on Qwen2 layers (fp32/bf16, full/LoRA).
     """
@@ -176,7 +187,51 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padd
             + lora_copies(I, ("down_proj",))
         )
     lora_mid = A * inputs.lora_rank * len(adapted)
-    return norms + attention + mlp + kept + lora_mid
+    total = norms + attention + mlp + kept + lora_mid
+    if _tiles(shape, inputs, tokens):
+        total += -mlp_bytes_per_token(shape, inputs) + (B * H if inputs.lora else 0)
+    return total
+
+
+def mlp_bytes_per_token(shape: ModelShape, inputs: PlanInputs) -> int:
+    """The MLP's share of :func:`activation_bytes_per_token_layer`, per token: SiLU input and output and up
+    output 3·B·I, down_proj's input (B·I full; A·I for a LoRA adapter on it), the adapters' input copies on
+    gate / up and their lora_A outputs. What a tiled MLP keeps for one shard instead of the whole call."""
+    H, I = shape.hidden, shape.intermediate
+    B, A = _compute_bytes(inputs), LORA_ADAPTER_BYTES
+    if not inputs.lora:
+        return 4 * B * I
+    adapted = set(lora_targets(inputs.lora_target_modules))
+    up = sum(1 for m in ("gate_proj", "up_proj") if m in adapted)
+    copies = 0 if up == 0 else H * (B if A == B else up * A)
+    down = 0 if "down_proj" not in adapted else I * (B if A == B else A)
+    mids = A * inputs.lora_rank * sum(1 for m in ("gate_proj", "up_proj", "down_proj") if m in adapted)
+    return 3 * B * I + down + copies + mids
+
+
+def tiled_shard_tokens(tokens: int, hidden: int) -> int:
+    """Tokens of the largest shard when ``tokens`` are cut into ceil(tokens / hidden) shards (<= hidden)."""
+    if tokens <= 0:
+        return 0
+    return math.ceil(tokens / max(1, math.ceil(tokens / max(1, hidden))))
+
+
+def _tiles(shape: ModelShape, x: PlanInputs, tokens: int | None) -> bool:
+    """The tiled MLP changes a call of ``tokens`` tokens: switched on and more than one shard."""
+    return x.tiled_mlp == "on" and tokens is not None and tokens > shape.hidden
+
+
+def tiled_mlp_on(shape: ModelShape, inputs: PlanInputs) -> bool:
+    """Whether the run tiles its MLPs: ``on`` / ``off`` as set; ``auto`` when one update micro-batch runs at
+    least TILED_MLP_AUTO_TOKENS tokens (m·S) through each MLP and the tiled plan's peak is lower than the
+    untiled one's by at least TILED_MLP_MIN_GAIN of it (the MLP's intermediates are a peak)."""
+    if inputs.tiled_mlp != "auto":
+        return inputs.tiled_mlp == "on"
+    if inputs.micro_rows * inputs.seq_len < TILED_MLP_AUTO_TOKENS:
+        return False
+    off = plan_memory(shape, dataclasses.replace(inputs, tiled_mlp="off")).peak_bytes
+    on = plan_memory(shape, dataclasses.replace(inputs, tiled_mlp="on")).peak_bytes
+    return on <= off * (1 - TILED_MLP_MIN_GAIN)
 
 
 def attention_mask_bytes(inputs: PlanInputs, rows: int, tokens: int, padded: bool | None = None,
@@ -337,15 +392,17 @@ def update_layer_bytes(shape: ModelShape, x: PlanInputs, groups: int | None = No
     groups = shared_prompt_groups(x, shape) if groups is None else groups
     if not groups:
         shared, quad = attention_mask_bytes(x, m, S, padded=False, shape=shape)
-        per_layer = activation_bytes_per_token_layer(shape, x) * m * S + quad
-        what = f"a = {_n(activation_bytes_per_token_layer(shape, x))} B/token/layer, m·S = {m}·{_n(S)}, unpadded rows"
+        a = activation_bytes_per_token_layer(shape, x, tokens=m * S)
+        per_layer = a * m * S + quad
+        what = f"a = {_n(a)} B/token/layer{' (MLP tiled)' if _tiles(shape, x, m * S) else ''}, m·S = {m}·{_n(S)}, " \
+               "unpadded rows"
         return per_layer, m * S, shared, what + (", S² terms of eager" if quad else "")
     if prompt_padded is None:
         prompt_padded = x.padding_mask and x.prompts_per_step > 1
     p_shared, p_quad = attention_mask_bytes(x, groups, P, padded=prompt_padded, shape=shape)
     c_shared, c_quad = attention_mask_bytes(x, m, S, padded=True, shape=shape, pairs=m * T * S)
-    a_prompt = activation_bytes_per_token_layer(shape, x, padded=prompt_padded)
-    a_comp = activation_bytes_per_token_layer(shape, x, padded=True)
+    a_prompt = activation_bytes_per_token_layer(shape, x, padded=prompt_padded, tokens=groups * P)
+    a_comp = activation_bytes_per_token_layer(shape, x, padded=True, tokens=m * T)
     fan_out = m * P * 2 * attn_kernels.kv_width(shape, kname, True) * B
     per_layer = a_prompt * groups * P + p_quad + a_comp * m * T + fan_out + c_quad
     what = (f"shared prompt: g·P = {groups}·{_n(P)} prompt tokens (a = {_n(a_prompt)}), m·T = {m}·{_n(T)} "
@@ -384,7 +441,25 @@ def _activation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     out.append(Component("attention mask", mask_shared, "update",
                          f"S² mask shared by the layers: {_n(mask_shared)} B" if mask_shared else
                          f"unpadded rows, {kname} causal kernel: no mask"))
+    out.extend(_tiled_mlp_components(shape, x))
     return out
+
+
+def _tiled_mlp_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
+    """With the tiled MLP, backward re-runs one shard of the largest MLP call at a time: that shard's MLP
+    intermediates plus their gradients, (R + W)·k·(MLP bytes per token), k = ceil(N / ceil(N / H))."""
+    groups = shared_prompt_groups(x, shape)
+    m, P, T = x.micro_rows, x.max_prompt_length, x.max_completion_length
+    calls = (groups * P, m * T) if groups else (m * x.seq_len,)
+    largest = max(calls)
+    if not _tiles(shape, x, largest):
+        return []
+    k = tiled_shard_tokens(largest, shape.hidden)
+    work = CHECKPOINT_RECOMPUTE_LAYERS + BACKWARD_WORKSPACE_LAYERS
+    per_token = mlp_bytes_per_token(shape, x)
+    return [Component("tiled MLP shard", math.ceil(work * k * per_token), "update",
+                      f"backward re-runs one MLP shard: {work:g}·k·(MLP bytes per token), k = ceil(N / ceil(N/H)) = "
+                      f"{_n(k)} of N = {_n(largest)} tokens, {_n(per_token)} B/token")]
 
 
 def _loss_component(shape: ModelShape, x: PlanInputs) -> Component:
@@ -555,6 +630,8 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     (process RSS), which also holds the measured import footprint.
     """
     x = inputs
+    if x.tiled_mlp == "auto":  # resolved here; the plan keeps the inputs as given
+        x = dataclasses.replace(x, tiled_mlp="on" if tiled_mlp_on(shape, x) else "off")
     overhead = x.framework_overhead_bytes
     if overhead is None:
         overhead = CUDA_FRAMEWORK_OVERHEAD_BYTES if x.device == "cuda" else CPU_FRAMEWORK_OVERHEAD_BYTES
@@ -581,5 +658,9 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     peak_phase = "generation" if totals["generation"] > totals["update"] else "update"
     peak = totals["always"] + totals[peak_phase]
     host = sum(c.bytes for c in components if c.location == "host")
-    return MemoryPlan(shape=shape, inputs=x, components=components, peak_bytes=peak,
-                      peak_phase=peak_phase, host_bytes=host, notes=_notes(shape, x))
+    notes = _notes(shape, x)
+    if inputs.tiled_mlp == "auto" and x.tiled_mlp == "on":
+        notes.append(f"memory.tiled_mlp=auto: on (m·S = {_n(x.micro_rows * x.seq_len)} tokens per MLP call, at least "
+                     f"{_n(TILED_MLP_AUTO_TOKENS)}, and it lowers the peak)")
+    return MemoryPlan(shape=shape, inputs=inputs, components=components, peak_bytes=peak,
+                      peak_phase=peak_phase, host_bytes=host, notes=notes)

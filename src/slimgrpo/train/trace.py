@@ -158,6 +158,7 @@ def _prepared_meta(cfg, shape: ModelShape, device: str, notes: list[str]):
                      "absmax per 64, double-quantised) and dequantises it to the compute dtype per matmul "
                      "(memory/standins.py)")
     model, _ = prepare_for_training(model, dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, beta=0.0)))
+    _tile(cfg, shape, device, model, notes)
     reference = None
     if cfg.loss.beta > 0 and not cfg.lora.enabled:
         reference = meta_model(shape, dtype, attn).eval().requires_grad_(False)
@@ -165,6 +166,24 @@ def _prepared_meta(cfg, shape: ModelShape, device: str, notes: list[str]):
         notes.append("offload_activations: traced on the CUDA code path (train/offload.py): each offloaded tensor "
                      "is counted in host memory while it waits for backward, and as a device copy once it is back")
     return model, reference
+
+
+def _tile(cfg, shape: ModelShape, device: str, model, notes: list[str]) -> None:
+    """memory.tiled_mlp as the run applies it (``memory.check.apply_tiled_mlp``: the plan decides ``auto``;
+    all MLPs or none)."""
+    from slimgrpo.memory.check import plan_inputs
+    from slimgrpo.memory.planner import tiled_mlp_on
+    from slimgrpo.memory.tiled_mlp import tile_mlps, untile_mlps
+
+    if not tiled_mlp_on(shape, plan_inputs(cfg, device, vocab=shape.vocab)):
+        return
+    report = tile_mlps(model)
+    if report.complete:
+        notes.append(f"tiled MLP: {report.tiled} MLPs run ceil(tokens / hidden) shards, each recomputed in backward "
+                     "(memory/tiled_mlp.py)")
+    else:
+        untile_mlps(model)
+        notes.append(f"tiled MLP asked for, but cannot tile {'; '.join(report.unknown)}: traced untiled")
 
 
 def _build(cfg, model, reference):

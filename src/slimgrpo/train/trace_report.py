@@ -19,7 +19,7 @@ CATEGORIES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
      ("generation",)),
     ("activations (forward)", ("activations", "attention mask"), ("activations",)),
     ("loss working set", ("loss working set",), ("loss working set",)),
-    ("backward (act. grads, recompute)", ("recompute working set",), ("backward",)),
+    ("backward (act. grads, recompute)", ("recompute working set", "tiled MLP shard"), ("backward",)),
     ("gradients", ("gradients", "gradient accumulation"), ("gradients",)),
     ("optimizer step", ("optimizer step workspace",), ("optimizer step",)),
     ("other", (), ("update other", "other")),

@@ -114,10 +114,18 @@ class Trainer:
             from slimgrpo.memory.check import check_before_training
 
             # Before any weights load: print the plan; refuse (or fit) a run over memory.budget.
-            self.cfg = cfg = check_before_training(cfg, self.dist.world_size, show=self.dist.is_main,
-                                                     trace_fn=self.trace_fn)[0]
+            self.cfg, memory_plan = check_before_training(cfg, self.dist.world_size, show=self.dist.is_main,
+                                                          trace_fn=self.trace_fn)
+            cfg = self.cfg
+        else:
+            memory_plan = None
         reward_functions = load_reward_functions(cfg.rewards.functions, cfg.base_dir, cfg.run.device)
         self.policy = self._policy or build_policy(cfg)
+        from slimgrpo.memory.check import apply_tiled_mlp
+
+        # memory.tiled_mlp: the MLPs run shard by shard where the plan says so (memory/tiled_mlp.py)
+        self.tiled_mlp = apply_tiled_mlp(cfg, self.policy.model, memory_plan, show=self.dist.is_main,
+                                         distributed=self.dist.enabled)
         self.dataset: PromptDataset = load_prompt_dataset(resolve_path(cfg, cfg.data.path), self.policy.tokenizer,
                                                           cfg.data)
         check_enough_prompts(len(self.dataset), cfg.prompts_per_step, cfg.run.batch_size, cfg.rollout.num_generations)
