@@ -63,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
                          "workspaces, kernels allocating outside PyTorch, the CUDA context or the Python/torch "
                          "runtime: it adds the measured CPU runtime, or on cuda the CUDA context plus a 10%% "
                          "allocator margin (docs/memory.md#trace)")
+    pl.add_argument("--longest", action="store_true",
+                    help="instead of the plan: the longest context that fits --budget (or memory.budget), twice: a "
+                         "long prompt with the config's completion length, and the config's prompt length with a "
+                         "long completion; up to the model's position limit after rope scaling, with memory.fit's "
+                         "changes applied where needed (never shorter completions) and, on cuda, the trace's 10%% "
+                         "allocator margin left free. With --trace each answer is traced, and 5%% longer when "
+                         "that was quick (docs/memory.md#longest)")
     pl.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     e = sub.add_parser("eval", help="accuracy and pass@k of a model on a dataset",

@@ -163,6 +163,8 @@ def _four_bit(x: PlanInputs):
     return None
 
 
+_shorter_completions = _halve("max_completion_length", MIN_COMPLETION_LENGTH, "shorter completions (changes the task)")
+
 LADDER: tuple[Rung, ...] = (
     _chunked_loss,
     _smaller_token_chunk,
@@ -176,8 +178,11 @@ LADDER: tuple[Rung, ...] = (
     _halve("generation_batch_rows", 1, "decode fewer rows at once (slower rollout, same result)"),
     _tiled_mlp,
     _four_bit,
-    _halve("max_completion_length", MIN_COMPLETION_LENGTH, "shorter completions (changes the task)"),
+    _shorter_completions,
 )
+# The ladder without its last rung (shorter completions change the task): what `slimgrpo plan --longest`
+# applies at each length it tries (memory/longest.py).
+LADDER_SAME_TASK: tuple[Rung, ...] = tuple(r for r in LADDER if r is not _shorter_completions)
 
 
 def _micro_rows(x: PlanInputs) -> PlanInputs:
@@ -188,19 +193,20 @@ def _micro_rows(x: PlanInputs) -> PlanInputs:
 
 
 def suggest_fixes(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str,
-                  host_budget: int | None = None) -> list[Suggestion]:
+                  host_budget: int | None = None, ladder: tuple[Rung, ...] = LADDER) -> list[Suggestion]:
     """Cumulative changes, cheapest first, until the plan's peak is within ``budget_bytes``.
 
     Empty when the inputs already fit. The last suggestion's ``plan_after`` tells whether the budget
     was reached (``plan_after.peak_bytes <= budget``); see :func:`fit_to_budget`. ``host_budget``: host RAM
     the run may hold off the device (CUDA); a change whose plan needs more (offloading) is not taken.
+    ``ladder``: the rungs to try (``LADDER_SAME_TASK`` keeps the completion length).
     """
     budget = parse_bytes(budget_bytes)
     x = inputs
     plan = plan_memory(shape, x)
     steps: list[Suggestion] = []
     while plan.peak_bytes > budget:
-        for rung in LADDER:
+        for rung in ladder:
             proposal = rung(_micro_rows(x))
             if proposal is None:
                 continue
@@ -219,11 +225,12 @@ def suggest_fixes(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str
 
 
 def fit_to_budget(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str,
-                  host_budget: int | None = None) -> tuple[PlanInputs, list[Suggestion], bool]:
+                  host_budget: int | None = None,
+                  ladder: tuple[Rung, ...] = LADDER) -> tuple[PlanInputs, list[Suggestion], bool]:
     """(inputs with all suggestions applied, the suggestions, whether the final plan fits); ``host_budget``
-    as in :func:`suggest_fixes`."""
+    and ``ladder`` as in :func:`suggest_fixes`."""
     budget = parse_bytes(budget_bytes)
-    steps = suggest_fixes(shape, inputs, budget, host_budget)
+    steps = suggest_fixes(shape, inputs, budget, host_budget, ladder)
     final = inputs
     for step in steps:
         final = dataclasses.replace(_micro_rows(final), **step.change)

@@ -49,6 +49,8 @@ def plan_command(args) -> int:
         console.print(f"[yellow]warning[/yellow]: {attention_problem(cfg)}; `slimgrpo train` refuses this config")
     device = plan_device(cfg, args.device or ("cuda" if not args.config and cfg.run.device == "auto" else None))
     shape = shape_of(cfg, args.model)
+    if getattr(args, "longest", False):  # before the config's own lengths are checked: it asks for others
+        return longest_command(args, cfg, shape, device, console)
     # As `slimgrpo train` does before loading weights: a context past the model's position limit (after its
     # rope scaling) is refused, naming the limit, instead of planned.
     check_context_length(cfg, shape.max_positions, args.model or cfg.model.path)
@@ -98,3 +100,83 @@ def plan_command(args) -> int:
     return DOES_NOT_FIT
 
 
+
+
+# --longest --trace also traces a length this much longer than the answer, when the trace at the answer took
+# at most ABOVE_TRACE_MAX_SECONDS (an 8B model at 131K tokens takes minutes per trace on two cores).
+ABOVE_FRACTION = 0.05
+ABOVE_TRACE_MAX_SECONDS = 90.0
+
+
+def longest_command(args, cfg, shape, device: str, console: Console) -> int:
+    """``slimgrpo plan CONFIG --budget B --longest [--trace]``: the longest prompt-heavy and completion-heavy
+    context whose plan, fitted as ``memory.fit`` fits it, is within the budget (``memory/longest.py``); on CUDA
+    the plan must also leave the allocator margin the trace adds (``CUDA_TRACE_MARGIN``). ``--trace`` traces
+    the answer, and a length ``ABOVE_FRACTION`` longer when the first trace was quick."""
+    import time
+
+    from slimgrpo.memory.longest import KINDS, longest_context
+    from slimgrpo.memory.planner import CUDA_TRACE_MARGIN
+
+    spec = args.budget or cfg.memory.budget
+    if not spec:
+        raise ConfigError("slimgrpo plan --longest needs a budget: --budget 80GiB (or memory.budget in the config)")
+    budget = budget_bytes(spec, device)
+    inputs = plan_inputs(cfg, device, vocab=shape.vocab)
+    overhead = plan_memory(shape, inputs).framework_bytes
+    # The trace's device peak is tensors x (1 + margin) + overhead on CUDA: search against the budget that leaves it.
+    margin = CUDA_TRACE_MARGIN if device == "cuda" else 0.0
+    target = int((budget - overhead) / (1 + margin)) + overhead if budget > overhead else budget
+    host_budget = host_budget_bytes(cfg, device)
+    limit = (f"position limit {shape.max_positions:,} after rope scaling" if shape.max_positions
+             else "no position limit known")
+    console.print(f"[bold]{args.model or cfg.model.path}[/bold]: longest context in {format_gib(budget)} GiB on {device}"
+                  f" ({limit}; memory.fit's changes applied where needed, never shorter completions"
+                  + (f"; {margin:.0%} of the tensor peak left for the CUDA allocator, as the trace adds" if margin else "")
+                  + (f"; host RAM {format_gib(host_budget)} GiB" if host_budget is not None else "") + ")",
+                  soft_wrap=True)
+    found_any = False
+    for kind in KINDS:
+        found = longest_context(shape, inputs, target, kind, host_budget)
+        found_any |= found.fits
+        changes = " ".join(overrides_for(found.changes)) or "the config as given"
+        if not found.fits:
+            console.print(f"  {kind}: [red]nothing fits[/red], not even 1 token more (fitted plan "
+                          f"{format_gib(found.plan.peak_bytes)} GiB with {changes})", soft_wrap=True)
+            continue
+        whole = ", the model's whole window" if found.at_limit else ""
+        console.print(f"  {kind}: [bold]prompt {found.prompt:,} + completion {found.completion:,} = "
+                      f"{found.tokens:,} tokens[/bold]{whole}; plan {format_gib(found.plan.peak_bytes)} GiB "
+                      f"({found.plan.peak_phase}) with {changes}", soft_wrap=True)
+        if getattr(args, "trace", False):
+            t0 = time.perf_counter()
+            _trace_line(cfg, shape, device, budget, found, found.long_part, console, "at the answer")
+            seconds = time.perf_counter() - t0
+            above = found.long_part + max(1, round(ABOVE_FRACTION * found.long_part))
+            if found.at_limit:  # nothing above the position limit to trace
+                continue
+            if seconds <= ABOVE_TRACE_MAX_SECONDS:
+                _trace_line(cfg, shape, device, budget, found, above, console, f"{ABOVE_FRACTION:.0%} longer")
+            else:
+                console.print(f"    not traced {ABOVE_FRACTION:.0%} longer: the trace at the answer took {seconds:.0f} s")
+    return 0 if found_any else DOES_NOT_FIT
+
+
+def _trace_line(cfg, shape, device: str, budget: int, found, length: int, console: Console, what: str) -> None:
+    """Trace ``found``'s settings with the long part at ``length`` tokens and print the device peak against the
+    budget."""
+    from slimgrpo.train.console import quiet_third_party
+    from slimgrpo.train.trace import trace_step
+
+    quiet_third_party(cfg.log.verbose)
+    key = "data.max_prompt_length" if found.kind == "prompt-heavy" else "rollout.max_completion_length"
+    traced_cfg = from_dict(merge_overrides(cfg.to_dict(), overrides_for(found.changes) + [f"{key}={length}"]),
+                           base_dir=cfg.base_dir, origins=cfg.path_origins)
+    result = trace_step(traced_cfg, shape, device)
+    verdict = "[green]fits[/green]" if result.device_peak_bytes <= budget else "[red]over[/red]"
+    host = f", host {format_gib(result.host_peak_bytes)} GiB" if result.host_peak_bytes else ""
+    ratio = (f", trace / plan {result.peak_bytes / found.plan.tensor_peak_bytes:.2f}"
+             if length == found.long_part and found.plan.tensor_peak_bytes else "")
+    console.print(f"    trace {what} ({key}={length:,}): device peak {format_gib(result.device_peak_bytes)} GiB "
+                  f"(tensors {format_gib(result.peak_bytes)} GiB{host}{ratio}, {result.seconds:.0f} s): {verdict} in "
+                  f"{format_gib(budget)} GiB", soft_wrap=True)
