@@ -2,6 +2,7 @@
 
     python benchmarks/trace_anchors.py                  # Oxen's table, Unsloth's 8B x 20K, Qwen3-8B QLoRA
     python benchmarks/trace_anchors.py --only oxen      # or: unsloth, qlora, window
+    python benchmarks/trace_anchors.py --only qlora --tiled-mlp on
 
 Nothing runs on a GPU: each row is ``slimgrpo plan --trace --device cuda`` for the setting, so every
 figure is **simulated** until a GPU run confirms it. The device peak from the trace is the traced tensor
@@ -43,10 +44,13 @@ def qwen3_8b():
                       tie=False, max_positions=131_072, head_dim=128)
 
 
+EXTRA: list[str] = []  # --tiled-mlp: appended to every setting
+
+
 def config(overrides: list[str]):
     from slimgrpo.config import from_dict, merge_overrides
 
-    return from_dict(merge_overrides({}, ["model.dtype=bfloat16", "run.device=cuda", *overrides]))
+    return from_dict(merge_overrides({}, ["model.dtype=bfloat16", "run.device=cuda", *overrides, *EXTRA]))
 
 
 def plan_and_trace(model: str, overrides: list[str], trace: bool = True):
@@ -67,9 +71,14 @@ def row(setting: str, plan, tr, published: str, seconds: float) -> str:
 
 
 def longest_fit(model: str, budget: float, base: list[str]) -> tuple[int, list[str]]:
-    """Longest completion (multiple of 1,024) whose plan fits ``budget`` bytes, then checked by trace:
-    stepped down 10% at a time until the trace's device peak fits too."""
-    lo, hi = 1024, 1 << 22
+    """Longest completion (multiple of 1,024, or the whole window: the position limit less the prompt) whose
+    plan fits ``budget`` bytes, then checked by trace: stepped down 10% at a time until the trace's device
+    peak fits too."""
+    window = (qwen3_8b().max_positions if model == "qwen3-8b" else 0) - 256  # prompt 256 (QLORA)
+    lo, hi = 1024, window if window > 0 else 1 << 22
+    full, _ = plan_and_trace(model, base + [f"rollout.max_completion_length={hi}"], trace=False)
+    if full.peak_bytes <= budget:
+        lo = hi
     while hi - lo > 1024:
         mid = (lo + hi) // 2 // 1024 * 1024
         plan, _ = plan_and_trace(model, base + [f"rollout.max_completion_length={mid}"], trace=False)
@@ -92,7 +101,11 @@ def longest_fit(model: str, budget: float, base: list[str]) -> tuple[int, list[s
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", choices=["oxen", "unsloth", "qlora", "window"])
+    ap.add_argument("--tiled-mlp", choices=["auto", "on", "off"],
+                    help="memory.tiled_mlp for every setting (default: the config's default, auto)")
     args = ap.parse_args()
+    if args.tiled_mlp:
+        EXTRA.append(f"memory.tiled_mlp={args.tiled_mlp}")
     parts = args.only or ["oxen", "unsloth", "qlora"]
     out = ["| setting (simulated, cuda, bf16) | plan GiB | trace tensors GiB | trace device GiB | trace peak phase "
            "| published (TRL unless said) | trace s |", "|---|---:|---:|---:|---|---|---:|"]

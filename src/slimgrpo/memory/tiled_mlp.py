@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .planner import tiled_shard_tokens
+
 # MLP classes whose forward is token-wise (a gated MLP with no state across tokens): safe to shard.
 KNOWN_MLP_CLASSES = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
 _UNTILED = "_slimgrpo_untiled_forward"
@@ -48,9 +50,9 @@ def shard_bounds(tokens: int, shards: int) -> list[tuple[int, int]]:
     return [(s, min(s + size, tokens)) for s in range(0, tokens, size)]
 
 
-def shard_tokens_of(tokens: int, hidden: int) -> int:
-    """Tokens in the largest shard when ``tokens`` are split into ceil(tokens / hidden) shards (<= hidden)."""
-    return math.ceil(tokens / shard_count(tokens, hidden)) if tokens else 0
+# Tokens in the largest shard when ``tokens`` are split into ceil(tokens / hidden) shards (<= hidden): the
+# planner's formula, so the plan and the tiler cannot disagree.
+shard_tokens_of = tiled_shard_tokens
 
 
 class _TiledMLP(torch.autograd.Function):
