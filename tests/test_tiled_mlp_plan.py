@@ -93,7 +93,7 @@ def test_config_values():
 
 
 def test_fit_turns_the_tiled_mlp_on():
-    """Qwen3-8B QLoRA, one row of 256 + 28,000 tokens (below auto's 32,768), 24 GB, no host RAM to offload to:
+    """Qwen3-8B QLoRA, one row of 256 + 28,000 tokens (below auto's 65,536), 24 GB, no host RAM to offload to:
     memory.fit's ladder reaches the tiled MLP."""
     x = PlanInputs(device="cuda", lora=True, load_in_4bit=True, gradient_checkpointing=True, micro_batch_rows=1,
                    num_generations=2, generation_batch_rows=1, max_prompt_length=256, max_completion_length=28_000,

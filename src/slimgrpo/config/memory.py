@@ -27,7 +27,7 @@ class MemoryConfig:
     tiled_mlp: bool | Literal["auto", "on", "off"] = "auto"
     """Run each decoder layer's MLP on shards of the micro-batch's tokens (ceil(tokens / hidden) of them),
     each recomputed in backward, so only one shard's MLP intermediates are alive at a time (one more MLP
-    forward per layer). ``auto``: on where the plan says it pays, i.e. at least 32,768 tokens per update
+    forward per layer). ``auto``: on where the plan says it pays, i.e. at least 65,536 tokens per update
     micro-batch and a lower planned peak; ``on`` / ``off`` (or true / false) as said. Llama, Mistral, Qwen2
     and Qwen3 MLPs; another MLP class runs untiled only if the plan without tiling fits ``budget``."""
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"

@@ -84,7 +84,9 @@ class PlanInputs:
     """memory.tiled_mlp: "on" runs each decoder MLP on ceil(tokens / H) shards of the micro-batch's tokens,
     each recomputed in backward (memory/tiled_mlp.py), so one shard's MLP intermediates are alive instead
     of the whole micro-batch's; "off" does not; "auto" is on where the planner says it pays
-    (``planner.tiled_mlp_on``: long micro-batches whose update peak it lowers)."""
+    (``planner.tiled_mlp_on``: long micro-batches whose update peak it lowers). The config's default is
+    "auto" (``memory.check.plan_inputs`` passes it); this default stays "off" so that plans built here
+    directly keep their numbers."""
     framework_overhead_bytes: int | None = None
     """Memory the framework holds before any tensor; None = CUDA_FRAMEWORK_OVERHEAD_BYTES on cuda,
     CPU_FRAMEWORK_OVERHEAD_BYTES (measured import RSS) on cpu."""

@@ -98,8 +98,10 @@ GEN_LOGITS_COPIES = 2
 PREFILL_CHUNK_TOKENS = 2048
 # memory.tiled_mlp=auto turns the tiled MLP on only where one update micro-batch runs at least this many
 # tokens through each MLP and tiling lowers the planned peak by at least TILED_MLP_MIN_GAIN of it: shorter
-# runs keep the untiled MLP (no extra MLP forward in backward; their plans and measurements do not move).
-TILED_MLP_AUTO_TOKENS = 32_768
+# runs keep the untiled MLP (no extra MLP forward in backward; their plans and measurements do not move: the
+# longest measured rows, docs/benchmarks.md, run 32,768-33,024 tokens per micro-batch). memory.fit's ladder
+# turns it on below this where a budget needs it.
+TILED_MLP_AUTO_TOKENS = 65_536
 TILED_MLP_MIN_GAIN = 0.02
 
 
