@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from slimgrpo.loss.gather import take_rows
 from slimgrpo.loss.logprobs import _check_completion_inputs, lm_head_spec, unwrap_causal_lm
 
 MAX_TOKENS = 4096  # packed length limit: the [N, N] bool mask is at most 16 MiB
@@ -152,4 +153,4 @@ def packed_completion_hidden(
     starts = torch.tensor(completion_start, device=device)
     before = torch.where(t[None] == 0, torch.tensor(prompt_last, device=device)[group_of_row][:, None],
                          starts[:, None] + t[None] - 1)  # [rows, T]
-    return hidden[before[mask]], completion_ids[mask], mask, lm_head_spec(lm)
+    return take_rows(hidden, before[mask]), completion_ids[mask], mask, lm_head_spec(lm)  # repeats: gather.py

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from slimgrpo.loss.packed import row_groups  # noqa: F401  (also this module's name for it)
+from slimgrpo.loss.gather import select_cache_rows, take_rows
 from slimgrpo.loss.logprobs import (
     HeadSpec,
     _check_completion_inputs,
@@ -112,10 +113,10 @@ def shared_completion_hidden(
     prompt_out = decoder(input_ids=prompt_ids[first_row], attention_mask=g_mask,
                          position_ids=positions[first_row, :P], past_key_values=cache, use_cache=True)
     last_prompt = prompt_out[0][:, -1]  # [groups, H]: predicts completion token 0
-    cache.batch_select_indices(group_of_row)  # K, V [groups] -> [rows]; backward sums per group
+    select_cache_rows(cache, group_of_row)  # K, V [groups] -> [rows]; backward sums per group, in order
     comp_out = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask,
                        position_ids=positions[:, P:], past_key_values=cache, use_cache=True)
-    hidden = torch.cat([last_prompt[group_of_row][:, None], comp_out[0][:, :-1]], dim=1)  # [rows, T, H]
+    hidden = torch.cat([take_rows(last_prompt, group_of_row)[:, None], comp_out[0][:, :-1]], dim=1)  # [rows, T, H]
     mask = (attention_mask[:, -T:] if completion_mask is None else completion_mask).bool()
     return hidden[mask], completion_ids[mask], mask, lm_head_spec(lm)
 
