@@ -140,3 +140,25 @@ def test_two_processes_with_different_hash_seeds_train_identically(tmp_path, wid
     assert numeric_metrics(resumed) == first
     c = _weights(resumed)
     assert all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_full_determinism_runs_and_repeats(tmp_path, tiny_model_dir):
+    """TRL's switch: torch's deterministic algorithms on (process-wide, so in a child process); every op
+    of a step (rollout, shared-prompt update, KL to the reference) has a deterministic CPU kernel."""
+    runs = []
+    for name in ("a", "b"):
+        cfg = write_run(tmp_path / name, tiny_model_dir, run={"full_determinism": True, "num_threads": 2})
+        out = cli("train", str(cfg), env={"PYTHONHASHSEED": name == "a" and "5" or "6"})
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(tmp_path / name / "run")
+    assert numeric_metrics(runs[0]) == numeric_metrics(runs[1])
+
+
+@pytest.mark.parametrize("value, message", [("-1", "run.seed must be an integer from 0"),
+                                            ("1.5", "run.seed: expected an integer")])
+def test_bad_seed_is_refused_naming_the_key(tmp_path, tiny_model_dir, value, message):
+    cfg = write_run(tmp_path, tiny_model_dir)
+    out = cli("train", str(cfg), f"run.seed={value}")
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert not (tmp_path / "run").exists()  # refused before anything was written

@@ -19,7 +19,13 @@ class RunConfig:
     batch_size: int = 64
     """Completions per step across all processes (prompts per step x num_generations); must hold whole groups."""
     seed: int = 42
-    """Seed for data order, sampling and initialisation."""
+    """Seed for data order, sampling and initialisation. The same seed on the same machine, thread count and
+    library versions gives the same run, bit for bit, across processes and resumes (docs/checkpoints.md)."""
+    full_determinism: bool = False
+    """TRL's ``full_determinism``: also ``torch.use_deterministic_algorithms(True)`` (deterministic CUDA
+    kernels; cuBLAS workspace config, cuDNN without autotuning), for runs that must repeat on a GPU. Slower
+    on GPU (some kernels lose their atomics); an op with no deterministic kernel stops the run with torch's
+    message naming it. On CPU slimgrpo's runs repeat without it."""
     device: str = "auto"
     """``auto`` (cuda when available, else cpu), ``cpu``, ``cuda``, ``cuda:1``."""
     num_threads: int | None = None

@@ -175,8 +175,8 @@ TRL_KEY_HINTS: dict[str, str] = {
     'fsdp_config':
         "'fsdp_config' is TRL's and has no slimgrpo key: FSDP2 is configured by distributed.*.",
     'full_determinism':
-        "'full_determinism' is TRL's and has no slimgrpo key: slimgrpo seeds torch, Python, NumPy and its sampler "
-        'from run.seed; no deterministic-kernels switch.',
+        "'full_determinism' is TRL's name: in slimgrpo use run.full_determinism (deterministic kernels "
+        '(torch.use_deterministic_algorithms); on CPU slimgrpo runs repeat bit for bit without it).',
     'generation_batch_size':
         "'generation_batch_size' is TRL's: accepted when it equals per_device_train_batch_size x "
         'gradient_accumulation_steps; otherwise use steps_per_generation.',

@@ -60,6 +60,8 @@ def validate_config(cfg: Config) -> None:
         _positive(run.num_train_epochs, "run.num_train_epochs")
     if not str(run.output_dir).strip():
         raise ConfigError("run.output_dir is empty: give the run its own folder, e.g. run.output_dir=outputs/my-run")
+    if run.seed < 0 or run.seed >= 2**32:  # NumPy takes 32 bits; the data order multiplies it by ~1e6 (< 2**64)
+        raise ConfigError(f"run.seed must be an integer from 0 to 2**32 - 1, got {run.seed}")
     if run.num_threads is not None and run.num_threads < 1:
         raise ConfigError(f"run.num_threads must be >= 1 (or null for torch's default), got {run.num_threads}")
     _positive(run.max_nonfinite_steps, "run.max_nonfinite_steps")

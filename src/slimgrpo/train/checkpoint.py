@@ -161,6 +161,16 @@ def seed_all(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
+def enable_full_determinism() -> None:
+    """TRL's (transformers') ``full_determinism``: deterministic kernels wherever torch has them. The cuBLAS
+    workspace variable must be set before cuBLAS makes its first handle, so this runs before the model loads."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    os.environ.setdefault("FLASH_ATTENTION_DETERMINISTIC", "1")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 def rng_state(generator: torch.Generator | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     tensors = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available():

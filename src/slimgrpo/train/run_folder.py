@@ -39,7 +39,7 @@ RESUMABLE_KEYS = (
     "run.resume", "run.overwrite", "run.output_dir", "run.num_threads", "run.thread_wait_policy", "run.device",
     "run.max_nonfinite_steps", "run.max_collapsed_steps", "run.collapse_entropy_ratio", "run.collapse_grad_norm_min",
     "run.collapse_grad_norm_max", "run.stall_steps", "run.stall_zero_std_fraction", "run.stall_entropy_ratio",
-    "run.stall_reward_flat", "run.stop_on_stall",
+    "run.stall_reward_flat", "run.stop_on_stall", "run.full_determinism",
     "log.*", "eval.*", "distributed.timeout_s", "distributed.backend",
     "rewards.timeout_s", "rewards.isolation", "rewards.on_error", "rewards.max_failed_steps",
     "memory.micro_batch_size", "memory.gradient_checkpointing", "memory.offload_activations", "memory.budget",

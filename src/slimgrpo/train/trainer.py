@@ -104,6 +104,8 @@ class Trainer:
         self.thread_info = threads.apply(cfg.run.num_threads, cfg.run.thread_wait_policy)
         pin_mmap_threshold()  # freed update tensors go back to the system (memory/malloc.py, issue 12)
         ckpt.seed_all(cfg.run.seed)  # torch, Python and NumPy: the same seed gives the same run
+        if cfg.run.full_determinism:  # TRL's switch: deterministic GPU kernels too
+            ckpt.enable_full_determinism()
         with self.dist.agree("locking the run folder"):  # one writer per folder; rank 0 holds the lock
             if self.dist.is_main and self.run_lock is None:
                 self.run_lock = run_folder.open_folder(self.output_dir)

@@ -96,8 +96,8 @@ RULES: list[r.Rule] = [
       "applied when the YAML gives neither)", r._epochs, source="TrainingArguments"),
     M("seed", "run.seed", source="TrainingArguments"),
     I("data_seed", "the prompt order is seeded by seed (run.seed)"),
-    I("full_determinism", "slimgrpo seeds torch, Python, NumPy and its sampler from run.seed; no "
-      "deterministic-kernels switch"),
+    M("full_determinism", "run.full_determinism", "deterministic kernels (torch.use_deterministic_algorithms); "
+      "on CPU slimgrpo runs repeat bit for bit without it", source="TrainingArguments"),
     M("output_dir", "run.output_dir", "TRL default trainer_output, slimgrpo outputs/run",
       source="TrainingArguments"),
     M("use_cpu", "run.device", "true = cpu", r._use_cpu, source="TrainingArguments"),
