@@ -41,16 +41,18 @@ def last_number_correct(prompts, completions, answer, **kwargs) -> list[float]:
 
 def only_the_number(prompts, completions, **kwargs) -> list[float]:
     """Graded instruction following: 1.0 for a bare integer, down to 0.0 at 20 or more words (or no text)."""
-    scores = []
-    for completion in completions:
-        text = _text(completion).strip().rstrip(".")
-        if re.fullmatch(r"-?\d+", text):
-            scores.append(1.0)
-        elif not text:
-            scores.append(0.0)
-        else:
-            scores.append(max(0.0, 1.0 - len(text.split()) / 20.0))
-    return scores
+    return [graded_brevity(_text(completion), r"-?\d+") for completion in completions]
+
+
+def graded_brevity(text: str, bare: str) -> float:
+    """1.0 when ``text`` (stripped, a trailing period dropped) matches the regex ``bare`` in full, 0.0 for no
+    text, else 1 - words / 20 floored at 0 (the other recipes' format rewards share this grading)."""
+    text = text.strip().rstrip(".")
+    if re.fullmatch(bare, text):
+        return 1.0
+    if not text:
+        return 0.0
+    return max(0.0, 1.0 - len(text.split()) / 20.0)
 
 
 def make_rows(seed: int = 0) -> tuple[list[dict], list[dict]]:
@@ -65,9 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--make-data", metavar="DIR", required=True, help="folder for train.jsonl and heldout.jsonl")
     args = parser.parse_args(argv)
-    out = Path(args.make_data)
+    write_split(Path(args.make_data), *make_rows())
+    return 0
+
+
+def write_split(out: Path, train: list[dict], heldout: list[dict]) -> None:
+    """``out/train.jsonl`` and ``out/heldout.jsonl``; a file already there is left as it is (never overwritten)."""
     out.mkdir(parents=True, exist_ok=True)
-    train, heldout = make_rows()
     for name, rows in (("train.jsonl", train), ("heldout.jsonl", heldout)):
         path = out / name
         if path.exists():
@@ -75,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
             continue
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"wrote {len(rows)} rows to {path}")
-    return 0
 
 
 if __name__ == "__main__":
