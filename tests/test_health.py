@@ -117,3 +117,15 @@ def test_lr_1e30_stops_with_exit_3_keeping_the_healthy_checkpoint(tmp_path, caps
     assert not (run / "final").exists() and "done" not in capsys.readouterr().out  # no wrecked model
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
     assert file_hashes(run / "checkpoints" / "checkpoint-2") == healthy
+
+
+@pytest.mark.parametrize("rate, blamed", [(1e30, True), (1e-6, False)])
+def test_the_diagnosis_blames_the_learning_rate_only_when_it_is_high(tmp_path, rate, blamed):
+    from slimgrpo.train.health import HealthMonitor, collapse_diagnosis
+
+    monitor = HealthMonitor(LIMITS)
+    for i, metrics in enumerate([step(), COLLAPSED, COLLAPSED, COLLAPSED], start=1):
+        monitor.observe(i, metrics)
+    text = collapse_diagnosis(monitor, 4, tmp_path, rate)
+    assert ("is far too high" in text) is blamed
+    assert ("is not high" in text) is not blamed

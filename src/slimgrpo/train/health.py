@@ -135,9 +135,17 @@ def collapse_diagnosis(monitor: HealthMonitor, step: int, output_dir, learning_r
     what = (f"the run ended at step {step} with its last {monitor.streak} step(s) collapsed"
             if at_end else f"stopped at step {step}: the policy collapsed for {monitor.streak} consecutive steps "
                            f"(run.max_collapsed_steps={monitor.limits.max_collapsed_steps})")
+    from slimgrpo.config.optim import OptimConfig
+
+    default = OptimConfig().learning_rate
+    if learning_rate > 10 * default:
+        cause = (f"Likely cause: the learning rate, optim.learning_rate={learning_rate:g}, is far too high (the "
+                 f"default is {default:g}).")
+    else:  # not the rate: say what else makes every completion alike
+        cause = (f"The learning rate (optim.learning_rate={learning_rate:g}) is not high; look at the rewards (one "
+                 "that pays a single short answer drives the policy there) and at rollout.temperature.")
     return (f"{what}, first at step {first}: {monitor.last_reason}. The weights are finite but no longer learn, "
-            f"so no final model was saved. Likely cause: the learning rate, optim.learning_rate={learning_rate:g}, "
-            f"is far too high (the default is 1e-6). {where}")
+            f"so no final model was saved. {cause} {where}")
 
 
 def monitor_for(cfg, model) -> HealthMonitor:
