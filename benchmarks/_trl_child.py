@@ -43,6 +43,8 @@ def patch_profiling() -> None:
 def build_config(spec: dict):
     from trl import GRPOConfig
 
+    if "grpo_config" in spec:  # learn_suite.py: the recipe's keys only, GRPOConfig's defaults for the rest
+        return GRPOConfig(**harness_settings(spec), **spec["grpo_config"])
     L = spec["completion_length"]
     rows = spec["prompts_per_step"] * spec["num_generations"]
     on_cpu = spec["device"] == "cpu"
@@ -91,6 +93,13 @@ def build_config(spec: dict):
         dataloader_num_workers=0,
         remove_unused_columns=False,
     )
+
+
+def harness_settings(spec: dict) -> dict:
+    """What the harness itself needs, none of it a training setting: where to write, CPU or not, no checkpoints
+    (the model is saved once at the end), a log record every step, no progress bar."""
+    return {"output_dir": spec["output_dir"], "use_cpu": spec["device"] == "cpu", "save_strategy": "no",
+            "report_to": "none", "logging_steps": 1, "log_completions": False, "disable_tqdm": True}
 
 
 def load_reward(spec: str):
@@ -167,7 +176,7 @@ def main() -> int:
     tok.padding_side = "left"
     dataset = load_dataset("json", data_files=spec["prompts_path"], split="train")
     args = build_config(spec)
-    rows = spec["prompts_per_step"] * spec["num_generations"]
+    rows = args.per_device_train_batch_size * args.gradient_accumulation_steps  # completions per optimizer step
     timer = StepTimer(rows)
     peft_config = None
     if spec.get("lora"):

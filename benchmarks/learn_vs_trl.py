@@ -18,7 +18,6 @@ so a campaign can be run seed by seed (``--seeds 0`` now, ``--seeds 1 2`` later,
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -27,78 +26,40 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _learn  # noqa: E402
 import common  # noqa: E402
 
 RECIPE = common.REPO_ROOT / "examples" / "smollm2_addition.yaml"
 RECIPE_CODE = common.REPO_ROOT / "examples" / "smollm2_addition.py"
-EVAL_SEED = 1234
+EVAL_SEED = _learn.EVAL_SEED
+accuracy_of = _learn.accuracy_of
+slimgrpo_cmd = _learn.slimgrpo_cmd
 
 
 def recipe() -> dict:
-    import yaml
-
-    return yaml.safe_load(RECIPE.read_text())
+    return _learn.load_recipe(RECIPE)
 
 
 def make_data(out: Path) -> tuple[Path, Path]:
-    """The recipe's fixed train / held-out files in ``out/data``, by the recipe's own data maker (it leaves
-    files already there alone: the split is fixed, so a resumed campaign reads the same questions)."""
-    spec = importlib.util.spec_from_file_location("smollm2_addition", RECIPE_CODE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(["--make-data", str(out / "data")])
-    return out / "data" / "train.jsonl", out / "data" / "heldout.jsonl"
-
-
-def slimgrpo_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "slimgrpo", *args]
+    """The recipe's fixed train / held-out files in ``out/data`` (by the recipe's own data maker)."""
+    return _learn.make_data(RECIPE_CODE, out / "data")
 
 
 def evaluate(model: Path, heldout: Path, out: Path, threads: int) -> dict:
     """Held-out accuracy of ``model``: 4 samples per prompt at the recipe's temperature, and greedy."""
-    result = {}
-    for label, extra in (("sampled", []), ("greedy", ["rollout.temperature=0"])):
-        path = out.with_name(f"{out.stem}-{label}.json")
-        overrides = [f"model.path={model}", f"run.seed={EVAL_SEED}", f"run.num_threads={threads}", *extra]
-        cmd = slimgrpo_cmd("eval", str(RECIPE), *overrides, "--data", str(heldout), "--json", str(path),
-                           "--num-samples", "4" if label == "sampled" else "1")
-        run = common.run_measured(cmd, out.with_name(f"{out.stem}-{label}.log"), common.choose_memory_cap(None),
-                                  f"eval-{label}")
-        if run.returncode != 0:
-            raise SystemExit(f"eval of {model} failed ({run.error}); log: {run.log_path}")
-        data = json.loads(path.read_text())
-        result[label] = data
-        result[f"{label}_accuracy"] = accuracy_of(data)
-    return result
-
-
-def accuracy_of(data: dict) -> float:
-    """The accuracy of the one model in a ``slimgrpo eval --json`` file (``{model: {"accuracy": ...}}``)."""
-    return float(next(iter(data.values()))["accuracy"])
+    return _learn.evaluate(RECIPE, model, heldout, out, threads, samples=4)
 
 
 def train_slimgrpo(seed: int, a, train: Path, out: Path) -> dict:
-    run_dir = out / f"slimgrpo-s{seed}"
-    cmd = slimgrpo_cmd("train", str(RECIPE), f"model.path={a.model}", f"data.path={train}",
-                       f"run.output_dir={run_dir}", f"run.seed={seed}", f"run.max_steps={a.steps}",
-                       f"run.num_threads={a.num_threads}", "log.progress=false", "log.log_completions_steps=0")
-    run = common.run_measured(cmd, out / f"slimgrpo-s{seed}.log", common.choose_memory_cap(None), "slimgrpo")
-    if run.returncode != 0:
-        raise SystemExit(f"slimgrpo seed {seed} failed ({run.error}); log: {run.log_path}")
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [s for s in steps if "reward" in s and "step" in s]
-    curve = [{"step": s["step"], "reward": s["reward"],
-              **{k: v for k, v in s.items() if k.startswith("rewards/") and k.endswith("/mean")}} for s in steps]
-    return {"wall_s": run.wall_s, "peak_rss_mib": run.peak_rss_mib, "curve": curve, "model": str(run_dir / "final")}
+    return _learn.train_slimgrpo(RECIPE, seed, a.model, a.steps, a.num_threads, train, out / f"slimgrpo-s{seed}",
+                                 out / f"slimgrpo-s{seed}.log")
 
 
 def train_trl(seed: int, a, train: Path, out: Path) -> dict:
+    """TRL with the recipe's settings and slimgrpo's values for the rest (the matched spec of _trl_child.py)."""
     r = recipe()
-    base = RECIPE.parent
-    rewards = [str((base / f.split(":")[0]).resolve()) + ":" + f.split(":")[1] for f in r["rewards"]["functions"]]
-    save_dir = out / f"trl-s{seed}" / "final"
     spec = {
-        "model_path": str(a.model), "prompts_path": str(train), "rewards": rewards,
+        "model_path": str(a.model), "prompts_path": str(train), "rewards": _learn.reward_specs(RECIPE, r),
         "reward_weights": r["rewards"]["reward_weights"], "shuffle": r["data"]["shuffle"],
         "prompts_per_step": r["run"]["batch_size"] // r["rollout"]["num_generations"],
         "num_generations": r["rollout"]["num_generations"],
@@ -108,18 +69,9 @@ def train_trl(seed: int, a, train: Path, out: Path) -> dict:
         "learning_rate": r["optim"]["learning_rate"], "steps": a.steps, "seed": seed,
         "gradient_checkpointing": r["memory"]["gradient_checkpointing"], "dtype": r["model"]["dtype"],
         "device": "cpu", "num_threads": a.num_threads, "output_dir": str(out / f"trl-s{seed}"),
-        "save_dir": str(save_dir),
+        "save_dir": str(out / f"trl-s{seed}" / "final"),
     }
-    spec_path = out / f"trl-s{seed}.spec.json"
-    spec_path.write_text(json.dumps(spec, indent=1))
-    cmd = [sys.executable, str(Path(__file__).resolve().parent / "_trl_child.py"), str(spec_path)]
-    run = common.run_measured(cmd, out / f"trl-s{seed}.log", common.choose_memory_cap(None), "trl")
-    if run.returncode != 0:
-        raise SystemExit(f"TRL seed {seed} failed ({run.error}); log: {run.log_path}")
-    steps = [rec for rec in run.records if rec.get("event") == "step"]
-    curve = [{"step": s["step"], "reward": s.get("reward"),
-              **{k: v for k, v in s.items() if k.startswith("rewards/")}} for s in steps]
-    return {"wall_s": run.wall_s, "peak_rss_mib": run.peak_rss_mib, "curve": curve, "model": str(save_dir)}
+    return _learn.run_trl(spec, out / f"trl-s{seed}.spec.json", out / f"trl-s{seed}.log", seed)
 
 
 def summary(results: dict) -> list[str]:

@@ -1,0 +1,190 @@
+"""Shared pieces of the learning benchmarks (learn_vs_trl.py, learn_suite.py): a recipe's data, one
+``slimgrpo train`` and one TRL run measured from outside, and held-out scoring by ``slimgrpo eval``.
+
+A recipe is a slimgrpo YAML beside a Python module of the same name (its data maker and rewards, TRL's
+reward contract), like examples/smollm2_addition.yaml / .py.
+
+TRL's settings come one of two ways:
+
+- ``matched``: learn_vs_trl.py's spec, where _trl_child.py pins slimgrpo's values for what the recipe does not
+  say (AdamW betas (0.9, 0.99), a constant schedule, ...), so both trainers run the same settings;
+- ``own defaults`` (``trl_own_defaults``): **every key the recipe sets is passed to TRL under its GRPOConfig
+  name, and nothing else**, so TRL runs its own GRPOConfig defaults wherever the recipe is silent (adam_beta2
+  0.999, a linear schedule, ...), as slimgrpo runs its own: each trainer as its users run it. The slimgrpo key
+  -> GRPOConfig field table is slimgrpo's own TRL table (slimgrpo.trl_compat: the plain one-to-one rules,
+  reversed) plus the few keys below whose value changes form; a recipe key in neither is an error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+EVAL_SEED = 1234
+TRL_CHILD = Path(__file__).resolve().parent / "_trl_child.py"
+
+# Recipe keys that say nothing about TRL's training: where things are (the harness passes the model, the data
+# file and the reward functions itself), what is logged or saved, and the thread count (the harness's).
+NOT_TRAINING = ("model.path", "data.path", "data.prompt_column", "rewards.functions", "run.output_dir",
+                "run.save_steps", "run.num_threads", "log.")
+# Recipe keys TRL 1.16 has no setting for, left out of its config: it never cuts prompts (a limit on prompt
+# length that a prompt shorter than it never meets changes nothing).
+NO_TRL_SETTING = ("data.max_prompt_length",)
+
+
+def load_recipe(path: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(Path(path).read_text())
+
+
+def load_module(path: Path):
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_data(recipe_code: Path, data_dir: Path) -> tuple[Path, Path]:
+    """The recipe's fixed train / held-out files in ``data_dir``, by the recipe's own data maker (it leaves files
+    already there alone: the split is fixed, so a resumed campaign reads the same questions)."""
+    load_module(recipe_code).main(["--make-data", str(data_dir)])
+    return data_dir / "train.jsonl", data_dir / "heldout.jsonl"
+
+
+def slimgrpo_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "slimgrpo", *args]
+
+
+def accuracy_of(data: dict) -> float:
+    """The accuracy of the one model in a ``slimgrpo eval --json`` file (``{model: {"accuracy": ...}}``)."""
+    return float(next(iter(data.values()))["accuracy"])
+
+
+def evaluate(recipe: Path, model: Path, heldout: Path, out: Path, threads: int, samples: int = 4,
+             limit: int | None = None) -> dict:
+    """Held-out accuracy of ``model`` by ``slimgrpo eval`` with the recipe's rewards: ``samples`` completions
+    per prompt at the recipe's temperature ("sampled"), and one greedy ("greedy")."""
+    result = {}
+    for label, extra in (("sampled", []), ("greedy", ["rollout.temperature=0"])):
+        path = out.with_name(f"{out.stem}-{label}.json")
+        overrides = [f"model.path={model}", f"run.seed={EVAL_SEED}", f"run.num_threads={threads}", *extra]
+        cmd = slimgrpo_cmd("eval", str(recipe), *overrides, "--data", str(heldout), "--json", str(path),
+                           "--num-samples", str(samples) if label == "sampled" else "1")
+        if limit:
+            cmd += ["--limit", str(limit)]
+        run = common.run_measured(cmd, out.with_name(f"{out.stem}-{label}.log"), common.choose_memory_cap(None),
+                                  f"eval-{label}")
+        if run.returncode != 0:
+            raise SystemExit(f"eval of {model} failed ({run.error}); log: {run.log_path}")
+        data = json.loads(path.read_text())
+        result[label] = data
+        result[f"{label}_accuracy"] = accuracy_of(data)
+    return result
+
+
+def train_slimgrpo(recipe: Path, seed: int, model: Path, steps: int, threads: int, train: Path, run_dir: Path,
+                   log: Path) -> dict:
+    """``slimgrpo train RECIPE`` as a user runs it (the recipe's settings, slimgrpo's defaults elsewhere), with
+    the model, data, output folder, seed, steps and threads set by the harness. Wall time and peak RSS from
+    outside; the reward curve from metrics.jsonl."""
+    cmd = slimgrpo_cmd("train", str(recipe), f"model.path={model}", f"data.path={train}",
+                       f"run.output_dir={run_dir}", f"run.seed={seed}", f"run.max_steps={steps}",
+                       f"run.num_threads={threads}", "log.progress=false", "log.log_completions_steps=0")
+    run = common.run_measured(cmd, log, common.choose_memory_cap(None), "slimgrpo")
+    if run.returncode != 0:
+        raise SystemExit(f"slimgrpo seed {seed} failed ({run.error}); log: {run.log_path}")
+    steps_ = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps_ = [s for s in steps_ if "reward" in s and "step" in s]
+    curve = [{"step": s["step"], "reward": s["reward"],
+              **{k: v for k, v in s.items() if k.startswith("rewards/") and k.endswith("/mean")}} for s in steps_]
+    return {"wall_s": run.wall_s, "peak_rss_mib": run.peak_rss_mib, "curve": curve, "model": str(run_dir / "final")}
+
+
+def reward_specs(recipe_path: Path, recipe: dict) -> list[str]:
+    """The recipe's reward functions with their files made absolute (relative to the recipe's folder)."""
+    base = Path(recipe_path).parent
+    return [str((base / f.split(":")[0]).resolve()) + ":" + f.split(":")[1] for f in recipe["rewards"]["functions"]]
+
+
+def run_trl(spec: dict, spec_path: Path, log: Path, seed: int) -> dict:
+    """One TRL GRPOTrainer run through _trl_child.py (its model saved to ``spec["save_dir"]``)."""
+    spec_path.write_text(json.dumps(spec, indent=1))
+    cmd = [sys.executable, str(TRL_CHILD), str(spec_path)]
+    run = common.run_measured(cmd, log, common.choose_memory_cap(None), "trl")
+    if run.returncode != 0:
+        raise SystemExit(f"TRL seed {seed} failed ({run.error}); log: {run.log_path}")
+    steps = [rec for rec in run.records if rec.get("event") == "step"]
+    curve = [{"step": s["step"], "reward": s.get("reward"),
+              **{k: v for k, v in s.items() if k.startswith("rewards/")}} for s in steps]
+    return {"wall_s": run.wall_s, "peak_rss_mib": run.peak_rss_mib, "curve": curve, "model": spec["save_dir"]}
+
+
+# ----------------------------------------------------------------------------- TRL with its own defaults
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def trl_names() -> dict[str, str]:
+    """slimgrpo key -> GRPOConfig field for the keys whose value TRL takes unchanged: slimgrpo's own TRL table
+    (trl_compat.RULES) reversed, where a TRL key maps to one slimgrpo key with no change of value."""
+    from slimgrpo.trl_compat import RULES
+
+    names: dict[str, str] = {}
+    for rule in RULES:
+        if rule.kind == "map" and rule.transform is None and len(rule.targets) == 1:
+            names.setdefault(rule.targets[0], rule.key)
+    return names
+
+
+def _special(key: str, value) -> dict | None:
+    """Recipe keys whose TRL form differs (None: not one of them)."""
+    if key == "model.dtype":  # weights loaded in this dtype; TRL's bf16 (autocast, on by default) only for bf16
+        return {"model_init_kwargs": {"dtype": value}, "bf16": value == "bfloat16", "fp16": value == "float16"}
+    if key == "run.batch_size":  # rows per optimizer step = one generation batch, as in slimgrpo
+        return {"per_device_train_batch_size": int(value), "gradient_accumulation_steps": 1}
+    if key in ("run.max_steps", "optim.lr_scheduler_type", "loss.scale_rewards", "rollout.min_p"):
+        return {key.split(".")[1]: value}  # same name, same values in both
+    return None
+
+
+def trl_own_defaults(recipe: dict, overrides: dict) -> dict:
+    """GRPOConfig keyword arguments for a recipe: the keys it sets (``overrides``, dotted, win over the file's)
+    under their TRL names, nothing else, so TRL's own defaults hold wherever the recipe is silent."""
+    settings = {**_flatten(recipe), **overrides}
+    names = trl_names()
+    kwargs: dict = {}
+    for key, value in settings.items():
+        if key in NOT_TRAINING or key in NO_TRL_SETTING or key.startswith("log."):
+            continue
+        special = _special(key, value)
+        if special is not None:
+            kwargs.update(special)
+        elif key in names:
+            kwargs[names[key]] = value
+        else:
+            raise ValueError(f"recipe key {key!r} has no TRL GRPOConfig equivalent in the suite's table "
+                             f"(benchmarks/_learn.py); add it there or drop it from the recipe")
+    return kwargs
+
+
+def trl_spec(recipe_path: Path, recipe: dict, model: Path, train: Path, seed: int, steps: int, threads: int,
+             out_dir: Path) -> dict:
+    """A _trl_child.py spec that runs the recipe in TRL with TRL's own defaults where the recipe is silent."""
+    grpo = trl_own_defaults(recipe, {"run.seed": seed, "run.max_steps": steps})
+    return {"model_path": str(model), "prompts_path": str(train), "rewards": reward_specs(recipe_path, recipe),
+            "device": "cpu", "num_threads": threads, "output_dir": str(out_dir), "save_dir": str(out_dir / "final"),
+            "grpo_config": grpo}
