@@ -329,4 +329,22 @@ class AgentRollout:
         )
 
 
-__all__ = ["AgentRollout", "KVSession"]
+def merge_tool_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """The ``tools/*`` metrics of several rollouts (``(metrics, rows)`` each; one per rank) as one rollout
+    of all their rows would give them: per-completion means weighted by rows, the failure frequency from
+    the summed failed and made calls, everything else (token, failure and fault counts) summed."""
+    rows = sum(n for _, n in parts)
+    keys = sorted({k for m, _ in parts for k in m})
+    merged: dict[str, float] = {}
+    for k in keys:
+        if k.endswith("_per_completion"):
+            merged[k] = sum(m.get(k, 0.0) * n for m, n in parts) / max(rows, 1)
+        elif k != "tools/failure_frequency":
+            merged[k] = float(sum(m.get(k, 0.0) for m, _ in parts))
+    if "tools/failure_frequency" in keys:
+        calls = sum(m.get("tools/calls_per_completion", 0.0) * n for m, n in parts)
+        merged["tools/failure_frequency"] = merged.get("tools/failed_calls", 0.0) / calls if calls else 0.0
+    return merged
+
+
+__all__ = ["AgentRollout", "KVSession", "merge_tool_metrics"]

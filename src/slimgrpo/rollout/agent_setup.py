@@ -153,13 +153,9 @@ def setup_agent(trainer) -> tuple[Any, list[tuple[str, Callable]]]:
     agent = build_agent(cfg, trainer.engine, trainer.policy.tokenizer, args.get("tools"), args.get("environment"))
     if agent is None:
         return None, []
-    if trainer.dist.enabled:
-        if cfg.distributed.strategy != "ddp":  # the agent decodes with the local module: shards are not gathered
-            raise ConfigError("rollout.tools / rollout.environment under torchrun need distributed.strategy=ddp "
-                              "(FSDP2 shards the weights the multi-turn decoder reads); or launch without torchrun")
-        # DDP: every rank holds the whole model and runs its own rows' conversations and tools, with no
-        # collective inside; the trainer guards it so a failure on one rank stops every rank
-        # (train/launch.guard_agent).
+    # Under torchrun every rank runs its own rows' conversations and tools with no collective inside; the
+    # trainer wraps the agent like the single-turn engine (train/launch.guard_agent): guarded with DDP, on
+    # gathered weights with FSDP2.
     rewards = agent.toolbox.reward_functions()
     if not cfg.rewards.functions and not rewards:
         raise ConfigError("rewards.functions is empty and the environment has no get_reward(): name a reward "

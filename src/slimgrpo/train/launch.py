@@ -228,10 +228,16 @@ class AgreedGenerationEngine:
         return getattr(self.engine, name)
 
 
-def guard_agent(agent, ctx: DistContext):
-    """A multi-turn agent rollout under DDP, guarded like generation (``AgreedGenerationEngine``): a failure
-    on one rank (a template error, out of memory) stops every rank. Anything else is returned as it is."""
-    return AgreedGenerationEngine(agent, ctx) if ctx.enabled and hasattr(agent, "toolbox") else agent
+def guard_agent(agent, wrapped_model: nn.Module, cfg: Config, ctx: DistContext):
+    """A multi-turn agent rollout (it has a ``toolbox``) of a multi-process run, wrapped like the single-turn
+    engine (``wrap_engine``): with DDP guarded (``AgreedGenerationEngine``: a failure on one rank, a template
+    error or out of memory, stops every rank); with FSDP2 run inside the root's forward on gathered weights
+    (``ShardedGenerationEngine``, ``distributed.fsdp_generation``), so the decoder it drives reads whole
+    weights. The agent keeps no weights of its own: the gathered copy is the one the single-turn path makes,
+    alive for one ``generate`` call. Anything else (no agent, a custom rollout function) is returned as is."""
+    if not ctx.enabled or not hasattr(agent, "toolbox"):
+        return agent
+    return wrap_engine(agent, wrapped_model, cfg, ctx)
 
 
 def wrap_engine(engine, wrapped_model: nn.Module, cfg: Config, ctx: DistContext):

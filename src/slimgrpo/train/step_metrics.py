@@ -57,11 +57,22 @@ def step_metrics(trainer, rollout, rewards: RewardOutput, stats, grad_norm: floa
     m["memory/peak_mib"] = float(d.all_reduce_max(torch.tensor([peak_memory_mib(trainer.policy.device)],
                                                               device=trainer.policy.device)).item())
     m.update(trainer.value_metrics)  # PPO: the critic before this step (explained variance, mean value)
-    m.update(rollout.metrics)  # tools/... of a multi-turn rollout (this rank's rows)
+    m.update(rollout_metrics(rollout, d))  # tools/... of a multi-turn rollout, over every rank's rows
     for key, count in rewards.fault_counts.items():
         m[f"reward_faults/{key}"] = count
     m.update(step_means(rewards.logged_metrics, d))  # log_metric calls of the reward functions (TRL names)
     return m
+
+
+def rollout_metrics(rollout, d) -> dict[str, float]:
+    """``Rollout.metrics`` (``tools/*``) of the whole job: each rank's are gathered (every rank takes part,
+    whatever its rollout) and merged as one rollout of all the rows would report them."""
+    if not d.enabled:
+        return dict(rollout.metrics)
+    from slimgrpo.rollout.agent import merge_tool_metrics
+
+    parts = d.all_gather_object((dict(rollout.metrics), int(rollout.completion_ids.shape[0])))
+    return merge_tool_metrics(parts) if any(m for m, _ in parts) else {}
 
 
 def scorable_total(rewards: RewardOutput) -> torch.Tensor:

@@ -155,7 +155,7 @@ class Trainer:
         from slimgrpo.rollout.agent_setup import setup_agent
 
         self.agent, agent_rewards = setup_agent(self)  # tools / environments / rollout_function, or None
-        self.agent = launch.guard_agent(self.agent, self.dist)
+        self.agent = launch.guard_agent(self.agent, self.model, cfg, self.dist)
         self.reward_runner = RewardRunner(
             reward_functions + agent_rewards,
             None if cfg.rewards.reward_weights is None else [*cfg.rewards.reward_weights, *[1.0] * len(agent_rewards)],
