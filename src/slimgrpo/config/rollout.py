@@ -47,6 +47,9 @@ class RolloutConfig:
     tool_sandbox: bool = False
     """Run each tool call in the code sandbox (a limited child process, rewards/sandbox.py) instead of
     this process; the tool's module source is sent there, so it must be self-contained."""
+    max_concurrent_tool_calls: int = 8
+    """Most rollout rows whose tool calls run at once (threads) after a turn; results go back in row order,
+    each call under ``tool_timeout_s``. 1 = one row after another. Tools must be thread-safe when > 1."""
     max_tool_output_chars: int = 4000
     """Longer tool results are cut to this many characters (with a note) before the model sees them."""
     tool_call_format: Literal["auto", "hermes", "llama3"] = "auto"

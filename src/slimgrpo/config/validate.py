@@ -97,6 +97,7 @@ def validate_config(cfg: Config) -> None:
     if r.tool_timeout_s is not None and not r.tool_timeout_s > 0:
         raise ConfigError(f"rollout.tool_timeout_s must be > 0 or null, got {r.tool_timeout_s}")
     _positive(r.max_tool_output_chars, "rollout.max_tool_output_chars")
+    _positive(r.max_concurrent_tool_calls, "rollout.max_concurrent_tool_calls")
     if r.rollout_function and (r.tools or r.environment):
         raise ConfigError("rollout.rollout_function replaces the built-in rollout: it cannot be combined with "
                           "rollout.tools or rollout.environment (call your tools inside the function)")

@@ -8,7 +8,8 @@ One call of :meth:`AgentRollout.generate`:
    group share the prefix, as in ``TorchRolloutEngine``);
 3. rows decode one assistant turn each, in lock-step; a row whose turn ended (EOS or the length limit)
    waits, fed a masked padding token, until every row's turn ended;
-4. the tool calls of each finished turn are parsed and run (``ToolRunner``), the results rendered as tool
+4. the tool calls of each finished turn are parsed and run (``ToolRunner.run_rows``: different rows' calls
+   run concurrently, ``rollout.max_concurrent_tool_calls`` rows at most), the results rendered as tool
    messages by the chat template, and **only those new tokens** (plus the turn's last sampled token, not
    yet in the cache) are prefilled onto the kept cache of the rows that go on; the others leave the batch;
 5. repeat until no row calls a tool, ``max_tool_calling_iterations`` or the length limit.
@@ -193,9 +194,14 @@ class AgentRollout:
         workspace = SamplingWorkspace()
         while alive:
             pending = self._decode_turn(session, logits, alive, states, params, generator, workspace, eos, pad)
+            calls = [self._end_turn(states[r], params) for r in alive]
+            asking = [b for b, c in enumerate(calls) if c]
+            # the tool calls of different rows run concurrently (rollout.max_concurrent_tool_calls); the
+            # results come back in row order, whichever call finishes first
+            results = self.runner.run_rows([(calls[b], tables[alive[b]]) for b in asking])
             going, feeds = [], []
-            for b, r in enumerate(alive):
-                suffix = self._after_turn(states[r], tables[r], params)
+            for b, res in zip(asking, results):
+                suffix = self._take_results(states[alive[b]], res, params)
                 if suffix is not None:
                     going.append(b)
                     feeds.append([pending[b]] + suffix)
@@ -245,9 +251,9 @@ class AgentRollout:
                 return last
             logits = self.parts.logits(session.feed(tokens[:, None], (~waiting)[:, None]))
 
-    def _after_turn(self, st: RowState, table, params: SamplingParams) -> list[int] | None:
-        """Record the turn; run its tool calls. Returns the tool-message tokens to feed, or None when the
-        row is finished."""
+    def _end_turn(self, st: RowState, params: SamplingParams) -> list | None:
+        """Record the turn as an assistant message; returns its tool calls to run, or None when the row is
+        finished (no call, or ``max_iterations`` rounds done)."""
         eos = set(params.eos_token_ids)
         turn = st.turn[:-1] if st.turn and st.turn[-1] in eos else st.turn
         text = self.tok.decode(turn, skip_special_tokens=False)
@@ -265,7 +271,11 @@ class AgentRollout:
         st.messages.append(message)
         if not calls or (self.max_iterations is not None and st.iterations >= self.max_iterations):
             return None
-        results = self.runner.run_turn(calls, table)  # async tools of the turn awaited together
+        return calls
+
+    def _take_results(self, st: RowState, results, params: SamplingParams) -> list[int] | None:
+        """Add the results of the row's calls (``ToolRunner.run_turn``, in call order); returns the
+        tool-message tokens to feed, or None when they do not fit and the row ends."""
         tool_messages = [{"role": "tool", "name": res.name, "content": res.content} for res in results]
         suffix = self.tool_suffix_ids(tool_messages, params.eos_token_ids)
         st.calls += len(results)

@@ -84,7 +84,8 @@ def build_agent(cfg, engine, tokenizer, tools: list[Callable] | None = None,
         if environment is not None:
             raise ConfigError("rollout.tool_sandbox=true runs stateless tools only: environment methods keep "
                               "state in this process; turn the sandbox off or use plain tools")
-    runner = ToolRunner(timeout_s=r.tool_timeout_s, max_output_chars=r.max_tool_output_chars, sandbox=sandbox)
+    runner = ToolRunner(timeout_s=r.tool_timeout_s, max_output_chars=r.max_tool_output_chars, sandbox=sandbox,
+                        max_concurrent=r.max_concurrent_tool_calls)
     return AgentRollout(engine, tokenizer, toolbox, runner, max_iterations=r.max_tool_calling_iterations,
                         tool_call_format=r.tool_call_format, chat_template=cfg.data.chat_template,
                         system_prompt=cfg.data.system_prompt, max_prompt_length=cfg.data.max_prompt_length)

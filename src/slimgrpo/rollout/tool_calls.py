@@ -12,7 +12,8 @@ async and awaited); its result becomes ``{"role": "tool", "name": name, "content
 exception becomes the content ``str({"error": str(e)})``; an unknown name raises ``Tool <name> not found.``
 inside that wrapper. slimgrpo adds what a long training run needs and TRL leaves to the tool: a time limit
 per call (``{"error": "Tool <name> timed out after <s> s"}``), a cap on the result's length, and a tool
-message for a malformed call (TRL treats a turn whose call does not parse as a plain answer).
+message for a malformed call (TRL treats a turn whose call does not parse as a plain answer);
+and the calls of different rows of one turn run concurrently (``ToolRunner.run_rows``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import re
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,13 +160,28 @@ class ToolRunner:
         max_output_chars: longer results are cut to this many characters plus a note.
         sandbox: a ``callable(fn, arguments, timeout_s) -> result`` that runs the tool elsewhere
             (``tool_sandbox.run_in_sandbox``); None runs it in this process.
+        max_concurrent: most rows whose calls run at once in ``run_rows`` (threads; 1 = one row after
+            another).
     """
 
     def __init__(self, timeout_s: float | None = 10.0, max_output_chars: int = 4000,
-                 sandbox: Callable | None = None) -> None:
+                 sandbox: Callable | None = None, max_concurrent: int = 1) -> None:
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
         self.sandbox = sandbox
+        self.max_concurrent = max_concurrent
+
+    def run_rows(self, turns: list[tuple[list[ToolCall], dict[str, Callable]]]) -> list[list[ToolResult]]:
+        """``run_turn`` for the turn of each of several rows, up to ``max_concurrent`` rows at once in
+        threads; the results are in row order whichever finishes first. Each call keeps its own time limit
+        and result cap; a row's own calls run as in ``run_turn``."""
+        workers = min(self.max_concurrent, len(turns))
+        if workers <= 1:
+            return [self.run_turn(calls, tools) for calls, tools in turns]
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="slimgrpo-tools") as pool:
+            return list(pool.map(lambda turn: self.run_turn(*turn), turns))  # map keeps the input order
 
     def run(self, call: ToolCall, tools: dict[str, Callable]) -> ToolResult:
         early = self._unrunnable(call, tools)
