@@ -1,5 +1,5 @@
 """The planner's typed containers: what a plan depends on (PlanInputs) and what it returns
-(Component lines and the MemoryPlan they add up to). The formulas live in planner.py."""
+(Component lines and the MemoryPlan they add up to). The formulas live in formulas.py and planner.py."""
 
 from __future__ import annotations
 

@@ -17,8 +17,9 @@ Symbols used in the formulas (and in the ``formula`` strings of the plan):
     B activation/compute bytes (2 for bf16/fp16, 4 for fp32), G num_generations,
     rows = prompts_per_step·G, m = micro_batch_rows, P/T max prompt/completion length, S = P + T.
 
-Every modelling constant lives in the block below so that calibration (docs/memory.md) can adjust
-them in one place. The derivations are in docs/memory.md.
+Every modelling constant lives in one block at the top of ``formulas.py`` (with the closed-form formulas)
+so that calibration (docs/memory.md) can adjust them in one place; this module re-exports them. The
+derivations are in docs/memory.md.
 """
 
 from __future__ import annotations
@@ -27,263 +28,23 @@ import dataclasses
 import math
 
 from . import attention as attn_kernels
-from .plan_types import LORA_MODULES, PHASES, Component, MemoryPlan, PlanInputs
+# The constants and closed-form formulas live in formulas.py; imported here, so callers may import them from here.
+from .formulas import (ADAMW_8BIT_BYTES_PER_PARAM, ADAMW_STATES, BACKWARD_WORKSPACE_LAYERS,
+                       CHECKPOINT_RECOMPUTE_LAYERS, CPU_ADAMW_STEP_TEMPORARIES, CPU_FRAMEWORK_OVERHEAD_BYTES,
+                       CUDA_FRAMEWORK_OVERHEAD_BYTES, CUDA_TRACE_MARGIN, FULL_LOGITS_COPIES, GEN_LOGITS_COPIES,
+                       GRAD_ACCUMULATION_TEMPORARIES, GiB, KiB, LORA_ADAPTER_BYTES, LOSS_CHUNK_COPIES,
+                       LOSS_PER_TOKEN_TENSORS, MiB, NF4_BYTES_PER_PARAM, OFFLOAD_RESIDENT_LAYERS,
+                       PREFILL_CHUNK_TOKENS, QLORA_COMPUTE_BYTES, TILED_MLP_AUTO_TOKENS, TILED_MLP_BACKWARD_BUFFERS,
+                       TILED_MLP_MIN_GAIN, _compute_bytes, _n, _tiles, activation_bytes_per_token_layer,
+                       attention_mask_bytes, inference_bytes_per_token_layer, kv_cache_bytes, logits_bytes,
+                       lora_num_params, lora_targets, mlp_bytes_per_token, tiled_shard_tokens)
+from .plan_types import PHASES, Component, MemoryPlan, PlanInputs
 from .shapes import ModelShape
 
 # Component, MemoryPlan, PHASES and PlanInputs are re-exported: callers import them from here.
 __all__ = ["Component", "MemoryPlan", "PHASES", "PlanInputs", "plan_memory", "logits_bytes", "kv_cache_bytes",
            "lora_num_params", "activation_bytes_per_token_layer", "attention_mask_bytes", "update_layer_bytes",
            "shared_prompt_groups", "mlp_bytes_per_token", "tiled_mlp_on", "tiled_shard_tokens"]
-
-KiB, MiB, GiB = 1024, 1024**2, 1024**3
-
-# ----------------------------------------------------------------------------------------------
-# Modelling constants (calibrate here)
-# ----------------------------------------------------------------------------------------------
-# CUDA context, cuBLAS/cuDNN workspaces and allocator slack: real device memory that
-# torch.cuda.max_memory_allocated() does not see but nvidia-smi does.
-CUDA_FRAMEWORK_OVERHEAD_BYTES = 512 * MiB
-# Peak RSS of a bare Python that imported torch 2.13 (CPU), transformers 5.23, peft and the
-# Qwen2/Llama model classes: ru_maxrss = 352,396 KiB (about 344 MiB), measured on the 2-core
-# development machine. On CPU this is the floor under every plan.
-CPU_FRAMEWORK_OVERHEAD_BYTES = 352_396 * KiB
-# Caching allocator rounding, fragmentation and stream-ordered reuse on CUDA, as a fraction of the tensor
-# peak: what the trace adds for its device peak (train/trace.py), and the least headroom `slimgrpo plan`
-# asks of a budget before it says "fits" without a warning. A documented guess (docs/memory.md#trace), to be
-# replaced by the measured max_memory_reserved / traced ratio of the GPU suite.
-CUDA_TRACE_MARGIN = 0.10
-
-# LoRA adapters are kept in fp32 (peft's get_peft_model(autocast_adapter_dtype=True) default).
-LORA_ADAPTER_BYTES = 4
-# bitsandbytes NF4 with double quantisation (the QLoRA recipe): 4 bits per weight, one 8-bit
-# absmax per block of 64 weights, one fp32 constant per 256 blocks -> 4.127 bits per weight.
-NF4_BYTES_PER_PARAM = (4 + 8 / 64 + 32 / (64 * 256)) / 8
-# Compute dtype of a 4-bit base; embeddings, norms, biases and the LM head stay in it.
-QLORA_COMPUTE_BYTES = 2
-# AdamW keeps two moments (exp_avg, exp_avg_sq) created with zeros_like(param): parameter dtype.
-ADAMW_STATES = 2
-# 8-bit AdamW (bitsandbytes / torchao): two 1-byte states plus one fp32 absmax per 256 values.
-ADAMW_8BIT_BYTES_PER_PARAM = 2 * (1 + 4 / 256)
-# On CPU torch.optim.AdamW runs per tensor (no foreach): sqrt and division temporaries of the
-# largest trainable tensor. On CUDA slimgrpo uses fused AdamW, which has no temporaries.
-CPU_ADAMW_STEP_TEMPORARIES = 2
-# From the second micro-batch on, backward hands each parameter a fresh gradient that is then added
-# into the one accumulated so far: one more copy of the largest trainable tensor is alive for a moment
-# (fitted on CPU: full fine-tuning in 1-row micro-batches, where it is the 152K x 896 embedding).
-GRAD_ACCUMULATION_TEMPORARIES = 1
-
-# Backward holds gradient tensors of the layer it is in next to the saved activations: measured
-# 0.21-0.41 of one layer's saved activations (ru_maxrss, tiny Qwen2 on CPU, bf16/fp32, full/LoRA).
-BACKWARD_WORKSPACE_LAYERS = 0.5
-# With checkpointing, backward re-runs one layer's forward and holds its activations (recompute
-# plus workspace measured at 1.19 layers for a tiny fp32 Qwen2 on CPU; we model 1 + 0.5). This working
-# set comes after the LM head and loss have freed theirs (plan_memory overlaps the two).
-CHECKPOINT_RECOMPUTE_LAYERS = 1.0
-# With offloading, checkpoints of this many layers sit on the device at once (one in use, one in flight).
-OFFLOAD_RESIDENT_LAYERS = 2
-
-# Chunked LM head: per chunk logit, the raw head output, its fp32 copy (softmax computed in place)
-# and a compute-dtype copy for the weight matmul, plus an fp32 clone when entropy is logged:
-# at most 3 fp32-sized copies (loss/chunked_head.py).
-LOSS_CHUNK_COPIES = 3
-# Full-logits path (TRL-like): logits and their gradient in the compute dtype.
-FULL_LOGITS_COPIES = 2
-# Per-token fp32 tensors of the GRPO objective (log-probs, ratio, clipped terms, KL, masks...).
-LOSS_PER_TOKEN_TENSORS = 12
-
-# Decode: fp32 logits of the last position for every row, plus the sampling workspace.
-GEN_LOGITS_COPIES = 2
-# The rollout prefills prompts this many positions at a time (rollout/engine.py TorchRolloutEngine's
-# prefill_chunk): the prefill's working set is one chunk's, not the whole prompt's.
-PREFILL_CHUNK_TOKENS = 2048
-# memory.tiled_mlp=auto turns the tiled MLP on only where one update micro-batch runs at least this many
-# tokens through each MLP and tiling lowers the planned peak by at least TILED_MLP_MIN_GAIN of it: shorter
-# runs keep the untiled MLP (no extra MLP forward in backward; their plans and measurements do not move: the
-# longest measured rows, docs/benchmarks.md, run 32,768-33,024 tokens per micro-batch). memory.fit's ladder
-# turns it on below this where a budget needs it.
-TILED_MLP_AUTO_TOKENS = 65_536
-TILED_MLP_MIN_GAIN = 0.02
-# Backward through a tiled MLP holds H-wide tensors of the whole call that the (smaller) tiled layer's workspace
-# no longer covers: the incoming gradient, the input gradient the tiler fills shard by shard, and their sum into
-# the residual stream's gradient. Fitted on the trace of Qwen3-8B's widths (4 layers, QLoRA, 65,536 tokens:
-# trace - plan = 3.0 · N·H·B before this term).
-TILED_MLP_BACKWARD_BUFFERS = 3
-
-
-
-# ----------------------------------------------------------------------------------------------
-# Closed-form helpers (tested directly against published arithmetic)
-# ----------------------------------------------------------------------------------------------
-def logits_bytes(rows: int, tokens: int, vocab: int, dtype_bytes: int = 4, copies: int = 1) -> int:
-    """Materialised logits: rows · tokens · vocab · dtype_bytes · copies.
-
-    Llama-3.1-8B, 8 rows of 20,480 tokens, bf16, logits + gradient:
-    2 · 2 · 8 · 20,480 · 128,256 = 84,053,852,160 B = 78.3 GiB.
-    """
-    return rows * tokens * vocab * dtype_bytes * copies
-
-
-def kv_cache_bytes(layers: int, tokens: int, kv_heads: int, head_dim: int, rows: int = 1, dtype_bytes: int = 2) -> int:
-    """KV cache: 2 (keys and values) · dtype_bytes · layers · tokens · kv_heads · head_dim · rows.
-
-    Llama-3.1-8B (32 layers, 8 kv heads of 128), one 20,480-token sequence in bf16:
-    2 · 2 · 32 · 20,480 · 1,024 = 2.5 GiB.
-    """
-    return 2 * dtype_bytes * layers * tokens * kv_heads * head_dim * rows
-
-
-def lora_targets(targets: tuple[str, ...]) -> tuple[str, ...]:
-    """Expand "all-linear" and drop duplicates, in layer order."""
-    wanted = set(LORA_MODULES) if "all-linear" in targets else set(targets)
-    return tuple(m for m in LORA_MODULES if m in wanted)
-
-
-def lora_num_params(shape: ModelShape, rank: int, targets: tuple[str, ...]) -> int:
-    """Trainable LoRA parameters: L · Σ_targets r · (in + out)."""
-    dims = shape.linear_dims()
-    return shape.layers * sum(rank * sum(dims[m]) for m in lora_targets(targets))
-
-
-def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padded: bool = False,
-                                     tokens: int | None = None) -> int:
-    """Bytes autograd keeps per token and per decoder layer without checkpointing (mask excluded).
-
-    A tensor is kept only if a backward formula needs it, and a matmul with a frozen weight does
-    not keep its input. With B the compute bytes, A = LORA_ADAPTER_BYTES, kv' = q when the kernel
-    repeats keys/values to query width (eager; sdpa with a mask, ``padded``), else kv (the update's
-    unpadded rows under sdpa / flash_attention_2):
-
-        RMSNorm ×2      4·H + 4        fp32 upcast and rsqrt, kept for the variance backward
-        normed input    2·B·H          full fine-tuning: normalised x (norm-weight grad) and the
-                                       weighted output (projection-weight grads)
-                        A·H per adapter  LoRA: peft casts the input to the adapter dtype, one copy
-                                       per adapted projection (one shared B·H tensor when A == B)
-        attention       B·(2·q + 2·kv') + 4·heads    SDPA keeps q, k, v, output and fp32 logsumexp;
-                                       o_proj's input is SDPA's output (same storage) unless a
-                                       LoRA adapter on o_proj casts it (A·q)
-        MLP             3·B·I          SiLU input, SiLU output, up output
-        down_proj input B·I            full fine-tuning; A·I for a LoRA adapter on down_proj
-        LoRA            A·r per adapted projection (lora_A output, kept by lora_B)
-
-    Tiled MLP (``inputs.tiled_mlp == "on"`` and a call of ``tokens`` > H tokens): the MLP's part
-    (:func:`mlp_bytes_per_token`) is not kept; the tiler keeps the MLP's input instead, which full
-    fine-tuning keeps anyway (the weighted norm output above) and LoRA adds (B·H).
-
-    Checked tensor by tensor against saved_tensors_hooks on Qwen2 layers (fp32/bf16, full/LoRA).
-    """
-    H, I, q = shape.hidden, shape.intermediate, shape.q_dim
-    B = _compute_bytes(inputs)
-    A = LORA_ADAPTER_BYTES
-    adapted = set(lora_targets(inputs.lora_target_modules)) if inputs.lora else set()
-
-    def lora_copies(width: int, consumers: tuple[str, ...]) -> int:
-        n = sum(1 for m in consumers if m in adapted)
-        return 0 if n == 0 else width * (B if A == B else n * A)
-
-    kv_saved = attn_kernels.kv_width(shape, attn_kernels.kernel(inputs.attn_implementation)[0], padded)
-    norms = 2 * (4 * H + 4)
-    attention = B * (2 * q + 2 * kv_saved) + 4 * shape.heads
-    mlp = 3 * B * I
-    if not inputs.lora:
-        kept = 2 * (2 * B * H) + B * I
-    else:
-        kept = (
-            lora_copies(H, ("q_proj", "k_proj", "v_proj"))
-            + (lora_copies(q, ("o_proj",)) if A != B else 0)
-            + lora_copies(H, ("gate_proj", "up_proj"))
-            + lora_copies(I, ("down_proj",))
-        )
-    lora_mid = A * inputs.lora_rank * len(adapted)
-    total = norms + attention + mlp + kept + lora_mid
-    if _tiles(shape, inputs, tokens):
-        total += -mlp_bytes_per_token(shape, inputs) + (B * H if inputs.lora else 0)
-    return total
-
-
-def mlp_bytes_per_token(shape: ModelShape, inputs: PlanInputs) -> int:
-    """The MLP's share of :func:`activation_bytes_per_token_layer`, per token: SiLU input and output and up
-    output 3·B·I, down_proj's input (B·I full; A·I for a LoRA adapter on it), the adapters' input copies on
-    gate / up and their lora_A outputs. What a tiled MLP keeps for one shard instead of the whole call."""
-    H, I = shape.hidden, shape.intermediate
-    B, A = _compute_bytes(inputs), LORA_ADAPTER_BYTES
-    if not inputs.lora:
-        return 4 * B * I
-    adapted = set(lora_targets(inputs.lora_target_modules))
-    up = sum(1 for m in ("gate_proj", "up_proj") if m in adapted)
-    copies = 0 if up == 0 else H * (B if A == B else up * A)
-    down = 0 if "down_proj" not in adapted else I * (B if A == B else A)
-    mids = A * inputs.lora_rank * sum(1 for m in ("gate_proj", "up_proj", "down_proj") if m in adapted)
-    return 3 * B * I + down + copies + mids
-
-
-def tiled_shard_tokens(tokens: int, hidden: int) -> int:
-    """Tokens of the largest shard when ``tokens`` are cut into ceil(tokens / hidden) shards (<= hidden)."""
-    if tokens <= 0:
-        return 0
-    return math.ceil(tokens / max(1, math.ceil(tokens / max(1, hidden))))
-
-
-def _tiles(shape: ModelShape, x: PlanInputs, tokens: int | None) -> bool:
-    """The tiled MLP changes a call of ``tokens`` tokens: switched on and more than one shard."""
-    return x.tiled_mlp == "on" and tokens is not None and tokens > shape.hidden
-
-
-def tiled_mlp_on(shape: ModelShape, inputs: PlanInputs) -> bool:
-    """Whether the run tiles its MLPs: ``on`` / ``off`` as set; ``auto`` when one update micro-batch runs at
-    least TILED_MLP_AUTO_TOKENS tokens (m·S) through each MLP and the tiled plan's peak is lower than the
-    untiled one's by at least TILED_MLP_MIN_GAIN of it (the MLP's intermediates are a peak)."""
-    if inputs.tiled_mlp != "auto":
-        return inputs.tiled_mlp == "on"
-    if inputs.micro_rows * inputs.seq_len < TILED_MLP_AUTO_TOKENS:
-        return False
-    off = plan_memory(shape, dataclasses.replace(inputs, tiled_mlp="off")).peak_bytes
-    on = plan_memory(shape, dataclasses.replace(inputs, tiled_mlp="on")).peak_bytes
-    return on <= off * (1 - TILED_MLP_MIN_GAIN)
-
-
-def attention_mask_bytes(inputs: PlanInputs, rows: int, tokens: int, padded: bool | None = None,
-                         shape: ModelShape | None = None, pairs: int | None = None) -> tuple[int, int]:
-    """(shared, per_layer) bytes that grow with S² for ``rows`` sequences of ``tokens`` (or for
-    ``pairs`` (query, key) positions when given: a shared-prompt update).
-
-    With sdpa and a padding mask (``padded``, default ``inputs.padding_mask``) Hugging Face builds
-    one bool [rows, 1, S, S] mask (rows·S² B); SDPA converts it to the query dtype inside every
-    attention call and keeps that copy for backward (rows·S²·B per layer). The eager kernel also
-    keeps [rows, heads, S, S] scores per layer (needs ``shape``). Zero for kernels without an S² tensor.
-    """
-    padded = inputs.padding_mask if padded is None else padded
-    name = attn_kernels.kernel(inputs.attn_implementation)[0]
-    if shape is None:
-        if name == "eager":
-            raise ValueError("attention_mask_bytes needs the model shape for the eager kernel")
-        shape = ModelShape(family="llama", hidden=1, intermediate=1, layers=1, heads=1, kv_heads=1, vocab=1,
-                           tie=True)
-    pairs = rows * tokens * tokens if pairs is None else pairs
-    shared, per_layer, _ = attn_kernels.quadratic_bytes(shape, name, pairs, _compute_bytes(inputs), padded)
-    return shared, per_layer
-
-
-def inference_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs) -> int:
-    """Transient bytes per token of one layer's forward without autograd (prompt prefill).
-
-    B·(2·H + max(2·q + 2·kv', 3·I)) + 4·H: residual and normed input, then the larger of the
-    attention tensors (q, output, repeated k and v) and the MLP tensors (gate/up/product), plus
-    the RMSNorm fp32 upcast.
-    """
-    H, I, q = shape.hidden, shape.intermediate, shape.q_dim
-    B = _compute_bytes(inputs)
-    kv_saved = attn_kernels.kv_width(shape, attn_kernels.kernel(inputs.attn_implementation)[0], inputs.padding_mask)
-    return B * (2 * H + max(2 * q + 2 * kv_saved, 3 * I)) + 4 * H
-
-
-def _compute_bytes(inputs: PlanInputs) -> int:
-    """B: dtype of activations, logits and the KV cache (bf16 compute for a 4-bit base)."""
-    return QLORA_COMPUTE_BYTES if inputs.load_in_4bit else inputs.param_dtype_bytes
-
-
-def _n(x: float) -> str:
-    return f"{int(x):,}"
-
 
 # ----------------------------------------------------------------------------------------------
 # Component builders (each returns Components; plan_memory puts them together)
@@ -626,6 +387,19 @@ def _overlap_step_workspace(optimizer: list[Component], backward: list[Component
     temporaries only add what exceeds them: the step workspace line holds max(0, temporaries - those)."""
     held = sum(c.bytes for c in backward if c.location == "device")
     return _after_freed(optimizer, "optimizer step workspace", held, "backward's activations + loss")
+
+
+def tiled_mlp_on(shape: ModelShape, inputs: PlanInputs) -> bool:
+    """Whether the run tiles its MLPs: ``on`` / ``off`` as set; ``auto`` when one update micro-batch runs at
+    least TILED_MLP_AUTO_TOKENS tokens (m·S) through each MLP and the tiled plan's peak is lower than the
+    untiled one's by at least TILED_MLP_MIN_GAIN of it (the MLP's intermediates are a peak)."""
+    if inputs.tiled_mlp != "auto":
+        return inputs.tiled_mlp == "on"
+    if inputs.micro_rows * inputs.seq_len < TILED_MLP_AUTO_TOKENS:
+        return False
+    off = plan_memory(shape, dataclasses.replace(inputs, tiled_mlp="off")).peak_bytes
+    on = plan_memory(shape, dataclasses.replace(inputs, tiled_mlp="on")).peak_bytes
+    return on <= off * (1 - TILED_MLP_MIN_GAIN)
 
 
 # ----------------------------------------------------------------------------------------------

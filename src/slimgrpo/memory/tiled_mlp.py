@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .planner import tiled_shard_tokens
+from .formulas import tiled_shard_tokens
 
 # MLP classes whose forward is token-wise (a gated MLP with no state across tokens): safe to shard.
 KNOWN_MLP_CLASSES = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
