@@ -83,6 +83,10 @@ def test_cli_longest_with_trace(tmp_path, capsys):
     assert "trace 5% longer (data.max_prompt_length=" in out
 
 
-def test_cli_longest_needs_a_budget(tmp_path, capsys):
+def test_cli_longest_needs_a_budget_and_says_when_nothing_fits(tmp_path, capsys):
     assert main(["plan", "--model", str(_config_json(tmp_path)), "--device", "cuda", "--longest"]) == 2
     assert "needs a budget" in capsys.readouterr().err
+    assert main(["plan", "--model", str(_config_json(tmp_path)), "--device", "cuda", "--longest",
+                 "--budget", "100MiB"]) == 4
+    out = capsys.readouterr().out
+    assert "nothing fits, not even a 1-token prompt" in out and "not even a 1-token completion" in out

@@ -141,7 +141,8 @@ def longest_command(args, cfg, shape, device: str, console: Console) -> int:
         found_any |= found.fits
         changes = " ".join(overrides_for(found.changes)) or "the config as given"
         if not found.fits:
-            console.print(f"  {kind}: [red]nothing fits[/red], not even 1 token more (fitted plan "
+            part = "prompt" if kind == "prompt-heavy" else "completion"
+            console.print(f"  {kind}: [red]nothing fits[/red], not even a 1-token {part} (fitted plan "
                           f"{format_gib(found.plan.peak_bytes)} GiB with {changes})", soft_wrap=True)
             continue
         whole = ", the model's whole window" if found.at_limit else ""
