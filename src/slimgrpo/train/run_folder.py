@@ -43,7 +43,8 @@ RESUMABLE_KEYS = (
     "log.*", "eval.*", "distributed.timeout_s", "distributed.backend",
     "rewards.timeout_s", "rewards.isolation", "rewards.on_error", "rewards.max_failed_steps",
     "memory.micro_batch_size", "memory.gradient_checkpointing", "memory.offload_activations", "memory.budget",
-    "memory.fit", "memory.share_prompt_forward", "loss.token_chunk", "loss.vocab_chunk", "loss.fuse_head_loss",
+    "memory.fit", "memory.share_prompt_forward", "memory.tiled_mlp", "memory.host_budget", "loss.token_chunk",
+    "loss.vocab_chunk", "loss.fuse_head_loss",
     "rollout.max_batch_rows",
 )
 # Files a run writes at the top of its folder; any of them marks the folder as used.
