@@ -1,6 +1,6 @@
 """Tool-calling rollouts under FSDP2 (2 ranks, gloo on CPU): the multi-turn decoder runs on gathered
-weights, and 2 ranks with half the prompts each train to the same loss, metrics and weights as one process
-with all of them.
+weights (``distributed.fsdp_generation=gather``; ``per_layer`` is refused), and 2 ranks with half the prompts each
+train to the same loss, metrics and weights as one process with all of them.
 
 Both runs decode greedily (``rollout.temperature=0``), so a row's completion depends only on its prompt and
 the weights, not on a rank's sampling generator. The rows of a group still differ: the environment's
@@ -51,7 +51,7 @@ def length_mod(prompts, completions, completion_ids=None, **kwargs):
 '''
 
 
-def _config(tmp_path, name: str) -> dict:
+def _config(tmp_path, name: str, fsdp_generation: str = "gather") -> dict:
     return {
         "model": {"path": str(TOOLS_DIR / "model"), "dtype": "float32"},
         "data": {"path": str(TOOLS_DIR / "data" / "train.jsonl"), "max_prompt_length": 16},
@@ -62,7 +62,7 @@ def _config(tmp_path, name: str) -> dict:
         "loss": {"beta": 0.04, "loss_type": "dapo"},
         "memory": {"micro_batch_size": 3},
         "optim": {"learning_rate": 1e-3, "max_grad_norm": 0.5},
-        "distributed": {"strategy": "fsdp"},
+        "distributed": {"strategy": "fsdp", "fsdp_generation": fsdp_generation},
         "run": {"max_steps": 2, "batch_size": 16, "device": "cpu", "output_dir": str(tmp_path / name),
                 "num_threads": 1, "seed": 5},
         "log": {"progress": False, "log_completions_steps": 0},
@@ -73,8 +73,8 @@ def test_tool_rollouts_under_fsdp_match_one_process(tmp_path):
     from safetensors.torch import load_file
 
     (tmp_path / "calc_env.py").write_text(ENV)
-    for name in ("two", "one"):
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(_config(tmp_path, name)))
+    for name, mode in (("two", "gather"), ("layers", "per_layer"), ("one", "gather")):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(_config(tmp_path, name, mode)))
     proc = torchrun(["-m", "slimgrpo", "train", str(tmp_path / "two.yaml")], tmp_path, timeout=240)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent / "src")])}
     single = subprocess.run([sys.executable, "-m", "slimgrpo", "train", str(tmp_path / "one.yaml")], cwd=tmp_path,
@@ -83,6 +83,11 @@ def test_tool_rollouts_under_fsdp_match_one_process(tmp_path):
     assert code == 0, log[-6000:]
     assert single.returncode == 0, (single.stdout + single.stderr)[-6000:]
     assert "2 processes (fsdp)" in log
+    # fsdp_generation=per_layer would pair each rank's per-layer all-gathers of different numbers of decode
+    # steps: refused on every rank, nobody left waiting
+    code, log = finish(torchrun(["-m", "slimgrpo", "train", str(tmp_path / "layers.yaml")], tmp_path, timeout=120),
+                       timeout=120)
+    assert code != 0 and log.count("need distributed.fsdp_generation=gather") >= 2, log[-6000:]
 
     def records(name):
         rows = [json.loads(ln) for ln in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]

@@ -157,6 +157,12 @@ def setup_agent(trainer) -> tuple[Any, list[tuple[str, Callable]]]:
     # Under torchrun every rank runs its own rows' conversations and tools with no collective inside; the
     # trainer wraps the agent like the single-turn engine (train/launch.guard_agent): guarded with DDP, on
     # gathered weights with FSDP2.
+    if trainer.dist.enabled and cfg.distributed.strategy == "fsdp" and cfg.distributed.fsdp_generation != "gather":
+        # per_layer all-gathers each layer on every forward, and ranks take different numbers of decode
+        # steps and turns: their collectives would not pair up (the job hangs until distributed.timeout_s)
+        raise ConfigError("rollout.tools / rollout.environment under distributed.strategy=fsdp need "
+                          "distributed.fsdp_generation=gather (per_layer gathers every layer on every decode "
+                          "step, and ranks decode different numbers of steps and turns)")
     rewards = agent.toolbox.reward_functions()
     if not cfg.rewards.functions and not rewards:
         raise ConfigError("rewards.functions is empty and the environment has no get_reward(): name a reward "
