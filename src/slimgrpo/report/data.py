@@ -110,10 +110,6 @@ class Metrics:
                     names.append(k[8:-5])
         return names
 
-    def first_last(self, key: str) -> tuple[float, float] | None:
-        vals = self.series(key).finite
-        return (vals[0], vals[-1]) if vals else None
-
     @property
     def last_step(self) -> int:
         steps = [s for s in self.steps if not math.isnan(s)]

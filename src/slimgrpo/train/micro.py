@@ -49,8 +49,3 @@ def micro_batches(lengths: torch.Tensor, micro_rows: int | None = None,
     if current:
         groups.append(current)
     return [torch.tensor(sorted(g), dtype=torch.long) for g in groups]
-
-
-def padded_tokens(lengths: torch.Tensor, groups: list[torch.Tensor]) -> int:
-    """Tokens the forward passes actually process: sum over groups of rows · longest row."""
-    return sum(len(g) * int(lengths[g].max()) for g in groups if len(g))

@@ -3,6 +3,7 @@ over micro-batches of completions."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -176,7 +177,7 @@ def accumulate_gradients(
     for i, sl in enumerate(slices):
         ids, am, comp, ts = trimmed(batch, sl)
         mask = batch.loss_mask[sl, ts]
-        sync_ctx = no_sync() if (no_sync is not None and i < len(slices) - 1) else _null()
+        sync_ctx = no_sync() if (no_sync is not None and i < len(slices) - 1) else contextlib.nullcontext()
         with sync_ctx:
             old = batch.old_logp[sl, ts] if batch.old_logp is not None else None
             ref = batch.ref_logp[sl, ts] if batch.ref_logp is not None else None
@@ -234,14 +235,6 @@ def offload_context(enabled: bool, device: torch.device):
     from slimgrpo.train.offload import offload_context as _offload
 
     return _offload(enabled, device)
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def split_update(batch: UpdateBatch, parts: int) -> list[UpdateBatch]:
