@@ -289,3 +289,44 @@ def quantized_step(shape: ModelShape, device: torch.device, which: str, rows: in
     return {"what": which, "optimizer": opt, "finite": ok, "plan_mib": planned,
             "peak_alloc_mib": alloc, "peak_reserved_mib": reserved,
             "ratio": planned / alloc if alloc else None, "s_per_update": res2.seconds}
+
+
+# ----------------------------------------------------------------------------- long context (issue 29)
+
+
+def long_context_step(shape: ModelShape, device: torch.device, P: int, L: int, folder, quantized: bool,
+                      offload: bool = False) -> dict[str, Any]:
+    """One update-only step of 2 rows x (P + L) tokens on Qwen3-8B-style QLoRA (4-bit NF4 base loaded from
+    ``folder`` when ``quantized``, else a LoRA on a random base), gradient checkpointing, one row per
+    micro-batch, the MLP tiled (``memory.tiled_mlp=on``), checkpoints offloaded when ``offload``: the
+    settings of docs/benchmarks.md#anchors-simulated, measured. Peak CUDA memory against the plan."""
+    from slimgrpo.config import ModelConfig
+    from slimgrpo.memory.tiled_mlp import tile_mlps
+    from slimgrpo.modeling import load_model
+    from slimgrpo.train.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout
+
+    G = 2
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
+    overrides = step_config(True, True, G, P, L, dtype, micro=1, offload=offload, load_in_4bit=quantized)
+    overrides["memory"]["tiled_mlp"] = "on"
+    cfg = run_config(overrides)
+    plan = plan_for(shape, overrides, device.type)
+    fresh_memory(device)
+    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    if quantized:
+        model = load_model(ModelConfig(path=str(folder), load_in_4bit=True), device, torch_dtype)
+    else:
+        model = random_causal_lm(shape, torch_dtype, device)
+    runner = UpdateOnly(cfg, model, device)
+    tiled = tile_mlps(runner.model)
+    res = runner.step(synthetic_rollout(1, G, P, L, shape.vocab, device=device))
+    alloc, reserved = peak_mib(device)
+    del runner, model
+    fresh_memory(device)
+    planned = update_plan_mib(plan)
+    finite = res.loss == res.loss and abs(res.loss) != float("inf")
+    return {"tokens": G * (P + L), "quantized": quantized, "offload": offload, "tiled_mlps": tiled.tiled,
+            "finite": finite, "plan_mib": planned, "plan_host_mib": plan.host_bytes / MIB,
+            "peak_alloc_mib": alloc, "peak_reserved_mib": reserved,
+            "ratio": planned / alloc if alloc else None, "s_per_update": res.seconds}
+

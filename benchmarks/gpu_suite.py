@@ -22,6 +22,11 @@ reported as "skipped: budget"):
                     gradient checkpointing off / on; slimgrpo's s/step
   vs_trl            TRL 1.16 GRPOTrainer on the same settings in a child process (peak CUDA memory and
                     s/step), next to slimgrpo's from the planner section; "not installed" without trl
+  long_context      issue 29's rows, measured: Qwen3-8B QLoRA (random weights, 4-bit NF4), 2 rows of
+                    prompt 256 + the completion lengths the trace says fit 24 GB and 80 GB, tiled MLP,
+                    checkpointing, the whole 131,072 window with offloaded checkpoints; plan vs peak.
+                    Last, and past the default --time-limit: run it as its own call
+                    (``--only long_context --time-limit 540``)
 
 The report is rewritten after every section, so a run cut short still leaves what it measured.
 """
@@ -49,10 +54,11 @@ if str(REPO / "src") not in sys.path:
 
 from _gpu_report import markdown  # noqa: E402
 
-SECTIONS = ["env", "cuda_tests", "loss", "update_only_long", "quantized", "rollout", "planner", "vs_trl"]
+SECTIONS = ["env", "cuda_tests", "loss", "update_only_long", "quantized", "rollout", "planner", "vs_trl",
+            "long_context"]
 # Seconds per section on one H100 (sum 525 of the default 540 s limit).
 BUDGETS = {"env": 5, "cuda_tests": 60, "loss": 20, "update_only_long": 100, "quantized": 35, "rollout": 40,
-           "planner": 140, "vs_trl": 125}
+           "planner": 140, "vs_trl": 125, "long_context": 520}  # long_context: its own call (see above)
 
 
 class Budget(Exception):
@@ -90,13 +96,21 @@ def settings(smoke: bool) -> dict[str, Any]:
                 "trl_shapes": ["tiny-qwen2"], "loss": {"tokens": 96, "hidden": 32, "vocab": 1000},
                 "rollout": {"shape": "tiny-qwen2", "rows": 2, "prompt": 8, "new_tokens": 8, "repeats": 1},
                 "long": {"shape": "tiny-llama", "rows": 2, "P": 8, "L": 64, "micro": 1},
-                "quant": {"shape": "tiny-qwen2", "rows": 2, "P": 8, "L": 16}, "steps_timed": 2}
+                "quant": {"shape": "tiny-qwen2", "rows": 2, "P": 8, "L": 16}, "steps_timed": 2,
+                "long_ctx": {"shape": "tiny-llama", "P": 8, "Ls": [48, 64], "window": 64}}
     return {"shapes": {n: None for n in ("qwen2.5-0.5b", "llama-3.2-1b", "qwen2.5-1.5b")}, "G": 4, "P": 256,
             "L": 786, "trl_shapes": ["qwen2.5-0.5b", "llama-3.2-1b"],
             "loss": {"tokens": 4096, "hidden": 896, "vocab": 151_936},
             "rollout": {"shape": "qwen2.5-0.5b", "rows": 8, "prompt": 64, "new_tokens": 256, "repeats": 2},
             "long": {"shape": "llama-3.1-8b", "rows": 8, "P": 256, "L": 20_000, "micro": 1},
-            "quant": {"shape": "qwen2.5-0.5b", "rows": 4, "P": 256, "L": 786}, "steps_timed": 2}
+            "quant": {"shape": "qwen2.5-0.5b", "rows": 4, "P": 256, "L": 786}, "steps_timed": 2,
+            # docs/benchmarks.md#anchors-simulated: by trace 24,576 fits 24 GB, 116,736 fits 80 GB; the whole
+            # 131,072 window (P 256 + T 130,816) with checkpoints offloaded
+            "long_ctx": {"shape": "qwen3-8b", "P": 256, "Ls": [24_576, 116_736], "window": 130_816}}
+
+
+QWEN3_8B = {"family": "qwen3", "hidden": 4096, "intermediate": 12288, "layers": 36, "heads": 32, "kv_heads": 8,
+            "vocab": 151_936, "tie": False, "max_positions": 131_072, "head_dim": 128}  # its public config.json
 
 
 def shape_of(name: str, spec: dict | None):
@@ -227,6 +241,41 @@ def sec_rollout(ctx: dict) -> dict:
     return {"rows": rows}
 
 
+def sec_long_context(ctx: dict) -> dict:
+    """QLoRA on CUDA with bitsandbytes (a random bf16 model saved once, loaded in 4-bit); elsewhere (the CPU
+    smoke run) the same settings on a plain LoRA base."""
+    import torch
+
+    from _gpu_parts import long_context_step
+    from slimgrpo.train.synthetic import random_causal_lm
+
+    s = ctx["cfg"]["long_ctx"]
+    spec = QWEN3_8B if s["shape"] == "qwen3-8b" else ctx["cfg"].get("long_shape")
+    shape = shape_of(s["shape"], spec)
+    quantized = ctx["device"] == "cuda"
+    if quantized:
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError:
+            return {"rows": [], "status": "not installed (bitsandbytes)"}
+    folder = ctx["work"] / "long_ctx_model"
+
+    def make_model():
+        if quantized and not (folder / "config.json").is_file():
+            random_causal_lm(shape, torch.bfloat16, ctx["dev"]).save_pretrained(str(folder))
+        return {}
+
+    rows = [ctx["run"]("random base saved", make_model)]
+    for L in s["Ls"]:
+        rows.append(ctx["run"](f"{s['shape']} {'QLoRA' if quantized else 'LoRA'} 2 x ({s['P']} + {L:,}), tiled MLP",
+                               lambda L=L: long_context_step(shape, ctx["dev"], s["P"], L, folder, quantized)))
+    rows.append(ctx["run"](f"{s['shape']} {'QLoRA' if quantized else 'LoRA'} 2 x ({s['P']} + {s['window']:,}), "
+                           "tiled MLP + offload",
+                           lambda: long_context_step(shape, ctx["dev"], s["P"], s["window"], folder, quantized,
+                                                     offload=True)))
+    return {"rows": rows}
+
+
 def planner_runs(cfg: dict) -> list[tuple[str, bool, bool]]:
     """(shape, lora, checkpointing), most wanted first: the TRL-paired runs, then checkpointing, then 1.5B."""
     names = list(cfg["shapes"])
@@ -316,6 +365,7 @@ def write_prompts(path: Path, count: int) -> Path:
 RUNNERS: dict[str, Callable[[dict], dict]] = {
     "env": sec_env, "cuda_tests": sec_cuda_tests, "loss": sec_loss, "update_only_long": sec_update_only_long,
     "quantized": sec_quantized, "rollout": sec_rollout, "planner": sec_planner, "vs_trl": sec_vs_trl,
+    "long_context": sec_long_context,
 }
 
 # ----------------------------------------------------------------------------- driver
