@@ -90,6 +90,53 @@ def init_process_group(cfg: Config, ctx: DistContext) -> None:
              cfg.distributed.strategy, cfg.distributed.timeout_s)
 
 
+def check_job(cfg: Config, ctx: DistContext) -> None:
+    """Right after the process group starts, before any weight is loaded: every rank must hold the same
+    config, and the prompts of a step must split evenly over the ranks. Every rank takes part in the
+    comparison and raises the same ``ConfigError`` (exit 2), so no rank is left waiting for another."""
+    import hashlib
+    import json
+
+    def name(obj: Any) -> str:  # callables set from Python: by name (their repr has a per-process address)
+        return getattr(obj, "__qualname__", None) or type(obj).__name__
+
+    mine = json.loads(json.dumps(cfg.to_dict(), sort_keys=True, default=name))
+    digests = ctx.all_gather_object(hashlib.sha256(json.dumps(mine, sort_keys=True).encode()).hexdigest())
+    if len(set(digests)) > 1:
+        flats = [_flatten(c) for c in ctx.all_gather_object(mine)]
+        lines = []
+        for rank, flat in enumerate(flats[1:], start=1):
+            keys = sorted(k for k in set(flat) | set(flats[0]) if flat.get(k) != flats[0].get(k))
+            lines += [f"rank {rank} has {k}={flat.get(k)!r} where rank 0 has {flats[0].get(k)!r}" for k in keys]
+        more = f" (and {len(lines) - 5} more)" if len(lines) > 5 else ""
+        _refuse(ctx, "the ranks of this torchrun job disagree on the config: " + "; ".join(lines[:5]) + more
+                + ". Start every rank with the same config file and overrides")
+    if cfg.prompts_per_step % ctx.world_size:
+        _refuse(
+            ctx,
+            f"run.batch_size={cfg.run.batch_size} gives {cfg.prompts_per_step} prompts per step "
+            f"(rollout.num_generations={cfg.rollout.num_generations}), which {ctx.world_size} processes cannot "
+            f"share evenly: use a multiple of {ctx.world_size * cfg.rollout.num_generations} for run.batch_size, "
+            f"or a number of processes that divides {cfg.prompts_per_step}")
+
+
+def _refuse(ctx: DistContext, message: str) -> None:
+    """Every rank refuses the job with the same message. They leave the process group together first (a
+    barrier, then ``destroy_process_group``): a gloo rank whose peer exits under it can abort (SIGABRT)."""
+    ctx.barrier()
+    dist.destroy_process_group()
+    raise ConfigError(message)
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
+    return out
+
+
 # ----------------------------------------------------------------------------- wrappers
 
 

@@ -61,9 +61,10 @@ def run_training(cfg: Config, callbacks=None, train_dataset=None) -> dict[str, A
     install_log_filter(logging.getLogger("slimgrpo"), on_logger=True)  # no secret in our own log lines
     dist_ctx = from_environment()
     if dist_ctx.enabled:
-        from slimgrpo.train.launch import init_process_group
+        from slimgrpo.train.launch import check_job, init_process_group
 
         init_process_group(cfg, dist_ctx)
+        check_job(cfg, dist_ctx)  # the same config on every rank, a batch that splits: before any weight loads
     from slimgrpo.train.trace import trace_step  # memory.fit=trace; trace drives the Trainer, so it is passed in
 
     trainer = Trainer(cfg, callbacks=callbacks, dist=dist_ctx, train_dataset=train_dataset, trace_fn=trace_step)
