@@ -116,7 +116,8 @@ def shared_completion_hidden(
     select_cache_rows(cache, group_of_row)  # K, V [groups] -> [rows]; backward sums per group, in order
     comp_out = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask,
                        position_ids=positions[:, P:], past_key_values=cache, use_cache=True)
-    hidden = torch.cat([take_rows(last_prompt, group_of_row)[:, None], comp_out[0][:, :-1]], dim=1)  # [rows, T, H]
+    first = take_rows(last_prompt, group_of_row)[:, None]  # [rows, 1, H]: repeats summed in order in backward
+    hidden = torch.cat([first, comp_out[0][:, :-1]], dim=1)  # [rows, T, H]
     mask = (attention_mask[:, -T:] if completion_mask is None else completion_mask).bool()
     return hidden[mask], completion_ids[mask], mask, lm_head_spec(lm)
 
