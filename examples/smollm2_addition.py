@@ -63,12 +63,17 @@ def make_rows(seed: int = 0) -> tuple[list[dict], list[dict]]:
     return rows[:300], rows[300:]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def make_data_cli(description: str, make_rows, argv: list[str] | None = None) -> int:
+    """``--make-data DIR``: a task's ``make_rows()`` split written by ``write_split`` (every recipe's maker)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--make-data", metavar="DIR", required=True, help="folder for train.jsonl and heldout.jsonl")
     args = parser.parse_args(argv)
     write_split(Path(args.make_data), *make_rows())
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return make_data_cli(__doc__.splitlines()[0], make_rows, argv)
 
 
 def write_split(out: Path, train: list[dict], heldout: list[dict]) -> None:

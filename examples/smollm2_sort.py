@@ -14,17 +14,16 @@ Rewards take ``(prompts, completions, **columns)`` and work unchanged in TRL's G
 
 from __future__ import annotations
 
-import argparse
 import random
 import re
 import sys
 from pathlib import Path
 
 try:
-    from smollm2_addition import _text, graded_brevity, write_split
+    from smollm2_addition import _text, graded_brevity, make_data_cli
 except ImportError:  # loaded by file path without its folder on sys.path (slimgrpo puts it there itself)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from smollm2_addition import _text, graded_brevity, write_split
+    from smollm2_addition import _text, graded_brevity, make_data_cli
 
 INSTRUCTION = "Reply with the numbers separated by commas."
 _INTEGER = re.compile(r"-?\d+")
@@ -62,11 +61,7 @@ def make_rows(seed: int = 0) -> tuple[list[dict], list[dict]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--make-data", metavar="DIR", required=True, help="folder for train.jsonl and heldout.jsonl")
-    args = parser.parse_args(argv)
-    write_split(Path(args.make_data), *make_rows())
-    return 0
+    return make_data_cli(__doc__.splitlines()[0], make_rows, argv)
 
 
 if __name__ == "__main__":

@@ -14,16 +14,15 @@ The answer is one integer, so the rewards are the addition recipe's (examples/sm
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 from pathlib import Path
 
 try:
-    from smollm2_addition import INSTRUCTION, last_number_correct, only_the_number, write_split
+    from smollm2_addition import INSTRUCTION, last_number_correct, only_the_number, make_data_cli
 except ImportError:  # loaded by file path without its folder on sys.path (slimgrpo puts it there itself)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from smollm2_addition import INSTRUCTION, last_number_correct, only_the_number, write_split
+    from smollm2_addition import INSTRUCTION, last_number_correct, only_the_number, make_data_cli
 
 __all__ = ["last_number_correct", "only_the_number", "make_rows", "main"]
 
@@ -51,11 +50,7 @@ def make_rows(seed: int = 0) -> tuple[list[dict], list[dict]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--make-data", metavar="DIR", required=True, help="folder for train.jsonl and heldout.jsonl")
-    args = parser.parse_args(argv)
-    write_split(Path(args.make_data), *make_rows())
-    return 0
+    return make_data_cli(__doc__.splitlines()[0], make_rows, argv)
 
 
 if __name__ == "__main__":

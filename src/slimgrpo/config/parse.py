@@ -173,13 +173,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 def merge_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for text in overrides:
         parts, value = parse_override(text)
-        node = data
-        for p in parts[:-1]:
-            child = node.setdefault(p, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {text!r}: {p!r} is a value, not a section")
-            node = child
-        node[parts[-1]] = value
+        _set(data, parts, value, text)
     return data
 
 
