@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         _child(args)
         return
-    from slimgrpo.loss.chunked_head import auto_token_chunk
+    from slimgrpo.config import auto_token_chunk
 
     chunk = args.token_chunk or f"{auto_token_chunk(args.vocab, args.vocab_chunk)} (auto)"
     print(f"# bench_loss: rows={args.rows} hidden={args.hidden} vocab={args.vocab} "
@@ -190,7 +190,7 @@ def _floor(args: argparse.Namespace, tokens: int) -> float | None:
     import torch
 
     from floor import Machine
-    from slimgrpo.loss.chunked_head import auto_token_chunk
+    from slimgrpo.config import auto_token_chunk
 
     machine = Machine()
     c = min(args.token_chunk or auto_token_chunk(args.vocab, args.vocab_chunk), tokens)

@@ -47,7 +47,7 @@ class Step:
     rows: int  # completions per step
     prompt_len: int  # prompt tokens per row
     completion_len: int  # completion tokens per row
-    token_chunk: int = 256  # tokens per LM-head product (the library's auto_token_chunk for 151,936)
+    token_chunk: int = 64  # tokens per LM-head product (auto_token_chunk for 151,936: what a run uses)
     trainable_head: bool = True  # full fine-tuning trains the (tied) head; LoRA does not
     full_ft: bool = True  # weight gradients of the decoder's linear layers
     reference: bool = True  # beta > 0: one more forward of the whole model
@@ -205,8 +205,8 @@ WORKLOADS = {
 
 
 def auto_chunk(vocab: int) -> int:
-    """The library's default token chunk for this vocabulary."""
-    from slimgrpo.loss.chunked_head import auto_token_chunk
+    """The token chunk a run uses for this vocabulary (loss.token_chunk=None: ``auto_token_chunk``)."""
+    from slimgrpo.config import auto_token_chunk
 
     return auto_token_chunk(vocab)
 

@@ -144,9 +144,12 @@ def test_bf16_within_bound(vocab_chunk):
 
 
 def test_auto_token_chunk_bounds_the_block():
-    assert auto_token_chunk(151_936) == 256  # 256 x 151,936 x 4 B = 148 MiB <= 256 MiB
-    assert auto_token_chunk(32_000) == 2048
-    assert auto_token_chunk(151_936, vocab_chunk=8192) == 8192
+    from slimgrpo.config import auto_token_chunk as trainings
+
+    assert auto_token_chunk is trainings  # one default: what a run uses (loss.token_chunk=None)
+    assert auto_token_chunk(151_936) == 64  # 64 x 151,936 x 4 B = 37 MiB <= 64 MiB
+    assert auto_token_chunk(32_000) == 512
+    assert auto_token_chunk(151_936, vocab_chunk=8192) == 2048  # the block is [tokens, vocab_chunk]
     hidden, weight, b, targets, _ = _inputs()
     with torch.no_grad():  # the default path (auto chunk) agrees with the naive one
         logp, _ = chunked_token_logprobs(hidden, weight, targets, bias=b)

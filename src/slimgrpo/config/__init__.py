@@ -15,7 +15,7 @@ from slimgrpo.config.critic import CriticConfig
 from slimgrpo.config.data import DataConfig
 from slimgrpo.config.errors import ConfigError
 from slimgrpo.config.eval import EvalConfig
-from slimgrpo.config.loss import LossConfig
+from slimgrpo.config.loss import LossConfig, auto_token_chunk
 from slimgrpo.config.memory import MemoryConfig
 from slimgrpo.config.model import LoraConfig, ModelConfig
 from slimgrpo.config.optim import OptimConfig
@@ -36,7 +36,7 @@ from slimgrpo.config.rollout import RolloutConfig
 from slimgrpo.config.run import DistributedConfig, LogConfig, RunConfig
 from slimgrpo.config.schema import field_docs, iter_fields, type_name
 from slimgrpo.config.tree import Config
-from slimgrpo.config.validate import auto_token_chunk, check_context_length, validate_config
+from slimgrpo.config.validate import check_context_length, validate_config
 
 __all__ = [
     "Config", "ConfigError", "DataConfig", "DistributedConfig", "EvalConfig", "LogConfig", "LoraConfig", "LossConfig",

@@ -109,3 +109,17 @@ class LossConfig:
     fuse_head_loss: bool = True
     """Form the loss gradient inside the chunked LM-head pass (one fewer head product per chunk) when the
     objective allows it (token-level ratios, or no old log-probs; no ``vocab_chunk``); gradients are equal."""
+
+
+LOGITS_CHUNK_BYTES = 64 * 2**20  # the fp32 [token_chunk, vocab slice] logits block that loss.token_chunk=None aims at
+MIN_TOKEN_CHUNK, MAX_TOKEN_CHUNK = 16, 4096
+
+
+def auto_token_chunk(vocab_size: int, vocab_chunk: int | None = None) -> int:
+    """The default ``loss.token_chunk``, for training and the library alike: the largest power of two of
+    tokens whose fp32 logits block ``[tokens, min(vocab_chunk, V)]`` fits ``LOGITS_CHUNK_BYTES`` (64 MiB),
+    between 16 and 4096. E.g. 64 tokens for V = 151,936 (Qwen2), 512 for V = 32,000 (Llama 2). The peak
+    working set of the chunked head is two such blocks (three with softcap), whatever the batch size."""
+    width = vocab_size if vocab_chunk is None else min(vocab_chunk, vocab_size)
+    tokens = max(LOGITS_CHUNK_BYTES // (4 * max(width, 1)), 1)
+    return int(min(max(2 ** (tokens.bit_length() - 1), MIN_TOKEN_CHUNK), MAX_TOKEN_CHUNK))

@@ -270,13 +270,6 @@ def _resolves_to_cpu(device: str) -> bool:
     return False
 
 
-def auto_token_chunk(vocab_size: int, budget_bytes: int = 64 * 2**20) -> int:
-    """Largest power of two of tokens whose fp32 logits chunk [tokens, vocab] fits ``budget_bytes``
-    (between 16 and 4096)."""
-    tokens = max(budget_bytes // (4 * max(vocab_size, 1)), 1)
-    return int(min(max(2 ** (tokens.bit_length() - 1), 16), 4096))
-
-
 def check_context_length(cfg: Config, max_positions: int | None, model_path: str) -> None:
     """Prompt + completion must fit the model's context (read from config.json before loading weights)."""
     if not max_positions:

@@ -47,20 +47,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-CHUNK_BYTES = 256 * 2**20  # target size of one float32 [token_chunk, vocab slice] block
-MAX_TOKEN_CHUNK = 8192
-
-
-def auto_token_chunk(vocab_size: int, vocab_chunk: int | None = None) -> int:
-    """Default ``token_chunk``: the largest power of two whose float32 block
-    ``[token_chunk, min(vocab_chunk, V)]`` fits in ``CHUNK_BYTES`` (256 MiB), within [1, 8192].
-
-    E.g. 256 tokens for V = 151,936 (Qwen2), 2048 for V = 32,000 (Llama 2).  The peak working set
-    of the chunked head is two such blocks (three with softcap), whatever the batch size.
-    """
-    width = vocab_size if vocab_chunk is None else min(vocab_chunk, vocab_size)
-    fit = max(1, CHUNK_BYTES // (4 * max(width, 1)))
-    return min(MAX_TOKEN_CHUNK, 1 << (fit.bit_length() - 1))
+from slimgrpo.config.loss import auto_token_chunk  # the one default token_chunk (64 MiB blocks)
 
 
 @dataclass(frozen=True)

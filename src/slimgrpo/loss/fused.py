@@ -34,13 +34,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from slimgrpo.config.loss import auto_token_chunk
 from slimgrpo.loss.chunked_head import (
     _backprop_slice,
     _Grads,
     _LogitTransform,
     _vocab_slices,
     _workspace,
-    auto_token_chunk,
     chunked_token_logprobs,
 )
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from slimgrpo.config.loss import auto_token_chunk
 from slimgrpo.loss.chunked_head import (
-    auto_token_chunk,
     chunked_token_logprobs,
     naive_token_logprobs,
 )
