@@ -160,7 +160,13 @@ def loss_vs_naive(tokens: int, hidden: int, vocab: int, device: torch.device, dt
                   repeats: int = 3) -> list[dict[str, Any]]:
     """Forward + backward of the LM-head log-probs of ``tokens`` tokens: chunked (fp32 accumulation
     over bf16 weights) against the naive [N, V] logits; time (median), extra peak memory, agreement."""
-    from slimgrpo.loss.chunked_head import chunked_token_logprobs, naive_token_logprobs
+    import sys
+    from pathlib import Path
+
+    from slimgrpo.loss.chunked_head import chunked_token_logprobs
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from _reference import naive_token_logprobs  # the full-logits baseline lives with the tests
 
     g = torch.Generator().manual_seed(0)
     h0 = (torch.randn(tokens, hidden, generator=g) * 0.5).to(device, dtype)

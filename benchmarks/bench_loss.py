@@ -67,10 +67,10 @@ def _child(args: argparse.Namespace) -> None:
     import slimgrpo  # noqa: F401  (before torch: the OpenMP wait policy, as in training)
     import torch
 
-    from slimgrpo.loss.chunked_head import (
-        chunked_token_logprobs,
-        naive_token_logprobs,
-    )
+    from slimgrpo.loss.chunked_head import chunked_token_logprobs
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from _reference import naive_token_logprobs  # the full-logits baseline lives with the tests
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     device = torch.device(args.device)

@@ -17,7 +17,9 @@ SMALL = ModelShape(family="qwen2", hidden=256, intermediate=768, layers=4, heads
 
 
 def test_chunked_loss_bf16_weights_fp32_accumulation_matches_naive():
-    from slimgrpo.loss.chunked_head import chunked_token_logprobs, naive_token_logprobs
+    from _reference import naive_token_logprobs
+
+    from slimgrpo.loss.chunked_head import chunked_token_logprobs
 
     g = torch.Generator().manual_seed(0)
     N, H, V = 1037, 256, 50_003  # shapes that divide no chunk size

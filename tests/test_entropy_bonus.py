@@ -7,8 +7,9 @@ import math
 
 import pytest
 import torch
+from _reference import naive_token_logprobs
 
-from slimgrpo.loss.chunked_head import chunked_token_logprobs, naive_token_logprobs
+from slimgrpo.loss.chunked_head import chunked_token_logprobs
 
 
 def _head_case(seed, n=37, H=11, V=53, bias=True, dtype=torch.float32):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _reference import naive_token_logprobs
 
 from slimgrpo.loss.logprobs import (
     auto_token_chunk,
@@ -11,7 +12,6 @@ from slimgrpo.loss.logprobs import (
     completion_logprobs,
     completion_position_ids,
     lm_head_spec,
-    naive_token_logprobs,
 )
 
 ROWS, TOKENS, H, V = 3, 47, 24, 1031  # 141 tokens: divides neither token_chunk nor vocab_chunk

@@ -12,7 +12,6 @@ from slimgrpo.loss.logprobs import (
     completion_logprobs,
     completion_position_ids,
     lm_head_spec,
-    naive_token_logprobs,
     unwrap_causal_lm,
 )
 from slimgrpo.loss.objectives import (
@@ -55,7 +54,6 @@ __all__ = [
     "k3_kl",
     "kl_weight",
     "lm_head_spec",
-    "naive_token_logprobs",
     "off_policy_keep",
     "sapo_term",
     "sequence_log_ratio",

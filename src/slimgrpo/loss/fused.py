@@ -50,9 +50,6 @@ FlatObjective = Callable[[Tensor], Tensor]  # logp [n] float32 (with grad) -> sc
 # the last bit between a vectorised body and its tail, which must not trigger the fallback.
 _SEPARABLE_RTOL = 1e-6
 
-stats = {"corrections": 0}  # how often the non-separable fallback ran (read by tests)
-
-
 def fused_applicable(importance_sampling_level: str, has_old_logp: bool, vocab_chunk: int | None) -> bool:
     """Whether the fused path is expected to be separable (else the caller keeps the separate path).
 
@@ -128,7 +125,6 @@ class _FusedHeadLoss(torch.autograd.Function):
         g_true = _objective_grad(objective, logp)
         tol = _SEPARABLE_RTOL * max(float(g_true.abs().max()), 1e-30) if n_tokens else 0.0
         if n_tokens and float((g_true - g_used).abs().max()) > tol:
-            stats["corrections"] += 1
             _correct(hidden, weight, bias, targets, g_true - g_used, tf, token_chunk, grad_hidden, grads)
         with torch.enable_grad():
             x = logp.detach().clone().requires_grad_()

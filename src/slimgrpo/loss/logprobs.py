@@ -27,10 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from slimgrpo.config.loss import auto_token_chunk
-from slimgrpo.loss.chunked_head import (
-    chunked_token_logprobs,
-    naive_token_logprobs,
-)
+from slimgrpo.loss.chunked_head import chunked_token_logprobs
 
 __all__ = [
     "HeadSpec",
@@ -40,7 +37,6 @@ __all__ = [
     "completion_logprobs",
     "completion_position_ids",
     "lm_head_spec",
-    "naive_token_logprobs",
     "unwrap_causal_lm",
 ]
 
