@@ -92,11 +92,6 @@ def pin_mmap_threshold(threshold: int | None = -1) -> int | None:
     return threshold
 
 
-def pinned_threshold() -> int | None:
-    """The threshold ``pin_mmap_threshold`` applied in this process, or None."""
-    return _applied
-
-
 @contextlib.contextmanager
 def generation_heap() -> Iterator[None]:
     """While generating: small-to-medium blocks from the heap (no page faults per decode step); on

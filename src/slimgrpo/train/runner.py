@@ -1,4 +1,5 @@
-"""Run a training job: process group (under torchrun), memory plan check, preemption signals."""
+"""Run a training job: the process group and the job check (under torchrun), the trace handed to the
+Trainer, preemption signals. The memory plan is checked by the Trainer itself (``memory/check.py``)."""
 
 from __future__ import annotations
 
