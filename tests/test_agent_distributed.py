@@ -1,18 +1,29 @@
 """Tool-calling rollouts under torchrun (DDP, gloo on CPU): every rank runs its own rows' conversations and
-tools on its full copy of the model; gradients are all-reduced as for single-turn rows."""
+tools on its full copy of the model; gradients are all-reduced as for single-turn rows.
+
+* a 2-rank run trains and evaluates with the agent rollout;
+* 2 ranks with half the prompts each train to the same loss, every logged metric and the same final weights as
+  one process with all of them (greedy decoding, as in ``test_agent_fsdp.py``, whose helpers it shares);
+* a 2-rank run killed (SIGKILL) after a checkpoint resumes to the weights of an uninterrupted run, with real
+  sampling (each rank's generator restored) and an environment in every row."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+import torch
 import yaml
 
+from _agent_dist_helpers import (assert_matches_one_process, final_weights, train_one_process,
+                                 write_agent_config)
 from slimgrpo.demo.tools_run import TOOLS_DIR
-from test_distributed import finish, torchrun
+from test_distributed import finish, kill_job, torchrun
 
-pytestmark = pytest.mark.skipif(not (TOOLS_DIR / "model" / "model.safetensors").exists(),
-                                reason="tool demo assets not built")
+pytestmark = [pytest.mark.distributed,
+              pytest.mark.skipif(not (TOOLS_DIR / "model" / "model.safetensors").exists(),
+                                 reason="tool demo assets not built")]
 
 
 def test_tool_rollouts_train_and_evaluate_under_ddp(tmp_path):
@@ -41,3 +52,56 @@ def test_tool_rollouts_train_and_evaluate_under_ddp(tmp_path):
     assert all(r["tools/calls_per_completion"] > 0 for r in steps)  # the model called its calculator
     assert records[0]["step"] == 0 and records[0]["eval/accuracy_sampled"] > 0  # eval with the agent rollout
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+def test_tool_rollouts_under_ddp_match_one_process(tmp_path):
+    two = write_agent_config(tmp_path, "two", "ddp")
+    one = write_agent_config(tmp_path, "one", "ddp")
+    proc = torchrun(["-m", "slimgrpo", "train", str(two)], tmp_path, timeout=180)
+    single = train_one_process(one, tmp_path, timeout=180)  # the reference, while the 2 ranks run
+    code, log = finish(proc, timeout=180)
+    assert code == 0, log[-6000:]
+    assert single.returncode == 0, (single.stdout + single.stderr)[-6000:]
+    assert "2 processes (ddp)" in log
+    assert_matches_one_process(tmp_path / "one", tmp_path / "two")
+
+
+def test_killed_tool_run_resumes_to_the_same_weights(tmp_path):
+    """SIGKILL of torchrun and both ranks once checkpoint 2 is complete; the same command resumes and ends where
+    an uninterrupted 2-rank run ends. Real sampling (temperature 1), so each rank's generator must come back;
+    every row has an environment and tool calls, and the optimizer state is AdamW's after 2 steps."""
+
+    def config(name: str):
+        return write_agent_config(tmp_path, name, "ddp",
+                                  rollout={"temperature": 1.0},
+                                  rewards={"functions": ["slimgrpo.demo.tools_task:tool_accuracy",
+                                                         "calc_env.py:stalls_after_gate"]},
+                                  run={"max_steps": 4, "save_steps": 1, "save_total_limit": 2})
+
+    straight, broken = config("straight"), config("broken")
+    reference = torchrun(["-m", "slimgrpo", "train", str(straight)], tmp_path, timeout=180)
+    marker = tmp_path / "broken" / "checkpoints" / "checkpoint-2" / "COMPLETE"
+    # Step 3 stalls in its reward once checkpoint 2 is complete, so the kill lands mid-run every time.
+    victim = torchrun(["-m", "slimgrpo", "train", str(broken)], tmp_path, timeout=180,
+                      env={"STALL_WHEN_EXISTS": str(marker)})
+    deadline = time.monotonic() + 150
+    while not marker.exists() and victim.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kill_job(victim)  # torchrun and both ranks, no cleanup
+    _, victim_log = finish(victim, timeout=30)
+    assert marker.exists(), victim_log[-4000:]
+    assert not (tmp_path / "broken" / "final").exists(), "the run finished before the kill"
+
+    code, log = finish(torchrun(["-m", "slimgrpo", "train", str(broken)], tmp_path, timeout=180), timeout=180)
+    assert code == 0, log[-6000:]
+    assert "resumed from" in log
+    code, ref_log = finish(reference, timeout=180)
+    assert code == 0, ref_log[-6000:]
+
+    records = [json.loads(ln) for ln in (tmp_path / "broken" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert any(r["tools/calls_per_completion"] > 0 for r in records)  # the tool was called
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "broken")
+    assert sorted(a) == sorted(b)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=lambda m: f"{k}: {m}")
