@@ -77,7 +77,7 @@ def update_plan_mib(plan) -> float:
 
 
 def plan_for(shape: ModelShape, overrides: dict[str, Any], device: str):
-    from slimgrpo.memory.cli import plan_inputs
+    from slimgrpo.memory.check import plan_inputs
     from slimgrpo.memory.planner import plan_memory
 
     cfg = run_config(overrides)

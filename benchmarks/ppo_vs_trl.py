@@ -122,7 +122,7 @@ def slimgrpo_child(spec: dict) -> None:
 
 def plan_gib(spec: dict) -> float:
     """slimgrpo's plan of the run (the one ``slimgrpo train`` prints before it starts)."""
-    from slimgrpo.memory.cli import plan_inputs, shape_of
+    from slimgrpo.memory.check import plan_inputs, shape_of
     from slimgrpo.memory.planner import plan_memory
 
     cfg = slimgrpo_config(spec)

@@ -59,7 +59,7 @@ def row_config(overrides: list[str]):
 
 
 def check(name: str, shape_dict: dict, overrides: list[str], mode: str) -> dict:
-    from slimgrpo.memory.cli import plan_inputs
+    from slimgrpo.memory.check import plan_inputs
     from slimgrpo.memory.planner import CPU_FRAMEWORK_OVERHEAD_BYTES, plan_memory
     from slimgrpo.memory.shapes import ModelShape
     from slimgrpo.train.trace import trace_step

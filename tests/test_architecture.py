@@ -27,10 +27,15 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 FOUNDATIONS = ("types", "units", "secrets", "threads", "model_gguf", "exit_codes")
 
 
+COMMANDS = ("cli", "__main__", "commands", "demo")  # the top-level modules and packages that are commands
+
+
 def is_command(module: str) -> bool:
-    """Command-line entry points sit on top: ``cli``, ``__main__``, any room's ``cli`` module, the demo."""
+    """Command-line entry points sit on top, outside the library's packages: ``cli``, ``__main__``, the
+    ``commands`` package, the demo. A ``cli`` module inside a library package is library code to these rules
+    (its imports must keep its package's row), so a command cannot import upward from a lower room."""
     parts = module.split(".")
-    return parts[-1] in ("cli", "__main__") or (len(parts) > 1 and parts[1] == "demo")
+    return len(parts) > 1 and parts[1] in COMMANDS
 
 
 def module_names(src_root: Path, package: str) -> dict[str, Path]:
@@ -315,6 +320,32 @@ def test_layer_breaks_are_named(tmp_path):
         "pkg.config imports pkg.rollout.engine: config may import only units",
         "pkg.rollout.engine imports pkg.cli: only commands import commands",
     ]
+
+
+def test_a_command_inside_a_library_package_is_held_to_its_row(tmp_path):
+    """A ``cli.py`` under ``memory/`` importing ``train`` is an arrow back up (farm-studio's word): the rules
+    hold it to ``memory``'s row; the same import from ``commands/`` is a command's, allowed."""
+    _plant(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/memory/__init__.py": "",
+        "pkg/memory/planner.py": "",
+        "pkg/memory/cli.py": "from pkg.train import trace\n",
+        "pkg/train/__init__.py": "",
+        "pkg/train/trace.py": "from pkg.memory import planner\n",
+        "pkg/commands/__init__.py": "",
+        "pkg/commands/plan.py": "from pkg.train import trace\nfrom pkg.memory import planner\n",
+    })
+    rules = read_layers("| package | owns | may import |\n|---|---|---|\n| `memory/` | plans | nothing |\n"
+                        "| `train/` | the loop | `memory` |\n")
+    assert layer_violations(import_graph(tmp_path, "pkg"), "pkg", rules, foundations=()) == [
+        "pkg.memory.cli imports pkg.train.trace: memory may import only nothing"]
+
+
+def test_commands_sit_outside_the_library_packages():
+    """No ``cli`` module inside a library package: the commands are ``cli.py``, ``__main__.py``, ``commands/``
+    and ``demo/``, so no library room holds an import of a room above it."""
+    inside = [m for m in import_graph(SRC, PACKAGE) if m.split(".")[-1] == "cli" and not is_command(m)]
+    assert not inside, f"commands inside library packages (move them to commands/): {inside}"
 
 
 def dangling_imports(src_root: Path, package: str) -> list[str]:

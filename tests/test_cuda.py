@@ -91,7 +91,7 @@ def test_qlora_load_and_one_step(tmp_path):
 
 def test_planner_within_15_percent_of_cuda_peak_update():
     """One small config, update only: planned always + update tensors against max_memory_allocated."""
-    from slimgrpo.memory.cli import plan_inputs
+    from slimgrpo.memory.check import plan_inputs
     from slimgrpo.memory.planner import plan_memory
 
     shape = load_shape("qwen2.5-0.5b")

@@ -5,7 +5,7 @@ import yaml
 
 from slimgrpo.cli import main
 from slimgrpo.config import ConfigError, load_config
-from slimgrpo.memory.cli import check_before_training, overrides_for
+from slimgrpo.memory.check import check_before_training, overrides_for
 
 
 def test_plan_preset_fits_and_exit_codes(capsys):

@@ -51,7 +51,7 @@ def test_plan_help_mentions_trace(capsys):
 
 def test_memory_fit_trace_checks_the_fit_by_trace(tmp_path, tiny_model_dir, capsys):
     from slimgrpo.config import load_config
-    from slimgrpo.memory.cli import check_before_training
+    from slimgrpo.memory.check import check_before_training
     from slimgrpo.train.trace import trace_step
     from slimgrpo.memory.shapes import load_shape
 

@@ -186,13 +186,13 @@ def _train(cfg, args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from slimgrpo.memory.cli import plan_command
+    from slimgrpo.commands.plan import plan_command
 
     return plan_command(args)
 
 
 def cmd_eval(args) -> int:
-    from slimgrpo.evaluate.cli import eval_command
+    from slimgrpo.commands.eval import eval_command
 
     return eval_command(args)
 

@@ -1,6 +1,6 @@
 """Held-out evaluation: accuracy and unbiased pass@k with the run's reward functions.
 
-``evaluate`` (here) is what ``slimgrpo eval`` (cli.py) and evaluation during training
+``evaluate`` (here) is what ``slimgrpo eval`` (commands/eval.py) and evaluation during training
 (train/eval_during.py) both call; importing this package does not load the command line.
 """
 

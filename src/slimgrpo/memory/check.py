@@ -1,5 +1,5 @@
 """The plan a run is checked against before any weights load: config to planner inputs, the budget, and
-the refusal (or the applied fit) when the plan does not fit. Library code; ``memory/cli.py`` is the
+the refusal (or the applied fit) when the plan does not fit. Library code; ``commands/plan.py`` is the
 ``slimgrpo plan`` command on top of it."""
 
 from __future__ import annotations

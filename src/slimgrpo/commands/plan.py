@@ -1,6 +1,6 @@
 """``slimgrpo plan``: the memory plan of a config or a model shape, what to change to fit a budget, and
 with ``--trace`` one real step traced on fake tensors (``train/trace.py``). A command: it may import the
-trainer's code; the library it stands on is ``memory/check.py`` (re-exported here for old imports)."""
+trainer's code; the library it stands on is ``memory/`` (``check.py``: the plan inputs, the fit, the budget)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,14 @@ from rich.console import Console
 from slimgrpo.config import ConfigError, check_context_length, from_dict, load_config, merge_overrides
 from slimgrpo.exit_codes import DOES_NOT_FIT
 from slimgrpo.memory.advice import fit_to_budget, format_gib, render_plan
-from slimgrpo.memory.check import (MemoryBudgetError, all_changes, budget_bytes, check_before_training,
-                                   check_host_memory, fit_by_trace, host_budget_bytes, not_modelled,
-                                   overrides_for, plan_device, plan_inputs, shape_of)
+from slimgrpo.memory.check import (MemoryBudgetError, all_changes, budget_bytes, check_host_memory,
+                                   host_budget_bytes, not_modelled, overrides_for, plan_device, plan_inputs,
+                                   shape_of)
 from slimgrpo.memory.planner import plan_memory
 from slimgrpo.memory.shapes import preset_shapes
 from slimgrpo.units import human_count
 
-__all__ = ["all_changes", "budget_bytes", "check_before_training", "fit_by_trace", "overrides_for", "plan_command",
-           "plan_device", "plan_inputs", "shape_of"]
+__all__ = ["plan_command"]
 
 
 def plan_command(args) -> int:
