@@ -79,6 +79,14 @@ def peak_cuda_reserved_mib() -> float | None:
     return torch.cuda.max_memory_reserved() / 2**20 if torch.cuda.is_available() else None
 
 
+def save_plot(fig, png: Path) -> None:
+    """Lay out and write a matplotlib figure (its folder made), and say where."""
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    print(f"plot: {png}")
+
+
 def parse_size(text: str) -> int:
     """``"8GiB"`` -> bytes. Accepts B, KiB, MiB, GiB, TiB, their decimal forms (KB, GB...) and plain numbers."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)\s*", text, flags=re.IGNORECASE)

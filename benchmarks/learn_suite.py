@@ -197,10 +197,7 @@ def plot(results: dict, png: Path) -> None:
     ax.set_title("SmolLM2-135M-Instruct, each trainer's defaults where the recipe is silent\n"
                  "bars: mean over seeds, ± sd; dots: seeds; x: collapsed")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    print(f"plot: {png}")
+    common.save_plot(fig, png)
 
 
 def main(argv: list[str] | None = None) -> int:

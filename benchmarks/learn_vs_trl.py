@@ -149,10 +149,7 @@ def plot(results: dict, png: Path) -> None:
     right.set_ylabel("held-out accuracy (100 questions x 4 samples)")
     right.set_title("held-out accuracy, before and after (dots: seeds)")
     fig.suptitle("SmolLM2-135M-Instruct, examples/smollm2_addition.yaml, CPU")
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    print(f"plot: {png}")
+    common.save_plot(fig, png)
 
 
 def main(argv: list[str] | None = None) -> int:

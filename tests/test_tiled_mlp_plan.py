@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from test_trace_device import BASE, SHAPE  # its scaled-down Llama (hidden 256, MLP 688), 37 + 3,001 tokens a row
 
 from slimgrpo.config import from_dict, merge_overrides
 from slimgrpo.memory.advice import fit_to_budget
@@ -18,13 +19,6 @@ from slimgrpo.memory.shapes import ModelShape
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# tests/test_trace_device.py's scaled-down Llama: hidden 256, MLP 688, 4 layers; 37 + 3,001 tokens per row
-SHAPE = ModelShape("llama", hidden=256, intermediate=688, layers=4, heads=8, kv_heads=4, vocab=1000, tie=False,
-                   max_positions=1 << 20)
-BASE = ["model.dtype=bfloat16", "run.device=cuda", "lora.enabled=true", "memory.gradient_checkpointing=true",
-        "memory.micro_batch_size=1", "rollout.num_generations=2", "run.batch_size=2", "data.max_prompt_length=37",
-        "rollout.max_completion_length=3001", "rollout.min_completion_length=3001", "loss.beta=0",
-        "loss.token_chunk=256"]
 QWEN3_8B = ModelShape("qwen3", hidden=4096, intermediate=12288, layers=36, heads=32, kv_heads=8, vocab=151_936,
                       tie=False, max_positions=131_072, head_dim=128)
 
