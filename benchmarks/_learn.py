@@ -37,6 +37,16 @@ NOT_TRAINING = ("model.path", "data.path", "data.prompt_column", "rewards.functi
 NO_TRL_SETTING = ("data.max_prompt_length",)
 
 
+def pending_runs(results: dict, seeds: list[int], trainers: list[str]):
+    """``(seed, trainer, key)`` of a campaign's runs not yet evaluated (``key`` = ``{trainer}-s{seed}``):
+    a campaign that was stopped resumes where it left off."""
+    for seed in seeds:
+        for trainer in trainers:
+            key = f"{trainer}-s{seed}"
+            if not (key in results and "eval" in results[key]):
+                yield seed, trainer, key
+
+
 def load_recipe(path: Path) -> dict:
     import yaml
 

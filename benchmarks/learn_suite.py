@@ -93,27 +93,23 @@ def run_task(task: str, a, results: dict, save) -> None:
         save()
     base = entry["base"]
     print(f"{name}: base sampled {base['sampled_accuracy']:.1%} greedy {base['greedy_accuracy']:.1%}", flush=True)
-    for seed in a.seeds:
-        for trainer in a.trainers:
-            key = f"{trainer}-s{seed}"
-            if key in entry and "eval" in entry[key]:
-                continue
-            t = time.perf_counter()
-            if trainer == "slimgrpo":
-                run = _learn.train_slimgrpo(recipe, seed, model, steps, a.num_threads, train, out / key,
-                                            out / f"{key}.log")
-            else:
-                spec = _learn.trl_spec(recipe, r, model, train, seed, steps, a.num_threads, out / key)
-                run = _learn.run_trl(spec, out / f"{key}.spec.json", out / f"{key}.log", seed)
-                run["trl_config"] = spec["grpo_config"]
-            run["eval"] = score(Path(run["model"]), f"eval-{key}")
-            run["collapsed"] = collapsed(run["eval"], base)
-            run["load_after"] = os.getloadavg()[0]
-            entry[key] = run
-            save()
-            print(f"{name} {key}: wall {run['wall_s']:.0f} s, peak {run['peak_rss_mib']:,.0f} MiB, held-out sampled "
-                  f"{run['eval']['sampled_accuracy']:.1%} greedy {run['eval']['greedy_accuracy']:.1%}"
-                  f"{' COLLAPSED' if run['collapsed'] else ''} ({time.perf_counter() - t:.0f} s with eval)", flush=True)
+    for seed, trainer, key in _learn.pending_runs(entry, a.seeds, a.trainers):
+        t = time.perf_counter()
+        if trainer == "slimgrpo":
+            run = _learn.train_slimgrpo(recipe, seed, model, steps, a.num_threads, train, out / key,
+                                        out / f"{key}.log")
+        else:
+            spec = _learn.trl_spec(recipe, r, model, train, seed, steps, a.num_threads, out / key)
+            run = _learn.run_trl(spec, out / f"{key}.spec.json", out / f"{key}.log", seed)
+            run["trl_config"] = spec["grpo_config"]
+        run["eval"] = score(Path(run["model"]), f"eval-{key}")
+        run["collapsed"] = collapsed(run["eval"], base)
+        run["load_after"] = os.getloadavg()[0]
+        entry[key] = run
+        save()
+        print(f"{name} {key}: wall {run['wall_s']:.0f} s, peak {run['peak_rss_mib']:,.0f} MiB, held-out sampled "
+              f"{run['eval']['sampled_accuracy']:.1%} greedy {run['eval']['greedy_accuracy']:.1%}"
+              f"{' COLLAPSED' if run['collapsed'] else ''} ({time.perf_counter() - t:.0f} s with eval)", flush=True)
 
 
 def _runs(entry: dict, trainer: str) -> list[tuple[int, dict]]:

@@ -179,21 +179,17 @@ def main(argv: list[str] | None = None) -> int:
         save()
     print(f"base: sampled {results['base']['sampled_accuracy']:.1%}  greedy {results['base']['greedy_accuracy']:.1%}",
           flush=True)
-    for seed in a.seeds:
-        for trainer in a.trainers:
-            key = f"{trainer}-s{seed}"
-            if key in results and "eval" in results[key]:
-                continue
-            t = time.perf_counter()
-            fn = train_slimgrpo if trainer == "slimgrpo" else train_trl
-            results[key] = fn(seed, a, train, a.out)
-            results[key]["eval"] = evaluate(Path(results[key]["model"]), heldout, a.out / f"eval-{key}", a.num_threads)
-            results[key]["load_after"] = os.getloadavg()[0]
-            save()
-            v = results[key]
-            print(f"{key}: wall {v['wall_s']:.0f} s, peak {v['peak_rss_mib']:,.0f} MiB, held-out sampled "
-                  f"{v['eval']['sampled_accuracy']:.1%} greedy {v['eval']['greedy_accuracy']:.1%} "
-                  f"({time.perf_counter() - t:.0f} s with eval)", flush=True)
+    for seed, trainer, key in _learn.pending_runs(results, a.seeds, a.trainers):
+        t = time.perf_counter()
+        fn = train_slimgrpo if trainer == "slimgrpo" else train_trl
+        results[key] = fn(seed, a, train, a.out)
+        results[key]["eval"] = evaluate(Path(results[key]["model"]), heldout, a.out / f"eval-{key}", a.num_threads)
+        results[key]["load_after"] = os.getloadavg()[0]
+        save()
+        v = results[key]
+        print(f"{key}: wall {v['wall_s']:.0f} s, peak {v['peak_rss_mib']:,.0f} MiB, held-out sampled "
+              f"{v['eval']['sampled_accuracy']:.1%} greedy {v['eval']['greedy_accuracy']:.1%} "
+              f"({time.perf_counter() - t:.0f} s with eval)", flush=True)
     print("\n".join(summary(results)))
     if a.png:
         plot(results, a.png)

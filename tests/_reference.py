@@ -18,17 +18,17 @@ def naive_token_logprobs(
     temperature: float = 1.0,
     logit_scale: float = 1.0,
     softcap: float | None = None,
-    token_chunk: int | None = None,
-    vocab_chunk: int | None = None,
     return_entropy: bool = False,
     entropy_grad: bool = False,
+    **chunk_sizes: int | None,
 ) -> tuple[Tensor, Tensor | None]:
     """Reference: full ``[N, V]`` logits, ``log_softmax`` and gather.
 
-    Same contract as ``chunked_token_logprobs``; the chunk arguments are accepted and ignored.
-    The logits are formed in the input dtype (as a model's ``lm_head`` would) and then upcast.
+    Same contract as ``chunked_token_logprobs``; its ``token_chunk`` and ``vocab_chunk`` (``chunk_sizes``)
+    are accepted and ignored. The logits are formed in the input dtype (as a model's ``lm_head`` would) and
+    then upcast.
     """
-    del token_chunk, vocab_chunk
+    del chunk_sizes
     _check_inputs(hidden, weight, targets, bias, temperature, softcap, 1, None)
     logits = torch.nn.functional.linear(hidden, weight, bias).float()  # [N, V]
     # Each transform below allocates another [N, V] tensor, so it is applied only when not a no-op.
