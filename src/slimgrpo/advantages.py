@@ -205,27 +205,36 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return adv, returns
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8,
+                  all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """``(x - mean) / sqrt(var + eps)`` over the masked entries (mean added back when not ``shift_mean``,
-    TRL's ``whiten_rewards``); the variance is the unbiased one, as TRL's ``masked_var``; 0 off the mask."""
+    TRL's ``whiten_rewards``); the variance is the unbiased one, as TRL's ``masked_var``; 0 off the mask.
+    ``all_reduce_sum`` (torchrun): mean and variance over every rank's masked entries (two reductions)."""
+    reduce = all_reduce_sum or (lambda t: t)
     m = mask.bool()
-    n = m.sum()
+    total, n = reduce(torch.stack([torch.where(m, x, 0).sum(), m.sum().to(x.dtype)]))
     if int(n) < 2:  # no spread to divide by
         return torch.where(m, torch.zeros_like(x) if shift_mean else x, torch.zeros_like(x))
-    mean = torch.where(m, x, 0).sum() / n
-    var = torch.where(m, (x - mean) ** 2, 0).sum() / (n - 1)
+    mean = total / n
+    var = reduce(torch.where(m, (x - mean) ** 2, 0).sum()) / (n - 1)
     out = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean
     return torch.where(m, out, torch.zeros_like(out))
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                       all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> float:
     """``1 - Var(R - V) / Var(R)`` over the masked tokens: 1 a perfect critic, 0 one that predicts the
-    mean, negative worse than that; NaN when the returns do not vary."""
+    mean, negative worse than that; NaN when the returns do not vary. ``all_reduce_sum`` (torchrun): over
+    every rank's tokens (two reductions: the means, then the squared deviations)."""
+    reduce = all_reduce_sum or (lambda t: t)
     m = mask.bool()
     r, v = returns[m].double(), values[m].double()
-    if r.numel() < 2:
+    d = r - v
+    sum_r, sum_d, n = reduce(torch.stack([r.sum(), d.sum(), torch.tensor(float(r.numel()), dtype=torch.float64,
+                                                                           device=r.device)]))
+    if int(n) < 2:
         return float("nan")
-    var_r = r.var()
-    return float(1.0 - (r - v).var() / var_r) if var_r > 0 else float("nan")
+    ss_r, ss_d = reduce(torch.stack([((r - sum_r / n) ** 2).sum(), ((d - sum_d / n) ** 2).sum()]))
+    return float(1.0 - ss_d / ss_r) if ss_r > 0 else float("nan")

@@ -448,6 +448,9 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
     per_token = 0.5 * torch.maximum(err, err_clipped)
     loss = vf_coef * (per_token * m).sum() / norm.num_tokens
     n = m.sum().clamp(min=1.0)
+    # TRL's count (the clipped error was the larger), only where the clamp acted: elsewhere ``clipped`` is
+    # ``values`` up to rounding, and a rounding tie must not count as a clipped token
+    acted = (values - old_values).abs() > cliprange_value
     mean, clipfrac = torch.stack([(per_token.detach() * m).sum() / n,
-                                  ((err_clipped > err).to(m.dtype) * m).sum() / n]).tolist()
+                                  ((err_clipped > err) & acted).to(m.dtype).mul(m).sum() / n]).tolist()
     return loss, {"value/loss": mean, "value/clipfrac": clipfrac, "tokens": float(m.sum())}

@@ -66,6 +66,12 @@ class DistContext:
             self._run("all_reduce", lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX))
         return t
 
+    def broadcast_(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Overwrite ``t`` in place with rank ``src``'s values."""
+        if self.enabled:
+            self._run("broadcast", lambda: dist.broadcast(t, src=src))
+        return t
+
     def all_gather_cat(self, t: torch.Tensor) -> torch.Tensor:
         """Concatenate equally-shaped tensors of all ranks along dim 0 (rank order)."""
         if not self.enabled:

@@ -140,22 +140,27 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 # ----------------------------------------------------------------------------- wrappers
 
 
-def wrap_model(model: nn.Module, cfg: Config, ctx: DistContext) -> nn.Module:
+def wrap_model(model: nn.Module, cfg: Config, ctx: DistContext, ignore: list[str] | tuple[str, ...] = ()) -> nn.Module:
     """The module the update calls: DDP or an FSDP2-sharded ``ModelForward`` around the causal LM.
 
     With FSDP2 the causal LM itself is sharded in place (its parameters become DTensors), so every other
-    user of ``policy.model`` (generation, checkpoints) must go through the helpers of this module."""
+    user of ``policy.model`` (generation, checkpoints) must go through the helpers of this module.
+    ``ignore`` (DDP): names of parameters of ``model`` that DDP leaves alone (PPO's LoRA critic adapter,
+    which its critic synchronises itself)."""
     if cfg.distributed.strategy == "ddp":
-        return wrap_ddp(model)
+        return wrap_ddp(model, ignore)
     return wrap_fsdp(model, cfg)
 
 
-def wrap_ddp(model: nn.Module) -> nn.Module:
+def wrap_ddp(model: nn.Module, ignore: list[str] | tuple[str, ...] = ()) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     device = next(model.parameters()).device
+    root = ModelForward(model)
+    if ignore:  # DDP's own switch for parameters that are synchronised elsewhere
+        DDP._set_params_and_buffers_to_ignore_for_model(root, [f"model.{name}" for name in ignore])
     return DDP(
-        ModelForward(model),
+        root,
         device_ids=[device.index] if device.type == "cuda" else None,
         broadcast_buffers=False,  # rotary tables and the like are the same on every rank
         gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no second copy
@@ -181,6 +186,13 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def wrap_fsdp(model: nn.Module, cfg: Config) -> nn.Module:
     """FSDP2: one group per decoder layer, the root group (embeddings, final norm, LM head; a tied head
     shares the embedding's parameter inside that group) on a ``ModelForward`` around the model."""
+    return shard_fsdp(model, model, cfg)
+
+
+def shard_fsdp(model: nn.Module, holder: nn.Module, cfg: Config) -> nn.Module:
+    """FSDP2 groups for the decoder layers of the causal LM ``model`` and a root group on a ``ModelForward``
+    around ``holder`` (``model`` itself, or PPO's value model: backbone + value head); returns the root,
+    which every pass calls as ``root(fn, ...)`` to run ``fn(holder, ...)``."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -192,7 +204,7 @@ def wrap_fsdp(model: nn.Module, cfg: Config) -> nn.Module:
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-    root = ModelForward(model)
+    root = ModelForward(holder)
     # Explicitly True: by default FSDP2 keeps the root group gathered after forward, expecting the backward.
     # A no-grad forward (old log-probs, generation) would then leave it gathered into the next training
     # forward, whose root gradients came out wrong in torch 2.13 (tests/test_distributed.py catches it).

@@ -143,7 +143,7 @@ class Trainer:
         self.trainer_state = make_trainer_state(  # what TRL passes reward functions as ``trainer_state``
             cfg.run.max_steps, cfg.run.max_steps * cfg.prompts_per_step / max(len(self.dataset), 1),
             cfg.run.batch_size, cfg.log.logging_steps, cfg.run.save_steps, self.dist.is_main)
-        self.critic = build_critic(cfg, self.policy, self.dist.enabled) if cfg.ppo else None  # PPO's value function
+        self.critic = build_critic(cfg, self.policy, self.dist) if cfg.ppo else None  # PPO's value function
         self.model = self.wrap_model(self.policy.model)
         self.optimizer = build_optimizer(self.trainable_parameters(), cfg, self.policy.device)
         self.scheduler = build_scheduler(self.optimizer, cfg)
@@ -209,8 +209,10 @@ class Trainer:
         return self.policy.trainable_parameters() + (self.critic.parameters() if self.critic else [])
 
     def wrap_model(self, model):
-        """Hook for distributed wrappers (DDP / FSDP2)."""
-        return launch.wrap_model(model, self.cfg, self.dist) if self.dist.enabled else model
+        """Hook for distributed wrappers (DDP / FSDP2); a LoRA critic's adapter is synchronised by the critic."""
+        if not self.dist.enabled:
+            return model
+        return launch.wrap_model(model, self.cfg, self.dist, self.critic.ddp_ignored(model) if self.critic else ())
 
     def plan_run_folder(self) -> run_folder.Plan:
         """Rank 0 decides (and with run.overwrite=true moves an earlier run aside); then every rank reads
@@ -231,7 +233,7 @@ class Trainer:
             self.writer.truncate_after(0)  # a fresh run: only an attempt stopped before any checkpoint was here
             return
         if self.dist.enabled or dist_ckpt.is_distributed(path):  # DCP, every rank, same number of ranks
-            state = dist_ckpt.load_checkpoint(path, self.policy.model, self.optimizer, self.scheduler, self.generator,
+            state = dist_ckpt.load_checkpoint(path, self.saved_modules(), self.optimizer, self.scheduler, self.generator,
                                               self.dist, self.cfg.distributed.strategy)
         else:
             state = ckpt.load_checkpoint(path, self.policy.model, self.optimizer, self.scheduler, self.generator)
@@ -240,7 +242,7 @@ class Trainer:
         self.step_idx = state.step
         self.nonfinite_streak = int(state.extra.get("nonfinite_streak", 0))
         self.entropy_control.load_state_dict(state.extra.get("entropy_control", {}))
-        if self.critic is not None:
+        if self.critic is not None and not self.dist.enabled:  # (under torchrun it is in the DCP state)
             self.critic.load_state_dict(ckpt.load_extra_tensors(path, "critic"))
         self.writer.truncate_after(state.step, saved_history=path / "metrics.jsonl")
         if not self.dist.enabled:  # (under torchrun a rank may not see rank 0's file: all ranks start afresh)
@@ -543,7 +545,7 @@ class Trainer:
             return None
         if self.dist.enabled:  # DCP: every rank writes its part
             return dist_ckpt.save_checkpoint(
-                self.output_dir, self.step_idx, self.policy.model, self.optimizer, self.scheduler,
+                self.output_dir, self.step_idx, self.saved_modules(), self.optimizer, self.scheduler,
                 self.sampler.state_dict(), self.generator, self.dist, self.cfg.distributed.strategy,
                 keep=self.cfg.run.save_total_limit, extra=self.checkpoint_extra(), protect=self.stall.protected_step(),
             )
@@ -558,6 +560,10 @@ class Trainer:
         )
         self.dist.barrier()
         return path
+
+    def saved_modules(self):
+        """What a distributed checkpoint holds with the optimizer: the policy, and PPO's critic beside it."""
+        return self.critic.checkpoint_module(self.policy.model) if self.critic else self.policy.model
 
     def checkpoint_extra(self) -> dict[str, Any]:
         """Trainer counters saved with a checkpoint (restored by ``maybe_resume``)."""
