@@ -66,13 +66,15 @@ def test_tool_rollouts_under_ddp_match_one_process(tmp_path):
     assert_matches_one_process(tmp_path / "one", tmp_path / "two")
 
 
-def test_killed_tool_run_resumes_to_the_same_weights(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_killed_tool_run_resumes_to_the_same_weights(tmp_path, strategy):
     """SIGKILL of torchrun and both ranks once checkpoint 2 is complete; the same command resumes and ends where
     an uninterrupted 2-rank run ends. Real sampling (temperature 1), so each rank's generator must come back;
-    every row has an environment and tool calls, and the optimizer state is AdamW's after 2 steps."""
+    every row has an environment and tool calls, and the optimizer state is AdamW's after 2 steps (FSDP2:
+    sharded, with the multi-turn decoder on gathered weights)."""
 
     def config(name: str):
-        return write_agent_config(tmp_path, name, "ddp",
+        return write_agent_config(tmp_path, name, strategy,
                                   rollout={"temperature": 1.0},
                                   rewards={"functions": ["slimgrpo.demo.tools_task:tool_accuracy",
                                                          "calc_env.py:stalls_after_gate"]},

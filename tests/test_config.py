@@ -98,6 +98,13 @@ def test_validation_errors(tmp_path, override, fragment):
         load_config(write(tmp_path, VALID), [override])
 
 
+def test_fsdp_takes_lora_and_refuses_a_4bit_base_with_the_alternative(tmp_path):
+    cfg = load_config(write(tmp_path, VALID), ["distributed.strategy=fsdp", "lora.enabled=true"])
+    assert cfg.distributed.strategy == "fsdp" and cfg.lora.enabled
+    with pytest.raises(ConfigError, match=r"load_in_4bit \(QLoRA\).*bitsandbytes.*distributed.strategy=ddp"):
+        load_config(write(tmp_path, VALID), ["distributed.strategy=fsdp", "lora.enabled=true", "model.load_in_4bit=true"])
+
+
 def test_batch_size_error_proposes_valid_sizes(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(write(tmp_path, VALID), ["run.batch_size=10"])

@@ -128,6 +128,8 @@ CASES = {
     "fsdp-dapo-kl-mu2": {"distributed": {"strategy": "fsdp"},
                          "loss": {"loss_type": "dapo", "beta": 0.04, "num_iterations": 2}},
     "fsdp-grpo": {"distributed": {"strategy": "fsdp"}, "loss": {"loss_type": "grpo"}},
+    "fsdp-lora-dapo-kl": {"distributed": {"strategy": "fsdp"}, "lora": {"enabled": True, "r": 4},
+                          "loss": {"loss_type": "dapo", "beta": 0.04, "num_iterations": 2}},
     "ddp-gdpo-sequence": {"distributed": {"strategy": "ddp"},
                           "loss": {"multi_objective_aggregation": "normalize_then_sum", "loss_type": "grpo",
                                    "importance_sampling_level": "sequence", "num_iterations": 2}},
@@ -200,12 +202,13 @@ def _final_weights(run: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "ddp-lora"])
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp-lora", "fsdp-lora"])
 def test_killed_run_resumes_to_the_same_weights(tmp_path, tiny_model_dir, prompts, strategy):
     """SIGKILL of torchrun and its ranks once a checkpoint exists; the same command resumes and ends where
     an uninterrupted run ends. Both use real sampling: each rank's generator is restored. FSDP2 shards
-    full weights and AdamW state; DDP with LoRA saves only the trainable adapter."""
-    lora = {"enabled": strategy == "ddp-lora", "r": 4}
+    full weights and AdamW state; DDP with LoRA saves only the trainable adapter; FSDP2 with LoRA shards
+    the frozen base and the adapter and saves the adapter's shards."""
+    lora = {"enabled": strategy.endswith("lora"), "r": 4}
 
     def config(name: str) -> Path:
         return write_config(tmp_path / f"{name}.yaml", tiny_model_dir, prompts, tmp_path / name,

@@ -245,14 +245,15 @@ class Policy:
     reference_cpu: Any = None  # full fine-tuning with beta > 0: frozen copy kept on the CPU
 
     @contextlib.contextmanager
-    def reference(self) -> Iterator[Any]:
+    def reference(self, sharded_root: Any = None) -> Iterator[Any]:
         """Yield a module computing the reference policy's outputs.
 
-        LoRA: the same model with adapters disabled. Full fine-tuning: the initial weights, held off the
-        accelerator (on CPU they still cost host memory; the planner counts them)."""
+        LoRA: the same model with adapters disabled (``sharded_root``: the FSDP2 root it must run through
+        when its weights are sharded). Full fine-tuning: the initial weights, held off the accelerator (on
+        CPU they still cost host memory; the planner counts them)."""
         if is_peft(self.model):
             with self.model.disable_adapter():
-                yield self.model
+                yield self.model if sharded_root is None else sharded_root
         elif self.reference_cpu is not None:
             yield self.reference_cpu
         else:

@@ -109,9 +109,10 @@ class LogConfig:
 class DistributedConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"
     """How the ranks of ``torchrun --nproc_per_node N`` share the model (ignored in a single process).
-    ``ddp``: every rank holds the whole model and gradients are all-reduced (LoRA, models that fit one
-    device). ``fsdp``: FSDP2 ``fully_shard`` splits weights, gradients and optimizer state over the ranks
-    (full fine-tuning of models that do not fit one device); see ``fsdp_generation`` for sampling."""
+    ``ddp``: every rank holds the whole model and gradients are all-reduced (models that fit one device;
+    QLoRA). ``fsdp``: FSDP2 ``fully_shard`` splits weights, gradients and optimizer state over the ranks
+    (models that do not fit one device, full fine-tuning or LoRA; not with ``model.load_in_4bit``); see
+    ``fsdp_generation`` for sampling."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """Collective backend: ``auto`` = nccl when CUDA is available, gloo on CPU."""
     timeout_s: float = 1800.0

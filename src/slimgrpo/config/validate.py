@@ -169,10 +169,12 @@ def validate_config(cfg: Config) -> None:
     if cfg.log.logging_steps < 1:
         raise ConfigError(f"log.logging_steps must be >= 1, got {cfg.log.logging_steps}")
     _positive(cfg.distributed.timeout_s, "distributed.timeout_s")
-    if cfg.distributed.strategy == "fsdp" and cfg.lora.enabled:
+    if cfg.distributed.strategy == "fsdp" and cfg.model.load_in_4bit:
         raise ConfigError(
-            "distributed.strategy=fsdp shards full fine-tuning; LoRA adapters are small, so every rank can hold "
-            "the model: use distributed.strategy=ddp with lora.enabled=true"
+            "distributed.strategy=fsdp with model.load_in_4bit (QLoRA): FSDP2 shards parameters as DTensors, "
+            "which bitsandbytes' packed 4-bit weights are not, and this path is untested here (CUDA only). "
+            "Use distributed.strategy=ddp (every rank holds the 4-bit base, ~0.55 GB per billion parameters) "
+            "or LoRA on a bf16 base with distributed.strategy=fsdp"
         )
     from slimgrpo.config.eval import validate_eval
 

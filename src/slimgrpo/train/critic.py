@@ -68,6 +68,7 @@ class Critic:
         self.value_model = ValueModel(backbone, head)
         self.dist = dist or DistContext()
         self.root: nn.Module | None = None  # FSDP2: the sharded root every critic pass runs through
+        self.policy_root: nn.Module | None = None  # FSDP2 + LoRA: the policy's root (its base holds the adapter)
         self._trainable = self._backbone_trainable()
 
     @property
@@ -80,7 +81,22 @@ class Critic:
 
     def _run(self, fn, *args):
         """``fn(value_model, *args)``, inside the FSDP2 root's forward when sharded (it gathers the weights)."""
-        return self.root(fn, *args) if self.root is not None else fn(self.value_model, *args)
+        if self.root is not None:
+            return self.root(fn, *args)
+        if self.policy_root is not None:
+            return self.policy_root(lambda _lm, *a: fn(self.value_model, *a), *args)
+        return fn(self.value_model, *args)
+
+    def attach(self, wrapped_policy: nn.Module, strategy: str) -> None:
+        """After the policy is wrapped: with FSDP2, a LoRA critic's passes run through the policy's root (the
+        adapter's parameters are the sharded ones it now holds)."""
+        if self.adapter is not None and strategy == "fsdp" and self.dist.enabled:
+            self.policy_root = wrapped_policy
+            self._trainable = self._backbone_trainable()
+
+    @property
+    def _sharded(self) -> bool:
+        return self.root is not None or self.policy_root is not None
 
     def _backbone_trainable(self) -> list[tuple[str, nn.Parameter]]:
         if self.adapter is not None:  # only the critic's own adapter: the policy's adapter and the base stay out
@@ -133,7 +149,7 @@ class Critic:
         counts = torch.tensor([batch.rows, int(batch.loss_mask.sum())], dtype=torch.float64)
         rows, tokens_all = (int(c) for c in self.dist.all_reduce_sum(counts.to(batch.loss_mask.device)).tolist())
         norm = Normaliser(num_sequences=max(rows, 1), num_tokens=max(tokens_all, 1))
-        scale = float(self.dist.world_size) if self.root is not None else 1.0  # FSDP2 averages over ranks
+        scale = float(self.dist.world_size) if self._sharded else 1.0  # FSDP2 averages over ranks
         loss_sum = clip_sum = tokens = 0.0
         with self.active():
             for sl in plan_micro(batch, micro, micro_tokens):
@@ -145,18 +161,22 @@ class Critic:
                 loss_sum += st["value/loss"] * st["tokens"]
                 clip_sum += st["value/clipfrac"] * st["tokens"]
                 tokens += st["tokens"]
-        self._sum_gradients_over_ranks()
+        self._sum_gradients_over_ranks(scale)
         return {"value/loss": loss_sum / max(tokens, 1.0), "value/clipfrac": clip_sum / max(tokens, 1.0)}
 
-    def _sum_gradients_over_ranks(self) -> None:
-        """DDP: one all-reduce (sum) of every critic gradient, flattened. FSDP2 reduce-scatters on its own."""
-        if not self.dist.enabled or self.root is not None:
+    def _sum_gradients_over_ranks(self, scale: float) -> None:
+        """One all-reduce (sum) of the critic's gradients that no wrapper reduced (every one under DDP; the
+        LoRA critic's head under FSDP2, whose sharded adapter FSDP2 reduce-scatters), divided by the loss's
+        ``scale``: the gradient one process computes."""
+        if not self.dist.enabled:
             return
-        params = [p for p in self.parameters() if p.grad is not None]
+        from torch.distributed.tensor import DTensor
+
+        params = [p for p in self.parameters() if p.grad is not None and not isinstance(p.grad, DTensor)]
         if not params:
             return
         flat = torch.cat([p.grad.reshape(-1) for p in params])
-        flat = self.dist.all_reduce_sum(flat)
+        flat = self.dist.all_reduce_sum(flat) / scale
         offset = 0
         for p in params:
             n = p.grad.numel()

@@ -314,14 +314,22 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
 
     Plain tensors (one process, DDP after the all-reduce) go through ``torch.nn.utils.clip_grad_norm_``.
     FSDP2 gradients are DTensor shards: the norm of each shard is reduced over ranks (``full_tensor``)
-    before clipping, so every rank clips by the norm of the whole gradient."""
+    before clipping, so every rank clips by the norm of the whole gradient. Plain gradients beside them
+    (PPO's LoRA critic head under FSDP2, the same on every rank) count once."""
     from torch.distributed.tensor import DTensor
 
-    grads = [p.grad for p in params if p.grad is not None]
-    if not any(isinstance(g, DTensor) for g in grads):
+    with_grad = [p for p in params if p.grad is not None]
+    sharded = [p for p in with_grad if isinstance(p.grad, DTensor)]
+    if not sharded:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    total = torch.nn.utils.get_total_norm([p.grad for p in sharded], norm_type=2.0)
     if isinstance(total, DTensor):
         total = total.full_tensor()
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    plain = [p for p in with_grad if not isinstance(p.grad, DTensor)]
+    if plain:
+        rest = torch.nn.utils.get_total_norm([p.grad for p in plain], norm_type=2.0)
+        total = torch.linalg.vector_norm(torch.stack([total.float(), rest.float().to(total.device)]))
+    for group in (sharded, plain):
+        if group:
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
     return float(total)

@@ -79,3 +79,20 @@ def scorable_total(rewards: RewardOutput) -> torch.Tensor:
     """The weighted total, NaN on rows every reward function scored None (the runner reports 0.0 there)."""
     unscorable = torch.isnan(rewards.per_function).all(dim=1)
     return torch.where(unscorable, torch.full_like(rewards.total, float("nan")), rewards.total)
+
+
+def completion_samples(result, n: int) -> list[dict[str, Any]]:
+    """The first ``n`` rows of a step (``StepResult``) for ``completions.jsonl``: prompt, completion, total and
+    per-function rewards, advantage, group, and the columns reward functions asked to log (``log_extra``)."""
+    G = result.rollout.num_generations
+    rewards = result.rewards
+    return [{
+        "row": i,
+        "prompt": result.batch.prompts[i // G],
+        "completion": result.completions[i],
+        "reward": float(torch.nan_to_num(rewards.total[i])),
+        **{f"reward/{name}": float(rewards.per_function[i, j]) for j, name in enumerate(rewards.names)},
+        "advantage": float(result.advantages[i]),
+        "group": i // G,
+        **{column: values[i] for column, values in rewards.extra_columns.items()},  # log_extra
+    } for i in range(min(n, result.rollout.rows))]

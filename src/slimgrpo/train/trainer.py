@@ -40,7 +40,7 @@ from slimgrpo.train import health, launch, stall
 from slimgrpo.train import run_folder
 from slimgrpo.train.distributed import DistContext, from_environment
 from slimgrpo.train.metrics import MetricsWriter, console_line
-from slimgrpo.train.step_metrics import scorable_total, step_metrics
+from slimgrpo.train.step_metrics import completion_samples, scorable_total, step_metrics
 from slimgrpo.train.optim import apply_config_after_resume, build_optimizer, build_scheduler
 from slimgrpo.train.storage import write_folder_atomically
 from slimgrpo.train.update import (UpdateBatch, accumulate_gradients, batch_logprobs, entropy_cut,
@@ -145,6 +145,8 @@ class Trainer:
             cfg.run.batch_size, cfg.log.logging_steps, cfg.run.save_steps, self.dist.is_main)
         self.critic = build_critic(cfg, self.policy, self.dist) if cfg.ppo else None  # PPO's value function
         self.model = self.wrap_model(self.policy.model)
+        if self.critic is not None:
+            self.critic.attach(self.model, cfg.distributed.strategy)
         self.optimizer = build_optimizer(self.trainable_parameters(), cfg, self.policy.device)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.run.seed + 7919 * self.dist.rank)
@@ -264,8 +266,7 @@ class Trainer:
         update = self.prepare_update(rollout, advantages)
         advantages = self.critic_stage(update, advantages)  # PPO: per-token GAE advantages from the critic
         stats, grad_norm, skipped = self.optimize(update)
-        metrics = self.step_metrics(rollout, rewards, advantages, stats, grad_norm, skipped, gen_s,
-                                    time.perf_counter() - t0)
+        metrics = step_metrics(self, rollout, rewards, stats, grad_norm, skipped, gen_s, time.perf_counter() - t0)
         return StepResult(metrics, rollout, rewards, advantages, batch, completions)
 
     def next_batch(self) -> PromptBatch:
@@ -333,7 +334,8 @@ class Trainer:
             update.old_logp = batch_logprobs(self.model, update, *args, micro_tokens=tokens,  # PPO's KL reward
                                              share_prompt=share)
         if cfg.needs_reference:
-            with self.policy.reference() as ref_model:
+            with self.policy.reference(self.model if cfg.distributed.strategy == "fsdp" and self.dist.enabled
+                                       else None) as ref_model:
                 update.ref_logp = batch_logprobs(ref_model, update, *args, micro_tokens=tokens, share_prompt=share)
         update.entropy_cut = entropy_cut(self.model, update, cfg.loss.top_entropy_quantile, *args, micro_tokens=tokens)
         return update
@@ -453,9 +455,6 @@ class Trainer:
             raise PolicyCollapsedError(health.collapse_diagnosis(self.health, self.step_idx, self.output_dir,
                                                                  self.cfg.optim.learning_rate, at_end=True))
 
-    def step_metrics(self, rollout, rewards, advantages, stats, grad_norm, skipped, gen_s, step_s) -> dict[str, Any]:
-        return step_metrics(self, rollout, rewards, stats, grad_norm, skipped, gen_s, step_s)
-
     # ------------------------------------------------------------------------- the loop
 
     def train(self) -> dict[str, Any]:
@@ -524,21 +523,7 @@ class Trainer:
         n, every = self.cfg.log.num_completions_to_log, self.cfg.log.log_completions_steps
         if not every or self.step_idx % every or not self.dist.is_main:
             return
-        G = result.rollout.num_generations
-        samples = []
-        for i in range(min(n, result.rollout.rows)):
-            samples.append({
-                "row": i,
-                "prompt": result.batch.prompts[i // G],
-                "completion": result.completions[i],
-                "reward": float(torch.nan_to_num(result.rewards.total[i])),
-                **{f"reward/{name}": float(result.rewards.per_function[i, j])
-                   for j, name in enumerate(result.rewards.names)},
-                "advantage": float(result.advantages[i]),
-                "group": i // G,
-                **{column: values[i] for column, values in result.rewards.extra_columns.items()},  # log_extra
-            })
-        self.writer.log_completions(self.step_idx, samples)
+        self.writer.log_completions(self.step_idx, completion_samples(result, n))
 
     def save_checkpoint(self) -> Path | None:
         if not self.cfg.run.save_checkpoints:
