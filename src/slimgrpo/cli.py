@@ -56,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--budget", help="memory budget, e.g. 16GiB, 24GB or auto")
     pl.add_argument("--device", choices=["cpu", "cuda"], help="device to plan for (default: config's)")
     pl.add_argument("--presets", action="store_true", help="list the model presets and exit")
+    pl.add_argument("--nproc", type=int, default=1, metavar="N",
+                    help="plan one rank of a torchrun job of N processes in all (nodes x GPUs per node): its share "
+                         "of the batch and, with distributed.strategy=fsdp, 1/N of the weights, gradients and "
+                         "optimizer state plus the copies FSDP2 gathers (docs/distributed.md)")
     pl.add_argument("--trace", action="store_true",
                     help="also run one real step of the config at full size on fake tensors (no memory allocated, "
                          "no GPU needed; seconds to minutes) and print the traced live tensor bytes per phase "

@@ -21,6 +21,19 @@ from slimgrpo.units import human_count
 __all__ = ["plan_command"]
 
 
+def _nproc(args, cfg) -> int:
+    """``--nproc N``: the processes of the torchrun job, checked as the job itself checks them."""
+    n = getattr(args, "nproc", 1) or 1
+    if n < 1:
+        raise ConfigError(f"slimgrpo plan --nproc must be >= 1, got {n}")
+    if cfg.prompts_per_step % n:
+        raise ConfigError(
+            f"--nproc {n}: run.batch_size={cfg.run.batch_size} gives {cfg.prompts_per_step} prompts per step, which "
+            f"{n} processes cannot share evenly: use a multiple of {n * cfg.rollout.num_generations} for "
+            f"run.batch_size")
+    return n
+
+
 def plan_command(args) -> int:
     """``slimgrpo plan``: exit 0 when the plan fits the budget (or none is given), 4 when it does not
     (``slimgrpo.exit_codes``: the same code as ``slimgrpo train`` refused by ``memory.budget``)."""
@@ -53,12 +66,16 @@ def plan_command(args) -> int:
     # As `slimgrpo train` does before loading weights: a context past the model's position limit (after its
     # rope scaling) is refused, naming the limit, instead of planned.
     check_context_length(cfg, shape.max_positions, args.model or cfg.model.path)
-    inputs = plan_inputs(cfg, device, vocab=shape.vocab)
+    nproc = _nproc(args, cfg)
+    inputs = plan_inputs(cfg, device, nproc, vocab=shape.vocab)
     plan = plan_memory(shape, inputs)
     spec = args.budget or cfg.memory.budget
     budget = budget_bytes(spec, device) if spec else None
+    per_rank = "" if nproc == 1 else (f" (one rank of {nproc}, distributed.strategy={cfg.distributed.strategy}"
+                                      + (": sharded state / {nproc}".format(nproc=nproc) if inputs.fsdp_shards > 1
+                                         else "") + ")")
     console.print(f"[bold]{args.model or cfg.model.path}[/bold]: {human_count(shape.num_params)} parameters, "
-                  f"{inputs.rows} completions per step x {inputs.max_completion_length} tokens, on {device}")
+                  f"{inputs.rows} completions per step x {inputs.max_completion_length} tokens, on {device}{per_rank}")
     for caveat in not_modelled(cfg, plan) if args.config else []:  # under the headline, before 40 lines of table
         console.print(f"[yellow]note[/yellow]: {caveat}", soft_wrap=True)
     render_plan(plan, console, budget)

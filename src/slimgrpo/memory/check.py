@@ -68,6 +68,8 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
         share_prompt_forward=cfg.memory.share_prompt_forward,
         kv_cache_dtype=cfg.rollout.kv_cache_dtype,
         tiled_mlp=tiled_mlp_setting(cfg),
+        fsdp_shards=world_size if cfg.distributed.strategy == "fsdp" and world_size > 1 else 1,
+        fsdp_generation=cfg.distributed.fsdp_generation,
     )
 
 

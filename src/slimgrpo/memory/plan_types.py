@@ -87,6 +87,13 @@ class PlanInputs:
     (``planner.tiled_mlp_on``: long micro-batches whose update peak it lowers). The config's default is
     "auto" (``memory.check.plan_inputs`` passes it); this default stays "off" so that plans built here
     directly keep their numbers."""
+    fsdp_shards: int = 1
+    """Ranks an FSDP2 job (distributed.strategy=fsdp under torchrun) shards the weights, gradients and
+    optimizer state over; 1 = not sharded (one process, or DDP). The plan is then one rank's
+    (memory/sharding.py)."""
+    fsdp_generation: str = "gather"
+    """distributed.fsdp_generation: how a sharded rollout gets its weights ("gather": one whole copy;
+    "per_layer": the root group and one layer at a time)."""
     framework_overhead_bytes: int | None = None
     """Memory the framework holds before any tensor; None = CUDA_FRAMEWORK_OVERHEAD_BYTES on cuda,
     CPU_FRAMEWORK_OVERHEAD_BYTES (measured import RSS) on cpu."""
@@ -99,7 +106,7 @@ class PlanInputs:
         if self.optimizer not in ("adamw", "adamw_8bit"):
             raise ValueError(f"optimizer must be 'adamw' or 'adamw_8bit', got {self.optimizer!r}")
         positive = ("lora_rank", "num_generations", "prompts_per_step", "micro_batch_rows",
-                    "max_prompt_length", "max_completion_length", "num_iterations", "token_chunk")
+                    "max_prompt_length", "max_completion_length", "num_iterations", "token_chunk", "fsdp_shards")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -124,6 +131,8 @@ class PlanInputs:
             raise ValueError("load_in_4bit needs lora=True: a 4-bit base cannot be trained directly (QLoRA)")
         if self.load_in_4bit and self.device != "cuda":
             raise ValueError("load_in_4bit (bitsandbytes NF4) is CUDA only; use device='cuda' or drop it")
+        if self.fsdp_generation not in ("gather", "per_layer"):
+            raise ValueError(f"fsdp_generation must be 'gather' or 'per_layer', got {self.fsdp_generation!r}")
         if self.tiled_mlp not in ("auto", "on", "off"):
             raise ValueError(f"tiled_mlp must be 'auto', 'on' or 'off', got {self.tiled_mlp!r}")
         if self.kv_cache_dtype not in ("auto", "fp8_e4m3", "int8"):

@@ -40,6 +40,7 @@ from .formulas import (ADAMW_8BIT_BYTES_PER_PARAM, ADAMW_STATES, BACKWARD_WORKSP
                        lora_num_params, lora_targets, mlp_bytes_per_token, tiled_shard_tokens)
 from .plan_types import PHASES, Component, MemoryPlan, PlanInputs
 from .shapes import ModelShape
+from .sharding import shard_components
 
 # Component, MemoryPlan, PHASES and PlanInputs are re-exported: callers import them from here.
 __all__ = ["Component", "MemoryPlan", "PHASES", "PlanInputs", "plan_memory", "logits_bytes", "kv_cache_bytes",
@@ -427,7 +428,7 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     final_norm = tokens * ((4 + 2 * _compute_bytes(x)) * shape.hidden + 4)
     activations = _overlap_recompute(_activation_components(shape, x), loss, final_norm)
     optimizer = _overlap_step_workspace(_optimizer_components(shape, x), activations + [loss])
-    components = [
+    components = shard_components(shape, x, [
         *_weight_components(shape, x),
         *optimizer,
         *activations,
@@ -436,7 +437,7 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
         *_critic_components(shape, x),
         *_generation_components(shape, x),
         Component("framework overhead", overhead, "always", what),
-    ]
+    ])
     device = [c for c in components if c.location == "device"]
     totals = {p: sum(c.bytes for c in device if c.phase == p) for p in PHASES}
     peak_phase = "generation" if totals["generation"] > totals["update"] else "update"
