@@ -120,11 +120,25 @@ def run_generation(i: int, config: str, out: Path, ctx) -> None:
     for _ in range(2):  # twice: the weights must be sharded again after the first rollout
         sharded = trainer.engine.generate(batch.prompt_ids, 2, params)
         assert all(isinstance(p, DTensor) for p in trainer.policy.model.parameters())
+    uneven = {}
+    if cfg.distributed.fsdp_generation == "per_layer":
+        # Ranks that would run different numbers of forwards: rank 0's prompts are narrower (fewer prefill
+        # chunks of 3 positions) and every token ends its rows at once; rank 1 never meets an EOS.
+        trainer.engine.engine.prefill_chunk = 3
+        vocab = trainer.policy.model.config.vocab_size
+        prompts = [p[:4] for p in batch.prompt_ids] if ctx.rank == 0 else batch.prompt_ids
+        uneven_params = SamplingParams(max_new_tokens=cfg.rollout.max_completion_length, temperature=0.0,
+                                       eos_token_ids=tuple(range(vocab)) if ctx.rank == 0 else (),
+                                       pad_token_id=trainer.sampling.pad_token_id)
+        uneven["uneven_sharded"] = trainer.engine.generate(prompts, 2, uneven_params).completion_ids.tolist()
     reference = build_policy(cfg).model
     plain = TorchRolloutEngine(reference).generate(batch.prompt_ids, 2, params)
+    if uneven:
+        uneven["uneven_plain"] = TorchRolloutEngine(reference, prefill_chunk=3).generate(
+            prompts, 2, uneven_params).completion_ids.tolist()
     (out / f"generation-{i}-rank{ctx.rank}.json").write_text(json.dumps({
         "sharded": sharded.completion_ids.tolist(), "plain": plain.completion_ids.tolist(),
-        "type": type(trainer.engine).__name__,
+        "type": type(trainer.engine).__name__, **uneven,
     }))
 
 

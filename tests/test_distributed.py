@@ -2,7 +2,9 @@
 
 * 2 ranks x half the prompts take the same step as 1 process x all prompts (DDP and FSDP2, several
   loss types, micro-batching on), on a fixed rollout so both see the same completions;
-* greedy generation through FSDP2-sharded weights equals generation with the plain model;
+* greedy generation through FSDP2-sharded weights equals generation with the plain model (with
+  `per_layer` also when the ranks would run different numbers of forwards: rows that end at different
+  steps, prompts of different widths);
 * a 2-rank run killed (SIGKILL) after a checkpoint resumes and ends with the weights of an
   uninterrupted run; the final model is one Hugging Face folder;
 * a reward function raising on rank 1 only stops both ranks promptly, with its message;
@@ -185,6 +187,9 @@ def test_two_ranks_take_the_same_step_as_one_process(tmp_path, tiny_model_dir, p
             g = json.loads((out / f"generation-{i}-rank{rank}.json").read_text())
             assert g["type"] == "ShardedGenerationEngine"
             assert g["sharded"] == g["plain"], (i, rank)
+            if i == 1:  # per_layer: ranks whose rows end at different steps, prompts of different widths
+                assert g["uneven_sharded"] == g["uneven_plain"], rank
+                assert len(g["uneven_plain"][0]) == (1 if rank == 0 else 8)
 
 
 def _train_command(config: Path, *overrides: str) -> list[str]:

@@ -21,7 +21,7 @@ not been tested there and does not yet use a static cache or CUDA graphs.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -99,6 +99,10 @@ class TorchRolloutEngine:
         if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or prefill_chunk < 1):
             raise ValueError(f"prefill_chunk must be a positive int or None, got {prefill_chunk!r}")
         self.prefill_chunk = prefill_chunk
+        # FSDP2 with per-layer gathering (train/launch.py): every forward is a collective, so the ranks must
+        # run the same number of them. ``agree_max(v)`` returns the largest ``v`` over the ranks; with it set,
+        # prompts are left-padded to the widest rank's and decoding goes on until every rank is done.
+        self.agree_max: Callable[[int], int] | None = None
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -158,6 +162,10 @@ class TorchRolloutEngine:
         """
         prompt_order, row_slot = torch.unique_consecutive(row_prompt, return_inverse=True)
         ids, mask = left_pad([prompt_ids[i] for i in prompt_order.tolist()], params.pad_token_id, device)
+        if self.agree_max is not None:  # the same prefill chunks on every rank
+            extra = self.agree_max(ids.shape[1]) - ids.shape[1]
+            ids = torch.cat([ids.new_full((ids.shape[0], extra), params.pad_token_id), ids], dim=1)
+            mask = torch.cat([mask.new_zeros((mask.shape[0], extra)), mask], dim=1)
         n, max_new = row_prompt.numel(), params.max_new_tokens
         row_slot = row_slot.to(device)  # [n] which prefilled prompt each row extends
 
@@ -203,10 +211,13 @@ class TorchRolloutEngine:
                 lengths[alive[hit]] = t + 1
                 ended[alive[hit]] = True
                 done = done | hit
-            if t == max_new - 1 or bool(done.all()):
+            finished = t == max_new - 1 or bool(done.all())
+            if self.agree_max is not None and t < max_new - 1:  # go on (feeding padding) while a rank decodes
+                finished = self.agree_max(int(not finished)) == 0
+            if finished:
                 break
             n_done = int(done.sum())
-            if n_done and n_done >= self.drop_finished_fraction * done.numel():
+            if 0 < n_done < done.numel() and n_done >= self.drop_finished_fraction * done.numel():
                 keep = (~done).nonzero().squeeze(1)  # [b'] slots still generating
                 stepper.select(keep)
                 alive, tokens, done = alive[keep], tokens[keep], done[keep]

@@ -88,6 +88,13 @@ class DistContext:
         self._run("all_gather_object", lambda: dist.all_gather_object(out, obj))
         return out
 
+    def max_over_ranks(self, value: int) -> int:
+        """The largest ``value`` of all ranks (every rank gets it)."""
+        if not self.enabled:
+            return int(value)
+        t = torch.tensor([int(value)], dtype=torch.int64, device=self._flag_device())
+        return int(self.all_reduce_max(t).item())
+
     def any_true(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is True on any rank."""
         if not self.enabled:

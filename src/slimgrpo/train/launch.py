@@ -300,8 +300,14 @@ def guard_agent(agent, wrapped_model: nn.Module, cfg: Config, ctx: DistContext):
 
 
 def wrap_engine(engine, wrapped_model: nn.Module, cfg: Config, ctx: DistContext):
-    """The rollout engine of a multi-process run: guarded with DDP, on gathered weights with FSDP2."""
+    """The rollout engine of a multi-process run: guarded with DDP, on gathered weights with FSDP2.
+
+    With ``fsdp_generation=per_layer`` every decoder forward is a collective, so the ranks agree on the
+    prompt width (the same prefill chunks) and decode until the last of them is done
+    (``TorchRolloutEngine.agree_max``): a rank whose rows all ended feeds padding meanwhile."""
     if cfg.distributed.strategy == "fsdp":
+        if cfg.distributed.fsdp_generation == "per_layer" and hasattr(engine, "agree_max"):
+            engine.agree_max = ctx.max_over_ranks
         return ShardedGenerationEngine(engine, wrapped_model, cfg.distributed.fsdp_generation)
     return AgreedGenerationEngine(engine, ctx)
 
