@@ -101,8 +101,8 @@ def full_steps(shape: ModelShape, overrides: dict[str, Any], device: torch.devic
                seed: int = 0) -> dict[str, Any]:
     """``steps`` GRPO steps minus data and rewards: the rollout engine samples L tokens per row for
     random prompt ids (EOS forbidden until L: the work is pinned), random group-normalised advantages
-    stand in for rewards, then the trainer's own prepare_update + optimize. Peak CUDA memory over all
-    steps (weights included) against the plan; s/step = the last step (the first warms up)."""
+    stand in for rewards, then the trainer's own update stage (Updater.prepare + step). Peak CUDA memory
+    over all steps (weights included) against the plan; s/step = the last step (the first warms up)."""
     from slimgrpo.rollout.engine import TorchRolloutEngine
     from slimgrpo.rollout.sampling import SamplingParams
     from slimgrpo.train.synthetic import synthetic_advantages
@@ -287,7 +287,7 @@ def quantized_step(shape: ModelShape, device: torch.device, which: str, rows: in
     res = runner.step(synthetic_rollout(rows // G, G, P, L, shape.vocab, device=device))
     res2 = runner.step(synthetic_rollout(rows // G, G, P, L, shape.vocab, device=device, seed=1))
     alloc, reserved = peak_mib(device)
-    opt = type(runner.trainer.optimizer).__module__ + "." + type(runner.trainer.optimizer).__name__
+    opt = type(runner.updater.optimizer).__module__ + "." + type(runner.updater.optimizer).__name__
     del runner, model
     fresh_memory(device)
     ok = all(map(lambda x: x == x and abs(x) != float("inf"), (res.loss, res2.loss, res2.grad_norm)))

@@ -52,8 +52,9 @@ def main(argv: list[str]) -> int:
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
-    update = trainer.prepare_update(rollout, torch.randn(rows, generator=g).to(dev))
-    stats, grad_norm, skipped = trainer.optimize(update)
+    update = trainer.updater.prepare(rollout, torch.randn(rows, generator=g).to(dev))
+    stats, grad_norm, skipped = trainer.updater.step(update, trainer.step_idx)
+    trainer.track_nonfinite(skipped)
     emit({"kind": "update", "rows": rows, "P": P, "T": T, "update_s": time.perf_counter() - t0,
           "loss": stats.loss, "tokens": stats.tokens, "skipped": skipped})
     return 0

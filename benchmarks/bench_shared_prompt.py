@@ -49,7 +49,8 @@ def _child(a: argparse.Namespace) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from slimgrpo.loss.objectives import LossSettings, Normaliser
-    from slimgrpo.train.update import UpdateBatch, accumulate_gradients
+    from slimgrpo.train.update import UpdateBatch, UpdateSettings
+    from slimgrpo.train.update.gradients import accumulate_gradients
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -70,8 +71,8 @@ def _child(a: argparse.Namespace) -> None:
     if a.child != "inputs":
         norm = Normaliser.of(batch.loss_mask)
         t = time.perf_counter()
-        accumulate_gradients(model, batch, LossSettings(), norm, None, 1.0, None, None, fuse=True,
-                             share_prompt=a.child == "shared")
+        accumulate_gradients(model, batch, UpdateSettings(LossSettings(), fuse=True, share_prompt=a.child == "shared"),
+                             norm)
         seconds = time.perf_counter() - t
     print(json.dumps({"seconds": seconds}))
 

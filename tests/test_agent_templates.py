@@ -18,7 +18,8 @@ from slimgrpo.rollout.agent import AgentRollout
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.environments import Toolbox
 from slimgrpo.rollout.sampling import SamplingParams
-from slimgrpo.train.update import batch_logprobs, make_update_batch
+from _update_calls import batch_logprobs
+from slimgrpo.train.update import make_update_batch
 from slimgrpo.types import PromptBatch
 
 trl = pytest.importorskip("trl")

@@ -214,6 +214,98 @@ def layer_violations(graph: dict[str, set[str]], package: str, rules: dict[str, 
     return found
 
 
+
+# --- parameter lists --------------------------------------------------------------------------------------
+
+MAX_PARAMETERS = 8  # a function that needs more takes its config section or one typed settings object
+# Functions over MAX_PARAMETERS today, with their count: each may shrink, none may grow, and no other joins
+# them. The update stage (``train.update``) has none: it takes ``UpdateSettings``, derived from the config once.
+LONG_PARAMETER_LISTS = {
+    "slimgrpo.evaluate:evaluate": 14,
+    "slimgrpo.train.dist_checkpoint:save_checkpoint": 12,
+    "slimgrpo.loss.logprobs:completion_logprobs": 12,
+    "slimgrpo.loss.chunked_head:_backprop_slice": 12,
+    "slimgrpo.train.checkpoint:save_checkpoint": 11,
+    "slimgrpo.loss.fused:completion_loss": 11,
+    "slimgrpo.loss.chunked_head:chunked_token_logprobs": 11,
+    "slimgrpo.loss.chunked_head:_ChunkedHeadLogprob.forward": 11,
+    "slimgrpo.train.synthetic:synthetic_rollout": 10,
+    "slimgrpo.train.checkpoint:_write_checkpoint": 10,
+    "slimgrpo.rewards.sandbox:run_sandboxed": 10,
+    "slimgrpo.loss.objectives:grpo_loss": 10,
+    "slimgrpo.loss.fused:fused_token_loss": 10,
+    "slimgrpo.train.trainer:Trainer.__init__": 9,  # TRL's GRPOTrainer arguments (the Python API)
+    "slimgrpo.rollout.agent:AgentRollout._decode_turn": 9,
+    "slimgrpo.rollout.agent:AgentRollout.__init__": 9,
+    "slimgrpo.memory.check:fit_by_trace": 9,
+    "slimgrpo.loss.unpadded:unpadded_completion_logprobs": 9,
+    "slimgrpo.loss.fused:_FusedHeadLoss.forward": 9,
+    "slimgrpo.loss.fused:_correct": 9,
+}
+NO_LONG_LISTS_UNDER = ("slimgrpo.train.update",)  # rooms held to MAX_PARAMETERS without exceptions
+
+
+def parameter_counts(src_root: Path, package: str) -> dict[str, int]:
+    """``module:Class.function`` -> its parameters (positional, keyword-only; ``self`` / ``cls`` and
+    ``*args`` / ``**kwargs`` not counted), for every function and method of the package."""
+    counts: dict[str, int] = {}
+
+    def visit(module: str, node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(module, child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = child.args
+                names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                if prefix and names and names[0] in ("self", "cls"):
+                    names = names[1:]
+                counts[f"{module}:{prefix}{child.name}"] = len(names)
+                visit(module, child, f"{prefix}{child.name}.<locals>.")
+            else:
+                visit(module, child, prefix)
+
+    for name, path in module_names(src_root, package).items():
+        visit(name, ast.parse(path.read_text(), filename=str(path)), "")
+    return counts
+
+
+def long_parameter_lists(counts: dict[str, int], allowed: dict[str, int], strict: tuple[str, ...] = (),
+                         limit: int = MAX_PARAMETERS) -> list[str]:
+    """Functions over ``limit`` parameters that ``allowed`` does not list (or lists with fewer), or that
+    sit in a ``strict`` package, where none is allowed."""
+    found = []
+    for name, n in sorted(counts.items()):
+        module = name.split(":")[0]
+        in_strict = any(module == s or module.startswith(s + ".") for s in strict)
+        if n > limit and (in_strict or n > allowed.get(name, limit)):
+            found.append(f"{name} takes {n} parameters (at most {limit if in_strict else allowed.get(name, limit)})")
+    return found
+
+
+def test_no_function_takes_a_longer_parameter_list():
+    counts = parameter_counts(SRC, PACKAGE)
+    problems = long_parameter_lists(counts, LONG_PARAMETER_LISTS, NO_LONG_LISTS_UNDER)
+    assert not problems, ("pass the config section or a typed settings object instead:\n  "
+                          + "\n  ".join(problems))
+    shorter = [f"{k}: {counts.get(k, 'gone')}" for k, n in LONG_PARAMETER_LISTS.items() if counts.get(k, 0) < n]
+    assert not shorter, f"shorter than LONG_PARAMETER_LISTS says (lower or drop the entry): {shorter}"
+
+
+def test_long_parameter_lists_are_found(tmp_path):
+    _plant(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "def f(a, b, c, *args, d=1, **kw):\n    def inner(x):\n        pass\n"
+                    "class K:\n    def m(self, a, b, c):\n        pass\n",
+        "pkg/up/__init__.py": "",
+        "pkg/up/b.py": "def g(a, b, c, d):\n    pass\n",
+    })
+    counts = parameter_counts(tmp_path, "pkg")
+    assert counts == {"pkg.a:f": 4, "pkg.a:f.<locals>.inner": 1, "pkg.a:K.m": 3, "pkg.up.b:g": 4}
+    assert long_parameter_lists(counts, {"pkg.a:f": 4}, limit=3) == ["pkg.up.b:g takes 4 parameters (at most 3)"]
+    assert long_parameter_lists(counts, {"pkg.a:f": 3, "pkg.up.b:g": 4}, ("pkg.up",), limit=3) == [
+        "pkg.a:f takes 4 parameters (at most 3)", "pkg.up.b:g takes 4 parameters (at most 3)"]
+
+
 # --- the package itself -----------------------------------------------------------------------------------
 
 

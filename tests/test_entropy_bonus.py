@@ -219,7 +219,7 @@ def test_micro_batching_leaves_gradients_unchanged(tiny_model_dir, loss_type):
     divides by the whole batch's token count (``Normaliser.entropy_tokens``), as the trainer sets it."""
     from transformers import AutoModelForCausalLM
 
-    from slimgrpo.train.update import UpdateBatch, accumulate_gradients
+    from _update_calls import UpdateBatch, accumulate_gradients
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     g = torch.Generator().manual_seed(5)

@@ -118,7 +118,7 @@ def test_debug_shows_the_reward_functions_own_traceback(tmp_path, tiny_model_dir
 
 
 def test_a_nan_loss_skips_one_update_and_training_goes_on(tmp_path, tiny_model_dir, monkeypatch, caplog):
-    import slimgrpo.train.update as update
+    import slimgrpo.train.update.gradients as update
 
     real, calls = update.micro_batch_loss, []
 

@@ -177,7 +177,7 @@ def test_accumulate_gradients_fused_equals_separate(tiny_model_dir, micro):
     """The trainer's update with ``loss.fuse_head_loss`` on and off: same loss, stats and gradients."""
     from transformers import AutoModelForCausalLM
 
-    from slimgrpo.train.update import UpdateBatch, accumulate_gradients
+    from _update_calls import UpdateBatch, accumulate_gradients
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     g = torch.Generator().manual_seed(5)

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from slimgrpo.loss.objectives import LossSettings, Normaliser
-from slimgrpo.train.update import UpdateBatch, accumulate_gradients, batch_logprobs
+from _update_calls import UpdateBatch, accumulate_gradients, batch_logprobs
 
 
 def make_batch(vocab, rows=6, P=5, T=7, seed=0):

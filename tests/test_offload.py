@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from slimgrpo.memory.shapes import ModelShape
-from slimgrpo.train.offload import AsyncOffload, offload_context
+from slimgrpo.train.update.offload import AsyncOffload, offload_context
 from slimgrpo.train.synthetic import random_causal_lm
 
 SHAPE = ModelShape(family="llama", hidden=48, intermediate=80, layers=3, heads=4, kv_heads=2, vocab=101, tie=False)

@@ -9,7 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from slimgrpo.loss import packed
 from slimgrpo.loss.logprobs import completion_hidden
 from slimgrpo.loss.objectives import LossSettings, Normaliser
-from slimgrpo.train.update import UpdateBatch, accumulate_gradients
+from _update_calls import UpdateBatch, accumulate_gradients
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -117,7 +117,7 @@ def test_row_groups():
 
 def test_reference_logprobs_take_the_packed_layout_and_equal_the_plain_ones(monkeypatch):
     """The no-grad passes (reference / old policy) pack too where it is cheaper: same log-probs."""
-    from slimgrpo.train.update import batch_logprobs
+    from _update_calls import batch_logprobs
 
     model = _model("llama")
     ids, am, T = _batch(groups=(5, 5, 2), G=4, T=24)

@@ -106,7 +106,7 @@ def test_update_layer_bytes_match_autograd_plain_and_shared_prompt(lora, m, G):
     from slimgrpo.loss.unpadded import unpadded_hidden
     from slimgrpo.memory.planner import shared_prompt_groups, update_layer_bytes
     from slimgrpo.memory.shapes import ModelShape
-    from slimgrpo.train.shared_prompt import shared_completion_hidden
+    from slimgrpo.train.update.shared_prompt import shared_completion_hidden
 
     shape = ModelShape.from_hf_config({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 176,
                                        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,

@@ -222,7 +222,7 @@ def test_lora_critic_gradients_reach_only_its_adapter_and_head(tiny_model_dir):
     assert all(p.requires_grad for p in critic.parameters()) and all(p.requires_grad for p in
                                                                      policy.trainable_parameters())
     # and the policy's loss leaves the critic alone
-    from slimgrpo.train.update import accumulate_gradients
+    from _update_calls import accumulate_gradients
 
     for p in critic.parameters():
         p.grad = None

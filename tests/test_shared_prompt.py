@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from slimgrpo.loss.objectives import LossSettings, Normaliser
-from slimgrpo.train import shared_prompt
-from slimgrpo.train.update import UpdateBatch, accumulate_gradients
+from slimgrpo.train.update import shared_prompt
+from _update_calls import UpdateBatch, accumulate_gradients
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -97,7 +97,7 @@ def test_no_grad_logprobs_shared_equal_plain(tiny_model_dir, micro, monkeypatch)
     used whenever rows share a prompt, even where the update would not share (no activations are kept)."""
     from transformers import AutoModelForCausalLM
 
-    from slimgrpo.train.update import batch_logprobs
+    from _update_calls import batch_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     batch = _batch(model.config.vocab_size, T=7)

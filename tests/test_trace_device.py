@@ -121,7 +121,7 @@ def test_lora_merge_and_packing_follow_the_planned_device():
 
 
 def test_offload_path_follows_the_planned_device():
-    from slimgrpo.train.offload import AsyncOffload, offload_context
+    from slimgrpo.train.update.offload import AsyncOffload, offload_context
 
     assert not isinstance(offload_context(True, torch.device("cpu")), AsyncOffload)
     with planned_device("cuda"):

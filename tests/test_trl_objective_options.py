@@ -111,7 +111,7 @@ def test_micro_batched_clip_stats_equal_whole_batch(monkeypatch, level):
     of the whole batch is used in every micro-batch."""
     from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss
     from slimgrpo.loss.policy_losses import entropy_threshold
-    from slimgrpo.train import update
+    import _update_calls as update
 
     g = torch.Generator().manual_seed(0)
     rows, T = 5, 7
@@ -133,7 +133,7 @@ def test_micro_batched_clip_stats_equal_whole_batch(monkeypatch, level):
         calls.append(ids.shape[0])
         return logp_all[start:start + ids.shape[0], :t], ent_all[start:start + ids.shape[0], :t]
 
-    from slimgrpo.train import micro_loss
+    from slimgrpo.train.update import micro_loss
 
     monkeypatch.setattr(micro_loss, "completion_logprobs", fake_logprobs)  # the update's log-prob call
     s = LossSettings(importance_sampling_level=level, epsilon=0.05, top_entropy_quantile=0.5)
@@ -151,7 +151,7 @@ def test_micro_batched_clip_stats_equal_whole_batch(monkeypatch, level):
 def test_steps_per_generation_slices_the_batch(tmp_path, tiny_model_dir, monkeypatch):
     """One generation of 8 completions, 2 slices x 2 iterations = 4 optimizer steps on 4-row slices, each
     with its own normaliser, all against the old log-probs taken once after generation."""
-    from slimgrpo.train import trainer as trainer_mod
+    from slimgrpo.train.update import updater as trainer_mod
 
     seen = []
     real = trainer_mod.accumulate_gradients

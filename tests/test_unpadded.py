@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from slimgrpo.loss.logprobs import completion_logprobs
 from slimgrpo.loss.objectives import LossSettings, Normaliser
 from slimgrpo.loss.unpadded import unpad_rows, unpadded_completion_logprobs
-from slimgrpo.train.micro import micro_batches
-from slimgrpo.train.update import UpdateBatch, accumulate_gradients, batch_logprobs
+from slimgrpo.train.update.micro import micro_batches
+from _update_calls import UpdateBatch, accumulate_gradients, batch_logprobs
 
 
 def tiny(max_positions=512, seed=0, vocab=97, hidden=32):

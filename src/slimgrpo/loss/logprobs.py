@@ -195,7 +195,7 @@ def completion_logprobs(
         completion_mask: ``[rows, T]`` bool, the tokens to score (default:
             ``attention_mask[:, -T:]``); other positions get 0 and are never sent through the head.
         hidden_fn: replaces ``completion_hidden`` (same signature), e.g.
-            ``train.shared_prompt.shared_completion_hidden``.
+            ``train.update.shared_prompt.shared_completion_hidden``.
 
     Returns:
         ``(logp [rows, T] float32, entropy [rows, T] float32 or None)``.

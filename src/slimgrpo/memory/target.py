@@ -16,7 +16,7 @@ So every such choice asks :func:`device_kind` instead of reading ``.device.type`
         ...
 
 What follows the planned device: choices that change which tensors a step allocates (the LoRA merge
-and oneDNN packing in ``rollout/model_parts.py``, the offload path in ``train/offload.py``). Where the
+and oneDNN packing in ``rollout/model_parts.py``, the offload path in ``train/update/offload.py``). Where the
 planned device would put a tensor in host memory (an offloaded checkpoint), the code makes it inside
 :func:`host_scope`, which the trace maps to its host account (``planned_device(kind, host=...)``).
 What does not follow: calls that must run on the real device (``torch.cuda.synchronize``, CUDA streams

@@ -47,8 +47,8 @@ def step_metrics(trainer, rollout, rewards: RewardOutput, stats, grad_norm: floa
     m.update({"loss": loss, "kl": kl, "entropy": ent, "clip_ratio/low_mean": lo,  # loss: the sum of the shares
               "clip_ratio/high_mean": hi, "clip_ratio/region_mean": reg, **dict(zip(extra, ex))})
     m["grad_norm"] = grad_norm
-    if trainer.loss_settings.entropy_bonus:  # after this step's update, as TRL logs it
-        m["entropy_coef"] = trainer.entropy_control.coef
+    if trainer.updater.settings.loss.entropy_bonus:  # after this step's update, as TRL logs it
+        m["entropy_coef"] = trainer.updater.entropy_control.coef
     m["learning_rate"] = trainer.scheduler.get_last_lr()[0]
     m["update_skipped"] = int(skipped)
     m["gen/tokens_per_s"] = gen_tokens / max(gen_s, 1e-9)
@@ -56,7 +56,7 @@ def step_metrics(trainer, rollout, rewards: RewardOutput, stats, grad_norm: floa
     m["time/step_s"] = step_s
     m["memory/peak_mib"] = float(d.all_reduce_max(torch.tensor([peak_memory_mib(trainer.policy.device)],
                                                               device=trainer.policy.device)).item())
-    m.update(trainer.value_metrics)  # PPO: the critic before this step (explained variance, mean value)
+    m.update(trainer.updater.value_metrics)  # PPO: the critic before this step (explained variance, mean value)
     m.update(rollout_metrics(rollout, d))  # tools/... of a multi-turn rollout, over every rank's rows
     for key, count in rewards.fault_counts.items():
         m[f"reward_faults/{key}"] = count

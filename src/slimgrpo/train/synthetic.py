@@ -3,9 +3,9 @@
 Measuring the memory of a long-context update (e.g. 8 completions x 20K tokens) by really sampling
 20K tokens per row costs 20K decode steps. The update does not care what the tokens are, only how
 many there are, so this module builds a :class:`~slimgrpo.types.Rollout` of random token ids with
-pinned lengths and runs the trainer's own ``prepare_update`` and ``optimize`` on it (old / reference
-log-probs, micro-batched forward + backward through the chunked loss, gradient clipping, optimizer
-step) -- the same code a real step runs after scoring.
+pinned lengths and runs the trainer's own update stage on it (``train/update/``: ``Updater.prepare`` and
+``Updater.step``: old / reference log-probs, micro-batched forward + backward through the chunked loss,
+gradient clipping, optimizer step) -- the same code a real step runs after scoring.
 
     from slimgrpo.memory.shapes import load_shape
     from slimgrpo.train.synthetic import random_causal_lm, synthetic_rollout, UpdateOnly
@@ -128,7 +128,7 @@ class UpdateOnlyResult:
 
 
 class UpdateOnly:
-    """The trainer's update (``Trainer.prepare_update`` + ``Trainer.optimize``) around a given model.
+    """The trainer's update stage (``train.update.Updater``: ``prepare`` + ``step``) around a given model.
 
     ``cfg`` supplies the ``lora``, ``memory``, ``loss``, ``optim`` and ``rollout`` sections as for a
     real run (``model.path`` and ``data`` are not read). LoRA adapters, gradient checkpointing and the
@@ -140,33 +140,33 @@ class UpdateOnly:
                  reference_cpu=None):
         from slimgrpo.modeling import Policy, prepare_for_training
         from slimgrpo.train.optim import build_optimizer, build_scheduler
-        from slimgrpo.train.trainer import Trainer
+        from slimgrpo.train.update.updater import Updater
 
         device = torch.device(device) if device is not None else next(model.parameters()).device
         dtype = next(model.parameters()).dtype
         if not prepared:
             model, reference_cpu = prepare_for_training(model, cfg)  # exactly as build_policy does
         self.policy = Policy(model, None, device, dtype, reference_cpu)
-        trainer = Trainer(cfg, policy=self.policy)
-        trainer.policy = self.policy
-        trainer.model = model
-        trainer.optimizer = build_optimizer(self.policy.trainable_parameters(), cfg, device)
-        trainer.scheduler = build_scheduler(trainer.optimizer, cfg)
-        trainer.setup_objective()  # loss settings and entropy control, as Trainer.setup builds them
-        self.trainer = trainer
+        optimizer = build_optimizer(self.policy.trainable_parameters(), cfg, device)
+        self.updater = Updater(cfg, self.policy, model, optimizer, build_scheduler(optimizer, cfg))
         self.cfg = cfg
 
     @property
+    def trainer(self):
+        """The update stage (``updater``), by the name it had when a trainer held it (``runner.trainer.optimizer``)."""
+        return self.updater
+
+    @property
     def model(self):
-        return self.trainer.model
+        return self.updater.model
 
     def step(self, rollout: Rollout, advantages: torch.Tensor | None = None) -> UpdateOnlyResult:
         """One optimizer step on ``rollout`` exactly as ``Trainer.step`` does after scoring."""
         if advantages is None:
             advantages = synthetic_advantages(rollout.rows, rollout.num_generations)
         t = time.perf_counter()
-        update = self.trainer.prepare_update(rollout, advantages.to(self.policy.device))
-        stats, grad_norm, skipped = self.trainer.optimize(update)
+        batch = self.updater.prepare(rollout, advantages.to(self.policy.device))
+        stats, grad_norm, skipped = self.updater.step(batch)
         if self.policy.device.type == "cuda":
             torch.cuda.synchronize(self.policy.device)
         return UpdateOnlyResult(stats.loss, grad_norm, skipped, stats.tokens, time.perf_counter() - t)

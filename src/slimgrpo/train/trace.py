@@ -17,7 +17,8 @@ and weight packing in the rollout, the offload path) is the one a run on ``devic
 * **generation**: the rollout engine (``TorchRolloutEngine``) prefills the prompts and runs
   ``decode_steps`` decode steps, then stops. The lean decoder preallocates its KV cache for the whole
   completion, so its full size is live from the first step; the per-step working set repeats;
-* **update**: ``Trainer.prepare_update`` and ``Trainer.optimize`` on synthetic full-length completions
+* **update**: the trainer's update stage (``train.update.Updater``: ``prepare`` and ``step``) on synthetic
+  full-length completions
   (``train/synthetic.py``): reference / old log-probs, micro-batched forward and backward through the
   real loss with checkpointing / LoRA / shared prompts as configured, gradient clipping, optimizer step.
 
@@ -163,7 +164,7 @@ def _prepared_meta(cfg, shape: ModelShape, device: str, notes: list[str]):
     if cfg.loss.beta > 0 and not cfg.lora.enabled:
         reference = meta_model(shape, dtype, attn).eval().requires_grad_(False)
     if cfg.memory.offload_activations and device == "cuda":
-        notes.append("offload_activations: traced on the CUDA code path (train/offload.py): each offloaded tensor "
+        notes.append("offload_activations: traced on the CUDA code path (train/update/offload.py): each offloaded tensor "
                      "is counted in host memory while it waits for backward, and as a device copy once it is back")
     return model, reference
 
@@ -199,8 +200,8 @@ def _build(cfg, model, reference):
     if eight_bit:
         from slimgrpo.memory.standins import AdamW8bitStandIn
 
-        runner.trainer.optimizer = AdamW8bitStandIn(runner.policy.trainable_parameters(), cfg.optim.learning_rate)
-    optimizer = runner.trainer.optimizer
+        runner.updater.optimizer = AdamW8bitStandIn(runner.policy.trainable_parameters(), cfg.optim.learning_rate)
+    optimizer = runner.updater.optimizer
     for p in runner.policy.trainable_parameters():  # the optimizer state exists from a run's second step on
         p.grad = torch.zeros_like(p)
     optimizer.step()
@@ -215,7 +216,7 @@ def _track_resident(tracker: LiveBytes, runner, cfg) -> None:
     if runner.policy.reference_cpu is not None:
         tracker.track_all(runner.policy.reference_cpu.parameters(), "reference policy")
         tracker.track_all(runner.policy.reference_cpu.buffers(), "reference policy")
-    for state in runner.trainer.optimizer.state.values():
+    for state in runner.updater.optimizer.state.values():
         tracker.track_all(_tensors_of(state), "optimizer state")
 
 
@@ -264,7 +265,7 @@ def _trace_update(tracker: LiveBytes, runner, cfg, shape: ModelShape) -> None:
     from slimgrpo.modeling import base_causal_lm
     from slimgrpo.train.synthetic import synthetic_advantages, synthetic_rollout
 
-    trainer = runner.trainer
+    optimizer = runner.updater.optimizer
     with tracker.tag("buffers"):
         rollout = synthetic_rollout(cfg.prompts_per_step, cfg.rollout.num_generations, cfg.data.max_prompt_length,
                                     cfg.rollout.max_completion_length, shape.vocab)
@@ -273,8 +274,8 @@ def _trace_update(tracker: LiveBytes, runner, cfg, shape: ModelShape) -> None:
     handles = [
         decoder.register_forward_pre_hook(lambda *_: tracker.set_tag("activations")),
         decoder.register_forward_hook(lambda *_: tracker.set_tag("loss working set")),
-        trainer.optimizer.register_step_pre_hook(lambda *_: tracker.set_tag("optimizer step")),
-        trainer.optimizer.register_step_post_hook(lambda *_: tracker.set_tag("update other")),
+        optimizer.register_step_pre_hook(lambda *_: tracker.set_tag("optimizer step")),
+        optimizer.register_step_post_hook(lambda *_: tracker.set_tag("update other")),
     ]
     for p in runner.policy.trainable_parameters():
         handles.append(p.register_post_accumulate_grad_hook(lambda p: tracker.retag(p.grad, "gradients")))

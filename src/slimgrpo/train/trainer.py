@@ -2,14 +2,13 @@
 
 One step reads like the pipeline::
 
-    batch -> generate -> score -> advantages -> (old / reference log-probs) -> optimize -> metrics
+    batch -> generate -> score -> advantages -> update (train/update/: prepare, step) -> metrics
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +21,6 @@ from slimgrpo import threads
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
 from slimgrpo.data import PromptDataset, PromptSampler, check_enough_prompts, load_prompt_dataset, steps_for_epochs
 from slimgrpo.config.validate import loss_warnings
-from slimgrpo.loss.entropy_control import EntropyController
-from slimgrpo.loss.objectives import Normaliser
-from slimgrpo.loss.settings import loss_settings
 from slimgrpo.memory.malloc import pin_mmap_threshold
 from slimgrpo.modeling import (Policy, build_policy, generation_eos_ids, looks_like_hub_name, max_positions,
                                read_model_config)
@@ -43,8 +39,7 @@ from slimgrpo.train.metrics import MetricsWriter, console_line
 from slimgrpo.train.step_metrics import completion_samples, scorable_total, step_metrics
 from slimgrpo.train.optim import apply_config_after_resume, build_optimizer, build_scheduler
 from slimgrpo.train.storage import write_folder_atomically
-from slimgrpo.train.update import (UpdateBatch, accumulate_gradients, batch_logprobs, entropy_cut,
-                                   make_update_batch, merge_stats, split_update)
+from slimgrpo.train.update.updater import Updater, trainable_parameters
 from slimgrpo.types import PromptBatch, RewardOutput, Rollout
 
 log = logging.getLogger("slimgrpo")
@@ -93,7 +88,6 @@ class Trainer:
         self.run_lock = None  # rank 0 holds the run folder's lock from setup() to the end of train()
         self.plan = run_folder.Plan()
         self.critic = None  # PPO's value function (train/critic.py), built in setup()
-        self.value_metrics: dict[str, Any] = {}  # PPO: the critic's numbers of this step
         self.stall = stall.StallDetector(stall.StallLimits(steps=0))  # setup() reads run.stall_* (train/stall.py)
         self.stalled: stall.Stall | None = None  # the stall that stopped the run (run.stop_on_stall)
 
@@ -147,7 +141,7 @@ class Trainer:
         self.model = self.wrap_model(self.policy.model)
         if self.critic is not None:
             self.critic.attach(self.model, cfg.distributed.strategy)
-        self.optimizer = build_optimizer(self.trainable_parameters(), cfg, self.policy.device)
+        self.optimizer = build_optimizer(trainable_parameters(self.policy, self.critic), cfg, self.policy.device)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.run.seed + 7919 * self.dist.rank)
         self.engine = TorchRolloutEngine(self.policy.model, max_batch_rows=cfg.rollout.max_batch_rows,
@@ -173,7 +167,8 @@ class Trainer:
             repetition_penalty=r.repetition_penalty,
             eos_token_ids=tuple(sorted(eos)), pad_token_id=tok.pad_token_id,
         )
-        self.setup_objective()
+        # The update stage (train/update/): old / reference log-probs, the loss, the optimizer steps
+        self.updater = Updater(cfg, self.policy, self.model, self.optimizer, self.scheduler, self.dist, self.critic)
         self.health = health.monitor_for(cfg, self.policy.model)  # a collapsed policy stops the run (exit 3)
         self.stall = stall.detector_for(cfg)  # says when learning stalls; run.stop_on_stall stops there (exit 5)
         for warning in loss_warnings(cfg) if self.dist.is_main else []:
@@ -194,21 +189,6 @@ class Trainer:
 
         self.evaluator = make_evaluator(self)  # eval.data: held-out prompts, or None
         self.maybe_resume()
-
-    def setup_objective(self) -> None:
-        """The loss settings and the entropy-bonus controller (also used by ``synthetic.UpdateOnly``)."""
-        cfg = self.cfg
-        if cfg.loss.token_chunk is None:
-            from slimgrpo.config import auto_token_chunk
-            from slimgrpo.modeling import base_causal_lm
-
-            cfg.loss.token_chunk = auto_token_chunk(base_causal_lm(self.policy.model).config.vocab_size)
-        self.loss_settings = loss_settings(cfg)
-        self.entropy_control = EntropyController.from_config(cfg.loss)  # entropy bonus coefficient
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        """What the optimizer trains: the policy's parameters, then the critic's (PPO)."""
-        return self.policy.trainable_parameters() + (self.critic.parameters() if self.critic else [])
 
     def wrap_model(self, model):
         """Hook for distributed wrappers (DDP / FSDP2); a LoRA critic's adapter is synchronised by the critic."""
@@ -243,7 +223,7 @@ class Trainer:
         self.sampler.load_state_dict(state.sampler)
         self.step_idx = state.step
         self.nonfinite_streak = int(state.extra.get("nonfinite_streak", 0))
-        self.entropy_control.load_state_dict(state.extra.get("entropy_control", {}))
+        self.updater.entropy_control.load_state_dict(state.extra.get("entropy_control", {}))
         if self.critic is not None and not self.dist.enabled:  # (under torchrun it is in the DCP state)
             self.critic.load_state_dict(ckpt.load_extra_tensors(path, "critic"))
         self.writer.truncate_after(state.step, saved_history=path / "metrics.jsonl")
@@ -263,9 +243,10 @@ class Trainer:
             completions = self.decode(batch, rollout)
             rewards = self.score(batch, rollout, completions)
         advantages = self.compute_advantages(rewards)
-        update = self.prepare_update(rollout, advantages)
-        advantages = self.critic_stage(update, advantages)  # PPO: per-token GAE advantages from the critic
-        stats, grad_norm, skipped = self.optimize(update)
+        update = self.updater.prepare(rollout, advantages)  # old / reference log-probs
+        advantages = self.updater.critic_stage(update, advantages)  # PPO: per-token GAE advantages from the critic
+        stats, grad_norm, skipped = self.updater.step(update, self.step_idx)
+        self.track_nonfinite(skipped)
         metrics = step_metrics(self, rollout, rewards, stats, grad_norm, skipped, gen_s, time.perf_counter() - t0)
         return StepResult(metrics, rollout, rewards, advantages, batch, completions)
 
@@ -323,92 +304,6 @@ class Trainer:
             batch_std = adv.global_nan_moments(total.to(self.policy.device), self.dist.all_reduce_sum)[1].cpu()
         return adv.compute_advantages(total, G, L.advantage_estimator, L.scale_rewards,
                                       batch_std).to(self.policy.device)
-
-    def prepare_update(self, rollout: Rollout, advantages: torch.Tensor) -> UpdateBatch:
-        cfg = self.cfg
-        update = make_update_batch(rollout, advantages, cfg.loss.mask_truncated_completions)
-        args = (cfg.memory.micro_batch_size, cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk)
-        tokens = cfg.memory.micro_batch_tokens
-        share = cfg.memory.share_prompt_forward
-        if cfg.loss.num_iterations > 1 or cfg.loss.steps_per_generation > 1 or cfg.ppo:  # the policy moves, or
-            update.old_logp = batch_logprobs(self.model, update, *args, micro_tokens=tokens,  # PPO's KL reward
-                                             share_prompt=share)
-        if cfg.needs_reference:
-            with self.policy.reference(self.model if cfg.distributed.strategy == "fsdp" and self.dist.enabled
-                                       else None) as ref_model:
-                update.ref_logp = batch_logprobs(ref_model, update, *args, micro_tokens=tokens, share_prompt=share)
-        update.entropy_cut = entropy_cut(self.model, update, cfg.loss.top_entropy_quantile, *args, micro_tokens=tokens)
-        return update
-
-    def critic_stage(self, update: UpdateBatch, advantages: torch.Tensor) -> torch.Tensor:
-        """PPO: the scores become per-token advantages in ``update`` (values, KL reward, GAE); returns each
-        row's mean advantage for the log. Without a critic: nothing to do."""
-        if self.critic is None:
-            return advantages
-        advantages, self.value_metrics = self.critic.stage(update, advantages, self.cfg)
-        return advantages
-
-    def normaliser(self, update: UpdateBatch) -> Normaliser:
-        """Whole-batch totals across ranks, so micro-batching and sharding leave the loss unchanged."""
-        counts = torch.tensor([update.rows, int(update.loss_mask.sum())], dtype=torch.float64)
-        counts = self.dist.all_reduce_sum(counts.to(self.policy.device)).cpu()
-        rows, tokens = int(counts[0]), int(counts[1])
-        # Entropy bonus: a mean over every rank's tokens; with top-entropy masks (whose counts are known only
-        # inside the loss) a per-micro-batch mean, averaged over micro-batches and ranks as in TRL.
-        whole = self.cfg.loss.top_entropy_quantile >= 1.0
-        entropy = dict(entropy_tokens=max(tokens, 1) if whole else None, entropy_parts=1 if whole else self.dist.world_size)
-        if self.cfg.loss.loss_type == "bnpo":  # tokens of this rank's batch (TRL's "local batch")
-            tokens = int(update.loss_mask.sum()) * self.dist.world_size
-        return Normaliser(num_sequences=rows, num_tokens=max(tokens, 1), **entropy)
-
-    def optimize(self, update: UpdateBatch):
-        """num_iterations passes over the generated batch, each one optimizer step per steps_per_generation slice."""
-        cfg = self.cfg
-        slices = split_update(update, cfg.loss.steps_per_generation)
-        norms = [self.normaliser(part) for part in slices]
-        params = self.trainable_parameters()
-        stats = None
-        grad_norm = float("nan")
-        skipped = False
-        opt_step = self.step_idx * cfg.loss.num_iterations * len(slices)  # optimizer steps before this one
-        for _ in range(cfg.loss.num_iterations):
-            step_stats = []
-            for part, norm in zip(slices, norms):
-                self.optimizer.zero_grad(set_to_none=True)
-                step_stats.append(accumulate_gradients(
-                    self.model, part, self.loss_settings, norm, cfg.memory.micro_batch_size,
-                    cfg.rollout.temperature or 1.0, cfg.loss.token_chunk, cfg.loss.vocab_chunk,
-                    loss_scale=float(self.dist.world_size), no_sync=getattr(self.model, "no_sync", None),
-                    offload_activations=cfg.memory.offload_activations, fuse=cfg.loss.fuse_head_loss,
-                    share_prompt=cfg.memory.share_prompt_forward, micro_tokens=cfg.memory.micro_batch_tokens,
-                    entropy_coef=self.entropy_control.applied(),
-                ))
-                step_stats[-1].extra.update(self.critic.gradients(part, cfg) if self.critic else {})  # PPO
-                self.update_entropy_control(step_stats[-1])
-                max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
-                grad_norm = launch.clip_grad_norm(params, max_norm)
-                if not math.isfinite(grad_norm) or not math.isfinite(step_stats[-1].loss):
-                    skipped = True
-                    self.optimizer.zero_grad(set_to_none=True)
-                    break
-                self.optimizer.step()
-                opt_step += 1
-                if cfg.loss.sync_ref_model and opt_step % cfg.loss.ref_model_sync_steps == 0:
-                    self.policy.sync_reference(cfg.loss.ref_model_mixup_alpha)
-            stats = merge_stats(step_stats)
-            if skipped:
-                break
-        self.scheduler.step()
-        self.track_nonfinite(skipped)
-        return stats, grad_norm, skipped
-
-    def update_entropy_control(self, stats) -> None:
-        """Adaptive entropy control after an optimizer step, from every rank's entropy over the bonus tokens."""
-        if not self.entropy_control.adaptive:
-            return
-        local = torch.tensor([stats.bonus_entropy_sum, stats.bonus_tokens], dtype=torch.float64)
-        total, count = self.dist.all_reduce_sum(local.to(self.policy.device)).cpu().tolist()
-        self.entropy_control.update(total, count)
 
     def track_nonfinite(self, skipped: bool) -> None:
         if not skipped:
@@ -552,7 +447,7 @@ class Trainer:
 
     def checkpoint_extra(self) -> dict[str, Any]:
         """Trainer counters saved with a checkpoint (restored by ``maybe_resume``)."""
-        return {"nonfinite_streak": self.nonfinite_streak, "entropy_control": self.entropy_control.state_dict()}
+        return {"nonfinite_streak": self.nonfinite_streak, "entropy_control": self.updater.entropy_control.state_dict()}
 
     def finish(self) -> dict[str, Any]:
         summary: dict[str, Any] = {"steps": self.step_idx}

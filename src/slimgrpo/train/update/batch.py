@@ -1,0 +1,144 @@
+"""What the update works on: the rows of one step (``UpdateBatch``), their micro-batches (``MicroBatch``),
+their optimizer-step slices, and the statistics that come back (``UpdateStats``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from slimgrpo.train.update.micro import micro_batches, row_lengths
+from slimgrpo.types import Rollout
+
+
+@dataclass
+class UpdateBatch:
+    """Everything the loss needs for the rows of one step (this rank's share)."""
+
+    input_ids: torch.Tensor  # [rows, P+T] prompt (left-padded) + completion (right-padded)
+    attention_mask: torch.Tensor  # [rows, P+T]
+    completion_ids: torch.Tensor  # [rows, T]
+    loss_mask: torch.Tensor  # [rows, T] bool: completion tokens that count in the loss
+    advantages: torch.Tensor  # [rows], or [rows, T] per token (PPO's GAE advantages)
+    old_logp: torch.Tensor | None = None  # [rows, T] (num_iterations > 1)
+    ref_logp: torch.Tensor | None = None  # [rows, T] (beta > 0)
+    entropy_cut: torch.Tensor | None = None  # whole-batch entropy threshold (top_entropy_quantile < 1)
+    old_values: torch.Tensor | None = None  # [rows, T] the critic's values at sampling time (PPO)
+    returns: torch.Tensor | None = None  # [rows, T] the critic's targets, GAE advantages + values (PPO)
+
+    @property
+    def rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def T(self) -> int:
+        return int(self.completion_ids.shape[1])
+
+
+def make_update_batch(rollout: Rollout, advantages: torch.Tensor, mask_truncated: bool) -> UpdateBatch:
+    prompt_ids, prompt_mask = rollout.row_prompt_ids()
+    input_ids = torch.cat([prompt_ids, rollout.completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, rollout.completion_mask], dim=1).long()
+    loss_mask = rollout.model_mask.clone()  # tool results stay in the context, out of the loss and KL
+    if mask_truncated:
+        loss_mask &= ~rollout.is_truncated.unsqueeze(1)
+    return UpdateBatch(input_ids, attention_mask, rollout.completion_ids, loss_mask, advantages.float())
+
+
+def plan_micro(batch: UpdateBatch, micro: int | None, micro_tokens: int | None) -> list[torch.Tensor]:
+    """Row indices of the micro-batches: ``micro`` rows at a time in order, or packed by the token budget
+    ``micro_tokens`` (``micro.py``)."""
+    return [rows.to(batch.input_ids.device)
+            for rows in micro_batches(row_lengths(batch.attention_mask).cpu(), micro, micro_tokens)]
+
+
+def trimmed(batch: UpdateBatch, sl: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, slice]:
+    """Inputs of one micro-batch (a slice or row indices) without columns that are padding in every row of it.
+
+    Returns (input_ids, attention_mask, completion_ids, tslice) where tslice selects the kept completion
+    columns of the [rows, T] tensors."""
+    ids, am = batch.input_ids[sl], batch.attention_mask[sl]
+    P = ids.shape[1] - batch.T
+    used_prompt = am[:, :P].any(dim=0).nonzero()
+    start = int(used_prompt[0]) if used_prompt.numel() else 0
+    comp_len = int(am[:, P:].sum(dim=1).max().item()) if batch.T else 0
+    comp_len = max(comp_len, 1)
+    end = P + comp_len
+    return ids[:, start:end], am[:, start:end], batch.completion_ids[sl, :comp_len], slice(0, comp_len)
+
+
+@dataclass
+class MicroBatch:
+    """The rows of one micro-batch (``trimmed``: no column that is padding in every row), as the loss takes them."""
+
+    input_ids: torch.Tensor  # [rows, P'+T']
+    attention_mask: torch.Tensor  # [rows, P'+T']
+    completion_ids: torch.Tensor  # [rows, T']
+    loss_mask: torch.Tensor  # [rows, T'] bool
+    advantages: torch.Tensor  # [rows], or [rows, T'] per token
+    old_logp: torch.Tensor | None = None  # [rows, T']
+    ref_logp: torch.Tensor | None = None  # [rows, T']
+    entropy_cut: torch.Tensor | float | None = None  # the whole batch's threshold (top_entropy_quantile < 1)
+
+    @property
+    def T(self) -> int:
+        return int(self.completion_ids.shape[1])
+
+
+def micro_batch(batch: UpdateBatch, sl: slice | torch.Tensor) -> MicroBatch:
+    """The micro-batch of ``batch`` at ``sl`` (a slice or row indices), trimmed of all-padding columns."""
+    ids, am, comp, ts = trimmed(batch, sl)
+    part = lambda t: None if t is None else t[sl, ts]  # noqa: E731
+    advantages = batch.advantages[sl, ts] if batch.advantages.dim() == 2 else batch.advantages[sl]
+    return MicroBatch(ids, am, comp, batch.loss_mask[sl, ts], advantages, part(batch.old_logp), part(batch.ref_logp),
+                      batch.entropy_cut)
+
+
+@dataclass
+class UpdateStats:
+    loss: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    clip_ratio_low: float = 0.0
+    clip_ratio_high: float = 0.0
+    clip_ratio_region: float = 0.0
+    tokens: int = 0
+    clip_count: int = 0  # what the clip ratios average over: tokens, or sequences at sequence level
+    extra: dict[str, float] = field(default_factory=dict)
+    bonus_entropy_sum: float = 0.0  # entropy bonus: entropy summed over the tokens it acted on (this rank)
+    bonus_tokens: float = 0.0  # and their count
+
+
+def split_update(batch: UpdateBatch, parts: int) -> list[UpdateBatch]:
+    """``parts`` consecutive row slices of ``batch`` (``steps_per_generation``: one optimizer step each)."""
+    if parts == 1:
+        return [batch]
+    if batch.rows < parts:
+        raise ValueError(f"{batch.rows} completions on this process cannot feed loss.steps_per_generation={parts} "
+                         "optimizer steps: raise run.batch_size or lower loss.steps_per_generation")
+    bounds = torch.linspace(0, batch.rows, parts + 1).round().long().tolist()
+    per_row = {f.name for f in dataclasses.fields(batch)} - {"entropy_cut"}  # entropy_cut: the whole batch's
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        rows = {k: None if getattr(batch, k) is None else getattr(batch, k)[a:b] for k in per_row}
+        out.append(dataclasses.replace(batch, **rows))
+    return out
+
+
+def merge_stats(parts: list[UpdateStats]) -> UpdateStats:
+    """Statistics of several optimizer steps as one: the loss averaged over steps, token means
+    weighted by tokens, clip fractions by what they count."""
+    if len(parts) == 1:
+        return parts[0]
+    out = UpdateStats(loss=sum(p.loss for p in parts) / len(parts))
+    out.tokens = sum(p.tokens for p in parts)
+    out.clip_count = sum(p.clip_count for p in parts)
+    n, c = max(out.tokens, 1), max(out.clip_count, 1)
+    out.kl = sum(p.kl * p.tokens for p in parts) / n
+    out.entropy = sum(p.entropy * p.tokens for p in parts) / n
+    for key in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_region"):
+        setattr(out, key, sum(getattr(p, key) * p.clip_count for p in parts) / c)
+    for key in parts[0].extra:
+        out.extra[key] = sum(p.extra.get(key, 0.0) * p.clip_count for p in parts) / c
+    return out
