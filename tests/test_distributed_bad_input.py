@@ -1,6 +1,7 @@
-"""Bad input under torchrun (2 CPU ranks, gloo): a batch the ranks cannot share evenly and ranks that
-disagree on the config are refused on every rank before any weight is loaded (before the memory plan),
-with one message and exit 2; every rank exits (nothing is killed by the test)."""
+"""Bad input under torchrun (2 CPU ranks, gloo): a batch the ranks cannot share evenly, ranks that
+disagree on the config and a model FSDP2 cannot shard are refused on every rank before any weight is
+loaded (before the memory plan), with one message and exit 2; every rank exits (nothing is killed by the
+test)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,30 @@ def test_ranks_that_disagree_on_the_config_are_refused_on_every_rank(tmp_path, t
     assert code != 0
     _refused_on_every_rank(log, "disagree on the config: rank 1 has rollout.temperature=0.7 where rank 0 has 1.0")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+UNSHARDABLE = """
+import sys
+from transformers import Qwen2ForCausalLM, Qwen2Model
+from slimgrpo.cli import main
+
+# A causal LM FSDP2 cannot split: no _no_split_modules and no decoder.layers
+Qwen2ForCausalLM._no_split_modules = None
+Qwen2Model._no_split_modules = None
+Qwen2ForCausalLM.get_decoder = lambda self: object()
+sys.exit(main(["train", "cfg.yaml"]))
+"""
+
+
+def test_a_model_fsdp_cannot_shard_is_refused_before_any_weight_is_read(tmp_path, tiny_model_dir, prompts):  # noqa: F811
+    import shutil
+
+    model = tmp_path / "model"  # the config and tokenizer only: a weight read would fail with another error
+    shutil.copytree(tiny_model_dir, model, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    write_config(tmp_path / "cfg.yaml", model, prompts, tmp_path / "run", ["my_rewards.py:vowel_share"],
+                 distributed={"strategy": "fsdp"})
+    (tmp_path / "unshardable.py").write_text(UNSHARDABLE)
+    code, log = finish(torchrun([str(tmp_path / "unshardable.py")], tmp_path, timeout=90), timeout=90)
+    assert code != 0
+    _refused_on_every_rank(log, "distributed.strategy=fsdp: cannot find the decoder layers of Qwen2ForCausalLM")
+    assert "use distributed.strategy=ddp" in log

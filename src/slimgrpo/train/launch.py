@@ -93,7 +93,8 @@ def init_process_group(cfg: Config, ctx: DistContext) -> None:
 def check_job(cfg: Config, ctx: DistContext) -> None:
     """Right after the process group starts, before any weight is loaded: every rank must hold the same
     config, and the prompts of a step must split evenly over the ranks. Every rank takes part in the
-    comparison and raises the same ``ConfigError`` (exit 2), so no rank is left waiting for another."""
+    comparison and raises the same ``ConfigError`` (exit 2), so no rank is left waiting for another. With
+    ``distributed.strategy=fsdp`` the model must have decoder layers to shard (``fsdp_problem``)."""
     import hashlib
     import json
 
@@ -111,6 +112,9 @@ def check_job(cfg: Config, ctx: DistContext) -> None:
         more = f" (and {len(lines) - 5} more)" if len(lines) > 5 else ""
         _refuse(ctx, "the ranks of this torchrun job disagree on the config: " + "; ".join(lines[:5]) + more
                 + ". Start every rank with the same config file and overrides")
+    problem = fsdp_problem(cfg) if cfg.distributed.strategy == "fsdp" else None
+    if problem:
+        _refuse(ctx, problem)
     if cfg.prompts_per_step % ctx.world_size:
         _refuse(
             ctx,
@@ -118,6 +122,32 @@ def check_job(cfg: Config, ctx: DistContext) -> None:
             f"(rollout.num_generations={cfg.rollout.num_generations}), which {ctx.world_size} processes cannot "
             f"share evenly: use a multiple of {ctx.world_size * cfg.rollout.num_generations} for run.batch_size, "
             f"or a number of processes that divides {cfg.prompts_per_step}")
+
+
+def fsdp_problem(cfg: Config) -> str | None:
+    """Why ``distributed.strategy=fsdp`` cannot shard this model (no decoder layers to put in groups), read
+    off the model built on the meta device from its config alone: no weight is read. None when it can, or
+    when the model is not a local folder (the load then says what is wrong)."""
+    from pathlib import Path
+
+    from slimgrpo.config import resolve_path
+
+    folder = Path(resolve_path(cfg, cfg.model.path))
+    if not (folder / "config.json").is_file():
+        return None
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=cfg.model.trust_remote_code)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.model.trust_remote_code)
+    except Exception:  # noqa: BLE001 - not this check's to report: loading the model will say it
+        return None
+    try:
+        decoder_layers(model)
+    except ConfigError as e:
+        return f"{folder}: {e}"
+    return None
 
 
 def _refuse(ctx: DistContext, message: str) -> None:
