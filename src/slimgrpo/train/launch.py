@@ -151,11 +151,16 @@ def fsdp_problem(cfg: Config) -> str | None:
 
 
 def _refuse(ctx: DistContext, message: str) -> None:
-    """Every rank refuses the job with the same message. They leave the process group together first (a
-    barrier, then ``destroy_process_group``): a gloo rank whose peer exits under it can abort (SIGABRT)."""
+    """Every rank refuses the job with the same message, after leaving the process group together."""
+    leave_process_group(ctx)
+    raise ConfigError(message)
+
+
+def leave_process_group(ctx: DistContext) -> None:
+    """Every rank leaves together (a barrier, then ``destroy_process_group``): a gloo rank whose peer exits
+    under it can abort (SIGABRT), and NCCL warns about a group that was never destroyed."""
     ctx.barrier()
     dist.destroy_process_group()
-    raise ConfigError(message)
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -74,6 +74,10 @@ def run_training(cfg: Config, callbacks=None, train_dataset=None) -> dict[str, A
         summary = trainer.train()
     finally:
         restore_handlers()
+    if dist_ctx.enabled:  # a finished job: the ranks leave together (a failed one exits as it is)
+        from slimgrpo.train.launch import leave_process_group
+
+        leave_process_group(dist_ctx)
     if trainer.stop_requested and trainer.step_idx < cfg.run.max_steps and dist_ctx.is_main and not trainer.stalled:
         signal_name = trainer.preempted_by or summary.get("preempted_by")
         why = f"by {signal_name}" if signal_name else "early (a callback asked)"
