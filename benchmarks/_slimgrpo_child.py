@@ -54,7 +54,7 @@ def config_dict(spec: dict) -> dict:
 def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
     from slimgrpo.config import from_dict, validate_config
-    from slimgrpo.train import trainer as trainer_mod
+    from slimgrpo.train import checkpointing
     from slimgrpo.train.runner import run_training
 
     cfg = from_dict(config_dict(spec), base_dir=str(Path.cwd()))
@@ -63,7 +63,7 @@ def main() -> int:
     # TRL runs with save_strategy="no" and writes nothing; slimgrpo always writes a final checkpoint
     # (weights + optimizer state). Skip it here so both runs do the same work and the GPU workloads
     # do not write tens of GB to disk.
-    trainer_mod.Trainer.save_checkpoint = lambda self: None
+    checkpointing.Checkpointer.save = lambda self, step: None
 
     state = {"last": None, "setup_emitted": False}
 

@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     update = trainer.updater.prepare(rollout, torch.randn(rows, generator=g).to(dev))
     stats, grad_norm, skipped = trainer.updater.step(update, trainer.step_idx)
-    trainer.track_nonfinite(skipped)
+    trainer.watch.after_update(skipped, trainer.step_idx)
     emit({"kind": "update", "rows": rows, "P": P, "T": T, "update_s": time.perf_counter() - t0,
           "loss": stats.loss, "tokens": stats.tokens, "skipped": skipped})
     return 0

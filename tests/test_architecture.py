@@ -291,6 +291,18 @@ def test_no_function_takes_a_longer_parameter_list():
     assert not shorter, f"shorter than LONG_PARAMETER_LISTS says (lower or drop the entry): {shorter}"
 
 
+MAX_TRAINER_METHODS = 15  # the loop; the update, the checkpoints and the run's health are components
+
+
+def test_the_trainer_keeps_to_the_loop():
+    path = SRC / PACKAGE / "train" / "trainer.py"
+    tree = ast.parse(path.read_text(), filename=str(path))
+    trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Trainer")
+    methods = [n.name for n in trainer.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    assert len(methods) <= MAX_TRAINER_METHODS, (f"Trainer has {len(methods)} methods (at most "
+                                                 f"{MAX_TRAINER_METHODS}): {methods}")
+
+
 def test_long_parameter_lists_are_found(tmp_path):
     _plant(tmp_path, {
         "pkg/__init__.py": "",

@@ -85,7 +85,7 @@ def run_demo(output_dir: str = "outputs/demo", overrides: list[str] | None = Non
     policy = build_policy(cfg)
     T = cfg.eval.temperature
     trainer = Trainer(cfg, policy=policy)
-    trainer.run_lock = lock
+    trainer.checkpoints.run_lock = lock  # the trainer releases it when the run ends
     trainer.setup()
     summary = trainer.train()  # evaluates eval.data before the first step and after the last
     n_eval = trainer.evaluator.num_prompts

@@ -1,8 +1,11 @@
-"""The GRPO trainer: setup, the step loop, checkpoints.
+"""The GRPO trainer: setup and the step loop.
 
 One step reads like the pipeline::
 
     batch -> generate -> score -> advantages -> update (train/update/: prepare, step) -> metrics
+
+The loop calls two components beside the update: the run folder and checkpoints (train/checkpointing.py,
+``Checkpointer``) and the run's health (train/watch.py, ``RunWatch``: non-finite streak, collapse, stall).
 """
 
 from __future__ import annotations
@@ -30,16 +33,15 @@ from slimgrpo.rewards.runner import RewardRunner
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.train import checkpoint as ckpt
+from slimgrpo.train.checkpointing import CheckpointParts, Checkpointer
 from slimgrpo.train.critic import build_critic
-from slimgrpo.train import dist_checkpoint as dist_ckpt
-from slimgrpo.train import health, launch, stall
-from slimgrpo.train import run_folder
+from slimgrpo.train import launch
 from slimgrpo.train.distributed import DistContext, from_environment
 from slimgrpo.train.metrics import MetricsWriter, console_line
 from slimgrpo.train.step_metrics import completion_samples, scorable_total, step_metrics
-from slimgrpo.train.optim import apply_config_after_resume, build_optimizer, build_scheduler
-from slimgrpo.train.storage import write_folder_atomically
+from slimgrpo.train.optim import build_optimizer, build_scheduler
 from slimgrpo.train.update.updater import Updater, trainable_parameters
+from slimgrpo.train.watch import NonFiniteError, PolicyCollapsedError, RunWatch
 from slimgrpo.types import PromptBatch, RewardOutput, Rollout
 
 log = logging.getLogger("slimgrpo")
@@ -47,12 +49,7 @@ log = logging.getLogger("slimgrpo")
 Callback = Callable[["Trainer", int, dict[str, Any]], bool | None]  # return True to stop early
 
 
-class NonFiniteError(RuntimeError):
-    """Too many consecutive steps with a NaN/inf loss or gradient."""
-
-
-class PolicyCollapsedError(NonFiniteError):
-    """Finite weights that no longer learn: see :mod:`slimgrpo.train.health` (exit 3 like a divergence)."""
+__all__ = ["Callback", "NonFiniteError", "PolicyCollapsedError", "StepResult", "Trainer"]
 
 
 @dataclass
@@ -82,14 +79,12 @@ class Trainer:
         self.output_dir = Path(cfg.run.output_dir).expanduser().absolute()
         self._policy = policy
         self.step_idx = 0
-        self.nonfinite_streak = 0
         self.stop_requested = False
         self.preempted_by: str | None = None  # signal name when SIGTERM/SIGINT stopped the run
-        self.run_lock = None  # rank 0 holds the run folder's lock from setup() to the end of train()
-        self.plan = run_folder.Plan()
+        # The run folder (its lock, held by rank 0 from setup() to the end of train()) and checkpoints
+        self.checkpoints = Checkpointer(cfg, self.dist, self.output_dir)
         self.critic = None  # PPO's value function (train/critic.py), built in setup()
-        self.stall = stall.StallDetector(stall.StallLimits(steps=0))  # setup() reads run.stall_* (train/stall.py)
-        self.stalled: stall.Stall | None = None  # the stall that stopped the run (run.stop_on_stall)
+        self.watch: RunWatch | None = None  # non-finite streak, collapse, stall (train/watch.py), built in setup()
 
     # ------------------------------------------------------------------------- setup
 
@@ -100,9 +95,7 @@ class Trainer:
         ckpt.seed_all(cfg.run.seed)  # torch, Python and NumPy: the same seed gives the same run
         if cfg.run.full_determinism:  # TRL's switch: deterministic GPU kernels too
             ckpt.enable_full_determinism()
-        with self.dist.agree("locking the run folder"):  # one writer per folder; rank 0 holds the lock
-            if self.dist.is_main and self.run_lock is None:
-                self.run_lock = run_folder.open_folder(self.output_dir)
+        self.checkpoints.lock_folder()  # one writer per folder; rank 0 holds the lock
         model_path = resolve_path(cfg, cfg.model.path)
         if self._policy is None:
             mconf = {} if looks_like_hub_name(model_path) else read_model_config(model_path)
@@ -169,12 +162,12 @@ class Trainer:
         )
         # The update stage (train/update/): old / reference log-probs, the loss, the optimizer steps
         self.updater = Updater(cfg, self.policy, self.model, self.optimizer, self.scheduler, self.dist, self.critic)
-        self.health = health.monitor_for(cfg, self.policy.model)  # a collapsed policy stops the run (exit 3)
-        self.stall = stall.detector_for(cfg)  # says when learning stalls; run.stop_on_stall stops there (exit 5)
+        # a collapsed policy stops the run (exit 3); run.stop_on_stall stops at a stall (exit 5)
+        self.watch = RunWatch(cfg, self.dist, self.output_dir, self.policy.model)
         for warning in loss_warnings(cfg) if self.dist.is_main else []:
             log.warning(warning)
-        self.plan = self.plan_run_folder()  # resume, fresh, refuse, or already finished: before writing
-        if self.plan.finished is not None:
+        plan = self.checkpoints.plan_folder()  # resume, fresh, refuse, or already finished: before writing
+        if plan.finished is not None:
             return
         backends = []
         if self.dist.is_main:  # one run per job in wandb / mlflow, not one per rank
@@ -188,49 +181,15 @@ class Trainer:
         from slimgrpo.train.eval_during import make_evaluator
 
         self.evaluator = make_evaluator(self)  # eval.data: held-out prompts, or None
-        self.maybe_resume()
+        self.checkpoints.attach(CheckpointParts(self.policy, self.optimizer, self.scheduler, self.sampler,
+                                                self.generator, self.updater, self.watch, self.writer, self.critic))
+        self.step_idx = self.checkpoints.resume()
 
     def wrap_model(self, model):
         """Hook for distributed wrappers (DDP / FSDP2); a LoRA critic's adapter is synchronised by the critic."""
         if not self.dist.enabled:
             return model
         return launch.wrap_model(model, self.cfg, self.dist, self.critic.ddp_ignored(model) if self.critic else ())
-
-    def plan_run_folder(self) -> run_folder.Plan:
-        """Rank 0 decides (and with run.overwrite=true moves an earlier run aside); then every rank reads
-        the same decision from the folder."""
-        resolve = lambda p: resolve_path(self.cfg, p)  # noqa: E731
-        plan = None
-        with self.dist.agree("checking the run folder"):
-            if self.dist.is_main:
-                plan, self.run_lock = run_folder.prepare(self.cfg, self.output_dir, self.run_lock, resolve)
-        with self.dist.agree("checking the run folder"):  # rank 0 writes nothing until every rank has read
-            if plan is None:
-                plan = run_folder.plan(self.cfg, self.output_dir, resolve)
-        return plan
-
-    def maybe_resume(self) -> None:
-        path = self.plan.resume_from
-        if path is None:
-            self.writer.truncate_after(0)  # a fresh run: only an attempt stopped before any checkpoint was here
-            return
-        if self.dist.enabled or dist_ckpt.is_distributed(path):  # DCP, every rank, same number of ranks
-            state = dist_ckpt.load_checkpoint(path, self.saved_modules(), self.optimizer, self.scheduler, self.generator,
-                                              self.dist, self.cfg.distributed.strategy)
-        else:
-            state = ckpt.load_checkpoint(path, self.policy.model, self.optimizer, self.scheduler, self.generator)
-        apply_config_after_resume(self.optimizer, self.scheduler, self.cfg)  # e.g. a lower optim.learning_rate
-        self.sampler.load_state_dict(state.sampler)
-        self.step_idx = state.step
-        self.nonfinite_streak = int(state.extra.get("nonfinite_streak", 0))
-        self.updater.entropy_control.load_state_dict(state.extra.get("entropy_control", {}))
-        if self.critic is not None and not self.dist.enabled:  # (under torchrun it is in the DCP state)
-            self.critic.load_state_dict(ckpt.load_extra_tensors(path, "critic"))
-        self.writer.truncate_after(state.step, saved_history=path / "metrics.jsonl")
-        if not self.dist.enabled:  # (under torchrun a rank may not see rank 0's file: all ranks start afresh)
-            self.health.remember_rewards(self.writer.history())  # "reward fell" compares with the whole run
-            self.stall.replay(self.writer.history())  # a stretch going on when the checkpoint was saved
-        log.info("resumed from %s at step %d", path, state.step)
 
     # ------------------------------------------------------------------------- the step
 
@@ -246,7 +205,7 @@ class Trainer:
         update = self.updater.prepare(rollout, advantages)  # old / reference log-probs
         advantages = self.updater.critic_stage(update, advantages)  # PPO: per-token GAE advantages from the critic
         stats, grad_norm, skipped = self.updater.step(update, self.step_idx)
-        self.track_nonfinite(skipped)
+        self.watch.after_update(skipped, self.step_idx)
         metrics = step_metrics(self, rollout, rewards, stats, grad_norm, skipped, gen_s, time.perf_counter() - t0)
         return StepResult(metrics, rollout, rewards, advantages, batch, completions)
 
@@ -305,51 +264,6 @@ class Trainer:
         return adv.compute_advantages(total, G, L.advantage_estimator, L.scale_rewards,
                                       batch_std).to(self.policy.device)
 
-    def track_nonfinite(self, skipped: bool) -> None:
-        if not skipped:
-            self.nonfinite_streak = 0
-            return
-        self.nonfinite_streak += 1
-        log.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)",
-                    self.step_idx + 1, self.nonfinite_streak)
-        if self.nonfinite_streak >= self.cfg.run.max_nonfinite_steps:
-            raise NonFiniteError(ckpt.nonfinite_diagnosis(self.nonfinite_streak, self.step_idx + 1,
-                                                          self.output_dir))
-
-    def check_health(self, metrics: dict[str, Any]) -> None:
-        """Warn at a step whose policy looks collapsed; stop after ``run.max_collapsed_steps`` in a row."""
-        reason = self.health.observe(self.step_idx, metrics)
-        if reason is not None:
-            log.warning("step %d: the policy looks collapsed: %s (%d in a row, run.max_collapsed_steps=%d)",
-                        self.step_idx, reason, self.health.streak, self.cfg.run.max_collapsed_steps)
-        if self.health.should_stop:
-            raise PolicyCollapsedError(health.collapse_diagnosis(self.health, self.step_idx, self.output_dir,
-                                                                 self.cfg.optim.learning_rate))
-
-    def watch_learning(self, metrics: dict[str, Any]) -> None:
-        """Say once when learning stalled (train/stall.py); with run.stop_on_stall stop there (exit 5)."""
-        verdict = self.stall.observe(self.step_idx, metrics)
-        metrics.update(verdict.fields)  # stall/* into this step's record
-        for warning in verdict.warnings if self.dist.is_main else []:
-            log.warning(warning)
-        if verdict.detected is not None:
-            if self.dist.is_main:
-                log.warning(stall.stall_notice(verdict.detected, self.output_dir, self.cfg.run.stop_on_stall))
-            if self.cfg.run.stop_on_stall:  # the same numbers on every rank: every rank stops here
-                self.stalled, self.stop_requested = verdict.detected, True
-
-    def check_not_diverged(self) -> None:
-        """The run ends while its last updates were skipped as non-finite (the model as it stands gives
-        NaN/inf) or its policy collapsed (finite weights that no longer learn): stop without a final model."""
-        if self.stop_requested:
-            return
-        if self.nonfinite_streak:
-            raise NonFiniteError(ckpt.nonfinite_diagnosis(self.nonfinite_streak, self.step_idx, self.output_dir,
-                                                          at_end=True))
-        if self.health.in_streak:
-            raise PolicyCollapsedError(health.collapse_diagnosis(self.health, self.step_idx, self.output_dir,
-                                                                 self.cfg.optim.learning_rate, at_end=True))
-
     # ------------------------------------------------------------------------- the loop
 
     def train(self) -> dict[str, Any]:
@@ -357,20 +271,16 @@ class Trainer:
         try:
             if not hasattr(self, "policy"):
                 self.setup()
-            if self.plan.finished is not None:
-                return self.already_finished()
+            if self.checkpoints.plan.finished is not None:
+                return self.checkpoints.already_finished()
             return self.train_loop()
         finally:
-            if self.run_lock is not None:
-                self.run_lock.release()
-                self.run_lock = None
+            self.checkpoints.release()
 
-    def already_finished(self) -> dict[str, Any]:
-        steps = self.plan.finished.get("steps")
-        log.warning("%s: already finished at step %s (run.max_steps=%d); nothing to do. Raise run.max_steps to "
-                    "train further, or start afresh with run.resume=never run.overwrite=true.",
-                    self.output_dir, steps, self.cfg.run.max_steps)
-        return {**self.plan.finished, "already_finished": True}
+    @property
+    def run_lock(self):
+        """The run folder's lock while rank 0 holds it (``checkpoints.run_lock``), else None."""
+        return self.checkpoints.run_lock
 
     def train_loop(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -390,20 +300,20 @@ class Trainer:
                 self.step_idx += 1
                 if self.evaluator:  # every eval.steps steps and after the last one
                     result.metrics.update(self.evaluator.after_step(self.step_idx))
-                self.watch_learning(result.metrics)
+                if self.watch.observe(self.step_idx, result.metrics):  # stall/* into the record; a stall may stop
+                    self.stop_requested = True
                 self.writer.log(self.step_idx, result.metrics)
-                self.check_health(result.metrics)
+                self.watch.check(self.step_idx, result.metrics)  # a collapsed policy: PolicyCollapsedError
                 self.maybe_log_completions(result)
                 bar.advance(console_line(self.step_idx, result.metrics) if self.step_idx % cfg.log.logging_steps == 0
                             else None)
                 if any(cb(self, self.step_idx, result.metrics) for cb in self.callbacks):
                     self.stop_requested = True
-                if (cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0 and not self.nonfinite_streak
-                        and not self.health.in_streak):
-                    self.save_checkpoint()  # not while updates are skipped or collapsed: keep the last good one
-        self.check_not_diverged()  # a run whose last updates were non-finite is not a success
+                if cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0 and self.watch.healthy:
+                    self.checkpoints.save(self.step_idx)  # not while skipped or collapsed: keep the last good one
+        self.watch.check_at_end(self.step_idx, self.stop_requested)  # last updates non-finite: not a success
         if not (cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0):
-            self.save_checkpoint()
+            self.checkpoints.save(self.step_idx)
         return self.finish()
 
     def should_stop(self) -> bool:
@@ -419,35 +329,6 @@ class Trainer:
         if not every or self.step_idx % every or not self.dist.is_main:
             return
         self.writer.log_completions(self.step_idx, completion_samples(result, n))
-
-    def save_checkpoint(self) -> Path | None:
-        if not self.cfg.run.save_checkpoints:
-            return None
-        if self.dist.enabled:  # DCP: every rank writes its part
-            return dist_ckpt.save_checkpoint(
-                self.output_dir, self.step_idx, self.saved_modules(), self.optimizer, self.scheduler,
-                self.sampler.state_dict(), self.generator, self.dist, self.cfg.distributed.strategy,
-                keep=self.cfg.run.save_total_limit, extra=self.checkpoint_extra(), protect=self.stall.protected_step(),
-            )
-        if not self.dist.is_main:
-            self.dist.barrier()
-            return None
-        path = ckpt.save_checkpoint(
-            self.output_dir, self.step_idx, self.policy.model, self.optimizer, self.scheduler,
-            self.sampler.state_dict(), self.generator, keep=self.cfg.run.save_total_limit,
-            extra=self.checkpoint_extra(), extra_tensors={"critic": self.critic.state_dict()} if self.critic else None,
-            protect=self.stall.protected_step(),  # the last checkpoint before a stalled stretch survives pruning
-        )
-        self.dist.barrier()
-        return path
-
-    def saved_modules(self):
-        """What a distributed checkpoint holds with the optimizer: the policy, and PPO's critic beside it."""
-        return self.critic.checkpoint_module(self.policy.model) if self.critic else self.policy.model
-
-    def checkpoint_extra(self) -> dict[str, Any]:
-        """Trainer counters saved with a checkpoint (restored by ``maybe_resume``)."""
-        return {"nonfinite_streak": self.nonfinite_streak, "entropy_control": self.updater.entropy_control.state_dict()}
 
     def finish(self) -> dict[str, Any]:
         summary: dict[str, Any] = {"steps": self.step_idx}
@@ -467,19 +348,10 @@ class Trainer:
         preempted = self.step_idx < self.cfg.run.max_steps and self.dist.any_true(self.preempted_by is not None)
         if preempted:
             summary["preempted_by"] = self.preempted_by or "a signal to another rank"
-        summary.update(stall.summary_fields(self.stall, self.stalled, self.output_dir))
-        if self.cfg.run.save_model and not preempted and self.stalled is None:  # every rank: FSDP2 gathers the shards
-            self.save_model(self.output_dir / "final")
+        summary.update(self.watch.summary_fields())
+        if self.cfg.run.save_model and not preempted and self.watch.stalled is None:  # every rank: FSDP2 gathers
+            self.checkpoints.save_model(self.output_dir / "final")
         if self.dist.is_main:
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.writer.close()
         return summary
-
-    def save_model(self, path: Path) -> None:
-        """Written into a hidden temporary folder and renamed to ``path`` when complete: a full disk leaves
-        no half-written ``final/`` (and exits 2 naming it), the last checkpoint stays as it was."""
-        if self.dist.enabled:
-            return dist_ckpt.save_hf_model(self.policy, path, self.dist)
-        with write_folder_atomically(path) as tmp:
-            self.policy.model.save_pretrained(str(tmp), safe_serialization=True)
-            self.policy.tokenizer.save_pretrained(str(tmp))

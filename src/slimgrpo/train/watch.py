@@ -1,0 +1,115 @@
+"""Is the run still healthy? One component that watches each step and says when the run must stop.
+
+    watch = RunWatch(cfg, dist, output_dir, model)
+    watch.after_update(skipped, step_idx)      # non-finite streak: NonFiniteError after run.max_nonfinite_steps
+    stop = watch.observe(step_idx, metrics)    # the stall detector (train/stall.py): stall/* into metrics
+    watch.check(step_idx, metrics)             # the collapse monitor (train/health.py): PolicyCollapsedError
+    watch.check_at_end(step_idx, stopped)      # a run that ends diverged or collapsed is not a success
+
+It owns the non-finite streak (saved with each checkpoint: :meth:`state_dict`, :meth:`resume`), the collapse
+monitor, the stall detector and the stall that stopped the run. ``Trainer`` calls it; the checkpoints
+(``train/checkpointing.py``) save its state and replay the run's history into it on resume.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from slimgrpo.train import checkpoint as ckpt
+from slimgrpo.train import health, stall
+from slimgrpo.train.distributed import DistContext
+
+log = logging.getLogger("slimgrpo")
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with a NaN/inf loss or gradient."""
+
+
+class PolicyCollapsedError(NonFiniteError):
+    """Finite weights that no longer learn: see :mod:`slimgrpo.train.health` (exit 3 like a divergence)."""
+
+
+class RunWatch:
+    """The health of a run (module docstring). ``cfg``: its ``run`` section (``max_nonfinite_steps``, the
+    collapse and stall limits, ``stop_on_stall``) and ``optim.learning_rate`` (named in the diagnosis);
+    ``model``: the policy's model, for the vocabulary size the collapse check compares the entropy with."""
+
+    def __init__(self, cfg, dist: DistContext, output_dir: Path, model):
+        self.cfg, self.dist, self.output_dir = cfg, dist, output_dir
+        self.nonfinite_streak = 0
+        self.health = health.monitor_for(cfg, model)  # a collapsed policy stops the run (exit 3)
+        self.stall = stall.detector_for(cfg)  # says when learning stalls; run.stop_on_stall stops there (exit 5)
+        self.stalled: stall.Stall | None = None  # the stall that stopped the run (run.stop_on_stall)
+
+    def after_update(self, skipped: bool, step_idx: int) -> None:
+        """Count updates skipped as non-finite in a row; stop after ``run.max_nonfinite_steps``."""
+        if not skipped:
+            self.nonfinite_streak = 0
+            return
+        self.nonfinite_streak += 1
+        log.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)",
+                    step_idx + 1, self.nonfinite_streak)
+        if self.nonfinite_streak >= self.cfg.run.max_nonfinite_steps:
+            raise NonFiniteError(ckpt.nonfinite_diagnosis(self.nonfinite_streak, step_idx + 1, self.output_dir))
+
+    def observe(self, step_idx: int, metrics: dict[str, Any]) -> bool:
+        """Say once when learning stalled (train/stall.py); True: stop there (run.stop_on_stall, exit 5)."""
+        verdict = self.stall.observe(step_idx, metrics)
+        metrics.update(verdict.fields)  # stall/* into this step's record
+        for warning in verdict.warnings if self.dist.is_main else []:
+            log.warning(warning)
+        if verdict.detected is not None:
+            if self.dist.is_main:
+                log.warning(stall.stall_notice(verdict.detected, self.output_dir, self.cfg.run.stop_on_stall))
+            if self.cfg.run.stop_on_stall:  # the same numbers on every rank: every rank stops here
+                self.stalled = verdict.detected
+                return True
+        return False
+
+    def check(self, step_idx: int, metrics: dict[str, Any]) -> None:
+        """Warn at a step whose policy looks collapsed; stop after ``run.max_collapsed_steps`` in a row."""
+        reason = self.health.observe(step_idx, metrics)
+        if reason is not None:
+            log.warning("step %d: the policy looks collapsed: %s (%d in a row, run.max_collapsed_steps=%d)",
+                        step_idx, reason, self.health.streak, self.cfg.run.max_collapsed_steps)
+        if self.health.should_stop:
+            raise PolicyCollapsedError(health.collapse_diagnosis(self.health, step_idx, self.output_dir,
+                                                                 self.cfg.optim.learning_rate))
+
+    @property
+    def healthy(self) -> bool:
+        """No update skipped and no collapse going on: a checkpoint now is worth keeping."""
+        return not self.nonfinite_streak and not self.health.in_streak
+
+    def check_at_end(self, step_idx: int, stopped: bool) -> None:
+        """The run ends while its last updates were skipped as non-finite (the model as it stands gives
+        NaN/inf) or its policy collapsed (finite weights that no longer learn): stop without a final model.
+        ``stopped``: a signal, a callback or a stall stopped the run (no verdict then)."""
+        if stopped:
+            return
+        if self.nonfinite_streak:
+            raise NonFiniteError(ckpt.nonfinite_diagnosis(self.nonfinite_streak, step_idx, self.output_dir,
+                                                          at_end=True))
+        if self.health.in_streak:
+            raise PolicyCollapsedError(health.collapse_diagnosis(self.health, step_idx, self.output_dir,
+                                                                 self.cfg.optim.learning_rate, at_end=True))
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint saves of the watch (its ``extra``)."""
+        return {"nonfinite_streak": self.nonfinite_streak}
+
+    def resume(self, extra: dict[str, Any], history: list[dict[str, Any]] | None) -> None:
+        """A resumed run: the streak from the checkpoint's ``extra``; ``history`` (metrics.jsonl up to the
+        checkpoint; None where this rank may not see it) replayed into the collapse monitor ("reward fell"
+        compares with the whole run) and the stall detector (a stretch going on when it was saved)."""
+        self.nonfinite_streak = int(extra.get("nonfinite_streak", 0))
+        if history is not None:
+            self.health.remember_rewards(history)
+            self.stall.replay(history)
+
+    def summary_fields(self) -> dict[str, Any]:
+        """The stall fields of summary.json."""
+        return stall.summary_fields(self.stall, self.stalled, self.output_dir)
