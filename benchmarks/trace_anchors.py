@@ -1,7 +1,7 @@
 """The published GPU anchors' settings, simulated: plan and trace (fake tensors) for CUDA, bf16.
 
     python benchmarks/trace_anchors.py                  # Oxen's table, Unsloth's 8B x 20K, Qwen3-8B QLoRA
-    python benchmarks/trace_anchors.py --only oxen      # or: unsloth, qlora, window
+    python benchmarks/trace_anchors.py --only oxen      # or: unsloth, qlora, window, smallest
     python benchmarks/trace_anchors.py --only qlora --tiled-mlp on
 
 Nothing runs on a GPU: each row is ``slimgrpo plan --trace --device cuda`` for the setting, so every
@@ -54,7 +54,7 @@ def config(overrides: list[str]):
 
 
 def plan_and_trace(model: str, overrides: list[str], trace: bool = True):
-    from slimgrpo.memory.cli import plan_inputs
+    from slimgrpo.memory.check import plan_inputs
     from slimgrpo.memory.planner import plan_memory
     from slimgrpo.memory.shapes import load_shape
     from slimgrpo.train.trace import trace_step
@@ -98,9 +98,44 @@ def longest_fit(model: str, budget: float, base: list[str]) -> tuple[int, list[s
     return 0, lines
 
 
+HOST_BUDGET = "64GiB"  # --only smallest: host RAM the offload may use (a plausible single-GPU server)
+
+
+def smallest(model: str, kind: str = "completion-heavy") -> str:
+    """The smallest budget that trains ``model`` QLoRA (QLORA's settings) at its whole window, searched by plan
+    with memory.fit's changes and the CUDA allocator margin (``memory.longest.smallest_budget``), then
+    confirmed by one trace with those changes."""
+    from slimgrpo.memory.advice import parse_bytes
+    from slimgrpo.memory.check import overrides_for, plan_inputs
+    from slimgrpo.memory.longest import smallest_budget
+    from slimgrpo.memory.shapes import load_shape
+    from slimgrpo.train.trace import CUDA_TRACE_MARGIN, trace_step
+
+    shape = qwen3_8b() if model == "qwen3-8b" else load_shape(model)
+    base = QLORA + ["rollout.max_completion_length=1024", f"memory.host_budget={HOST_BUDGET}"]
+    inputs = plan_inputs(config(base), "cuda", vocab=shape.vocab)
+    got = smallest_budget(shape, inputs, kind, host_budget=parse_bytes(HOST_BUDGET), margin=CUDA_TRACE_MARGIN)
+    found = got.found
+    lengths = [f"data.max_prompt_length={found.prompt}", f"rollout.max_completion_length={found.completion}"]
+    changes = overrides_for(found.changes)
+    print(f"{model} {kind}: smallest budget {got.budget / GiB:.2f} GiB ({got.budget / GB:.1f} GB), plan "
+          f"{found.plan.peak_bytes / GiB:.2f} GiB with {' '.join(changes)}; tracing", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    tr = trace_step(config(base + changes + lengths), shape, device="cuda")
+    # No rung lowers the peak further, so with these settings the least budget the trace confirms is its own
+    # device peak where that is above the plan's budget.
+    verdict = ("fits" if tr.device_peak_bytes <= got.budget else
+               f"over; by trace {tr.device_peak_bytes / GiB:.2f} GiB = {tr.device_peak_bytes / GB:.1f} GB")
+    return row(f"{model} QLoRA {kind}, P {found.prompt:,} + T {found.completion:,} = {found.tokens:,}, smallest "
+               f"budget by plan {got.budget / GiB:.2f} GiB = {got.budget / GB:.1f} GB (trace: {verdict}; "
+               f"{' '.join(changes)}; host: plan {found.plan.host_bytes / GiB:.1f}, trace "
+               f"{tr.host_peak_bytes / GiB:.1f} GiB; trace / plan {tr.peak_bytes / found.plan.tensor_peak_bytes:.2f})",
+               found.plan, tr, "–", time.perf_counter() - t0)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", nargs="*", choices=["oxen", "unsloth", "qlora", "window"])
+    ap.add_argument("--only", nargs="*", choices=["oxen", "unsloth", "qlora", "window", "smallest"])
     ap.add_argument("--tiled-mlp", choices=["auto", "on", "off"],
                     help="memory.tiled_mlp for every setting (default: the config's default, auto)")
     args = ap.parse_args()
@@ -136,6 +171,8 @@ def main() -> int:
         out.append(row(f"qwen3-8b QLoRA + offload, T = {T:,} (S = 131,072; host: plan {plan.host_bytes / GiB:.1f}, "
                        f"trace {tr.host_peak_bytes / GiB:.1f} GiB)", plan, tr, "110K tokens on 80 GB (Unsloth)",
                        time.perf_counter() - t0))
+    if "smallest" in parts:  # the least budget for Qwen3-8B QLoRA's whole window (the headline's N GB)
+        out.append(smallest("qwen3-8b"))
     print("\n".join(out))
     return 0
 

@@ -90,3 +90,28 @@ def test_cli_longest_needs_a_budget_and_says_when_nothing_fits(tmp_path, capsys)
                  "--budget", "100MiB"]) == 4
     out = capsys.readouterr().out
     assert "nothing fits, not even a 1-token prompt" in out and "not even a 1-token completion" in out
+
+
+@pytest.mark.parametrize("kind,margin", [("completion-heavy", 0.0), ("prompt-heavy", 0.10)])
+def test_smallest_budget_for_the_whole_window(kind, margin):
+    """The least budget (a multiple of the step) at which the whole window fits with memory.fit's changes, leaving
+    the CUDA allocator margin; one step less does not fit."""
+    from slimgrpo.memory.longest import smallest_budget
+
+    step = 1 << 16
+    got = smallest_budget(SHAPE, INPUTS, kind, margin=margin, step=step)
+    assert got.budget % step == 0 and got.found.fits and got.found.at_limit and got.found.tokens == 6000
+    overhead = got.found.plan.framework_bytes
+    assert overhead + (got.found.plan.peak_bytes - overhead) * (1 + margin) <= got.budget  # margin left free
+
+    def target(budget):  # the plan's share of a device budget, as `plan --longest` searches it
+        return int((budget - overhead) / (1 + margin)) + overhead
+
+    full = with_length(INPUTS, kind, got.found.long_part)
+    assert fitted(SHAPE, full, target(got.budget))[0]
+    assert not fitted(SHAPE, full, target(got.budget - step))[0]
+    assert got.found.changes  # it takes memory.fit's changes to get there
+    shorter = smallest_budget(SHAPE, INPUTS, kind, length=1000, margin=margin, step=step)
+    assert shorter.budget < got.budget and shorter.found.long_part >= 1000
+    with pytest.raises(ValueError, match="position limit"):
+        smallest_budget(SHAPE, INPUTS, kind, length=6000)

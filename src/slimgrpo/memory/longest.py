@@ -14,6 +14,9 @@ search of ~17 fits takes well under a second); ``memory/cli.py`` confirms the an
 
     found = longest_context(shape, inputs, budget, "completion-heavy", host_budget=None)
     found.prompt, found.completion, found.changes, found.plan, found.at_limit
+
+The other way round, ``smallest_budget``: the least device budget at which a length (by default the whole
+window) fits with those changes (``benchmarks/trace_anchors.py --only smallest`` confirms it by trace).
 """
 
 from __future__ import annotations
@@ -110,3 +113,55 @@ def longest_context(shape: ModelShape, inputs: PlanInputs, budget: int, kind: st
         else:
             hi = mid
     return answer(lo, lo_result, True)
+
+
+@dataclass(frozen=True)
+class SmallestBudget:
+    """The answer of :func:`smallest_budget`: the least device budget that trains ``tokens`` as ``kind``."""
+
+    budget: int  # device bytes: the fitted plan's tensors x (1 + margin) + its overhead, rounded up to `step`
+    found: Longest  # the longest-context answer at that budget: the whole requested length, its changes and plan
+
+
+def smallest_budget(shape: ModelShape, inputs: PlanInputs, kind: str, length: int | None = None,
+                    host_budget: int | None = None, margin: float = 0.0, step: int = 1 << 26) -> SmallestBudget:
+    """The smallest device budget (a multiple of ``step`` bytes, 64 MiB by default) at which the ``kind``
+    sequence with its long part at ``length`` tokens (default: the model's whole window less the short part)
+    fits, with ``memory.fit``'s changes as :func:`longest_context` applies them (``LADDER_SAME_TASK``, within
+    ``host_budget``). ``margin``: the share of the plan's tensor peak the budget must also leave free (on
+    CUDA the trace's allocator margin, ``CUDA_TRACE_MARGIN``), as ``slimgrpo plan --longest`` leaves it; the
+    budget is then ``(plan peak - overhead) x (1 + margin) + overhead``.
+
+    The fitted peak never grows with the budget (the ladder is the same rungs in the same order at every
+    budget and stops at the first that fits), so a binary search over the budget finds the least one. Raises
+    ValueError when ``length`` is past the position limit or nothing fits even without a device limit (the
+    host budget too small for the offload the fit needs)."""
+    other = inputs.max_completion_length if kind == "prompt-heavy" else inputs.max_prompt_length
+    limit = shape.max_positions or 0
+    if length is None:
+        if not limit:
+            raise ValueError("the model names no position limit: give the length to search a budget for")
+        length = limit - other
+    if limit and length + other > limit:
+        raise ValueError(f"{length:,} + {other:,} tokens are past the model's position limit ({limit:,})")
+    x = with_length(inputs, kind, length)
+    overhead = plan_memory(shape, x).framework_bytes
+
+    def device(target: int) -> int:  # the budget whose margin-free part is `target` (longest_command's inverse)
+        return int((target - overhead) * (1 + margin)) + overhead
+
+    def fits(budget: int) -> bool:
+        target = int((budget - overhead) / (1 + margin)) + overhead if budget > overhead else budget
+        return fitted(shape, x, target, host_budget)[0]
+
+    hi = -(-device(plan_memory(shape, x).peak_bytes) // step) * step  # the config as given fits here
+    if not fits(hi):
+        raise ValueError(f"{kind} with {length:,} tokens fits no device budget within the host budget "
+                         f"({host_budget:,} B): the offload it needs does not fit host RAM")
+    lo = 0  # does not fit (every plan holds some weights)
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    target = int((hi - overhead) / (1 + margin)) + overhead
+    found = longest_context(shape, inputs, target, kind, host_budget)
+    return SmallestBudget(hi, found)
