@@ -178,6 +178,32 @@ def test_lean_stepper_is_chosen_only_where_it_applies() -> None:
     assert isinstance(make_stepper(llama, cache, mask, 4, None), HFStepper)
 
 
+@pytest.mark.parametrize("kv", [None, "int8"])
+def test_lean_stepper_takes_the_prompt_kv_out_of_the_prefill_cache(kv) -> None:
+    """The prompt's keys and values move into the stepper's buffers layer by layer: the prefill cache gives
+    each layer up once copied, so a long prompt's KV cache is never held twice (issue 29's trace)."""
+    from transformers import DynamicCache
+
+    from slimgrpo.rollout.kv_quant import dequantize
+
+    model = tiny_model()
+    engine = TorchRolloutEngine(model)
+    cache = DynamicCache(config=model.config)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    with torch.no_grad():
+        model.model(input_ids=torch.arange(10).view(2, 5) + 3, past_key_values=cache, use_cache=True)
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    stepper = make_stepper(engine.parts, cache, mask, 4, None, kv_cache_dtype=kv)
+    assert all(layer.keys.numel() == 0 and layer.values.numel() == 0 for layer in cache.layers)
+    for i, (k, v) in enumerate(before):
+        if kv is None:
+            assert torch.equal(stepper.keys[i][:, :, :5], k) and torch.equal(stepper.values[i][:, :, :5], v)
+        else:
+            buf = stepper.keys[i]
+            got = dequantize(buf.codes[:, :, :5], buf.scale[:, :, :5], k.dtype)
+            torch.testing.assert_close(got, k, atol=0.05 * float(k.abs().max()), rtol=0)
+
+
 def test_max_batch_rows_chunks_give_the_same_greedy_result() -> None:
     model = tiny_model()
     full = TorchRolloutEngine(model).generate(PROMPTS, 3, greedy(eos=(7, 99)))

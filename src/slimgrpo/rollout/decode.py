@@ -54,7 +54,8 @@ class HFStepper:
 def make_stepper(parts: CausalLMParts, cache, prompt_mask: torch.Tensor, max_new: int, lean: bool | None,
                  kv_cache_dtype: str | None = None):
     """The lean stepper where it applies (unless ``lean`` is False), else the generic one; a quantised
-    KV cache (``kv_cache_dtype`` fp8_e4m3 / int8, see ``kv_quant``) needs the lean stepper."""
+    KV cache (``kv_cache_dtype`` fp8_e4m3 / int8, see ``kv_quant``) needs the lean stepper. A lean stepper
+    takes the prompt's keys and values out of ``cache`` (its layers are left empty): do not reuse it."""
     total = prompt_mask.shape[1] + max_new
     if kv_cache_dtype not in (None, "auto"):
         return make_quant_stepper(parts, cache, prompt_mask, max_new, lean, kv_cache_dtype)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .llama_stepper import LlamaStepper
+from .llama_stepper import LlamaStepper, release_prefill_layer
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "int8")
 QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}
@@ -78,6 +78,7 @@ class QuantLlamaStepper(LlamaStepper):
         for i in range(len(self.layers)):
             self.keys.append(QuantBuffer(cache.layers[i].keys, P + max_new, self.kind))
             self.values.append(QuantBuffer(cache.layers[i].values, P + max_new, self.kind))
+            release_prefill_layer(cache, i)  # quantised copies made: the prompt's KV is not held twice
 
     def _kv(self, i: int, col: int, k: torch.Tensor, v: torch.Tensor, end: int):
         self.keys[i].write(col, k)

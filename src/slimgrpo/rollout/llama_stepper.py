@@ -114,13 +114,17 @@ class LlamaStepper:
 
     def _init_kv(self, cache, n: int, P: int, max_new: int) -> None:
         """KV buffers [b, kv_heads, P + max_new, head_dim], prompt part copied from the prefill cache
-        (``kv_quant.QuantLlamaStepper`` stores them quantised instead)."""
+        (``kv_quant.QuantLlamaStepper`` stores them quantised instead). Each layer's prefill tensors are
+        released from the cache once copied (``release_prefill_layer``): the prompt's keys and values are
+        never held twice, only one layer's while it moves."""
         self.keys, self.values = [], []
         for i in range(len(self.layers)):
             k, v = cache.layers[i].keys, cache.layers[i].values  # [n, kv_heads, P, head_dim]
             kb = k.new_empty(n, k.shape[1], P + max_new, k.shape[3])
             vb = v.new_empty(n, v.shape[1], P + max_new, v.shape[3])
             kb[:, :, :P], vb[:, :, :P] = k, v
+            del k, v
+            release_prefill_layer(cache, i)
             self.keys.append(kb)
             self.values.append(vb)
 
@@ -134,6 +138,14 @@ class LlamaStepper:
         self.keys = [k[keep] for k in self.keys]
         self.values = [v[keep] for v in self.values]
         self.mask, self.next_pos = self.mask[keep], self.next_pos[keep]
+
+
+def release_prefill_layer(cache, i: int) -> None:
+    """Drop layer ``i``'s keys and values from a prefill cache the stepper has copied (the cache is not used
+    again: the stepper holds the prompt from here on)."""
+    layer = cache.layers[i]
+    layer.keys = layer.keys.new_empty(0)
+    layer.values = layer.values.new_empty(0)
 
 
 def _rope_types(rope: object) -> set[str]:
