@@ -9,6 +9,7 @@ import torch
 from slimgrpo.advantages import zero_std_fraction
 from slimgrpo.rewards.contract import step_means
 from slimgrpo.train.metrics import masked_stats, peak_memory_mib
+from slimgrpo.train.update.batch import stat_sums, token_means
 from slimgrpo.types import RewardOutput
 
 
@@ -36,16 +37,13 @@ def step_metrics(trainer, rollout, rewards: RewardOutput, stats, grad_norm: floa
     m["completions/clipped_ratio"] = float(all_trunc.mean())
     # Token means of each rank, weighted by its tokens: the same numbers as one process with every row.
     # Clip ratios: means over tokens, or over sequences at importance_sampling_level=sequence (as TRL).
-    n, c = float(stats.tokens), float(stats.clip_count)
-    extra = sorted(stats.extra)  # the same keys on every rank (they depend on the loss type only)
-    local = torch.tensor([stats.kl * n, stats.entropy * n, n, stats.loss, stats.clip_ratio_low * c,
-                          stats.clip_ratio_high * c, stats.clip_ratio_region * c, c]
-                         + [stats.extra[k] * c for k in extra], dtype=torch.float64)
-    kl, ent, tokens, loss, lo, hi, reg, clips, *ex = d.all_reduce_sum(local.to(trainer.policy.device)).cpu().tolist()
-    kl, ent = kl / max(tokens, 1.0), ent / max(tokens, 1.0)
-    lo, hi, reg, *ex = (v / max(clips, 1.0) for v in (lo, hi, reg, *ex))
-    m.update({"loss": loss, "kl": kl, "entropy": ent, "clip_ratio/low_mean": lo,  # loss: the sum of the shares
-              "clip_ratio/high_mean": hi, "clip_ratio/region_mean": reg, **dict(zip(extra, ex))})
+    sums = stat_sums(stats)  # the same keys on every rank (extra's depend on the loss type only)
+    keys = sorted(sums)
+    reduced = d.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64).to(trainer.policy.device))
+    r = token_means(dict(zip(keys, reduced.cpu().tolist())))
+    m.update({"loss": r.loss, "kl": r.kl, "entropy": r.entropy, "clip_ratio/low_mean": r.clip_ratio_low,
+              "clip_ratio/high_mean": r.clip_ratio_high, "clip_ratio/region_mean": r.clip_ratio_region,
+              **{k: r.extra[k] for k in sorted(r.extra)}})  # loss: the sum of the ranks' shares
     m["grad_norm"] = grad_norm
     if trainer.updater.settings.loss.entropy_bonus:  # after this step's update, as TRL logs it
         m["entropy_coef"] = trainer.updater.entropy_control.coef

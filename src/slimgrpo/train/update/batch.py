@@ -126,19 +126,42 @@ def split_update(batch: UpdateBatch, parts: int) -> list[UpdateBatch]:
     return out
 
 
+def stat_sums(s: UpdateStats) -> dict[str, float]:
+    """``s`` as sums that add across micro-batches, optimizer steps and ranks: the loss, the token means times
+    the tokens, the clip fractions and the loss type's ``extra`` (``extra:NAME``) times what they count."""
+    n, c = float(s.tokens), float(s.clip_count)
+    sums = {"loss": s.loss, "kl": s.kl * n, "entropy": s.entropy * n, "tokens": n,
+            "clip_ratio_low": s.clip_ratio_low * c, "clip_ratio_high": s.clip_ratio_high * c,
+            "clip_ratio_region": s.clip_ratio_region * c, "clip_count": c}
+    sums.update({f"extra:{k}": v * c for k, v in s.extra.items()})
+    return sums
+
+
+def add_sums(total: dict[str, float], part: dict[str, float]) -> dict[str, float]:
+    """Two ``stat_sums`` added, key by key (a key one side lacks counts 0)."""
+    return {k: total.get(k, 0.0) + part.get(k, 0.0) for k in {**total, **part}}
+
+
+def token_means(sums: dict[str, float]) -> UpdateStats:
+    """The one token-weighted reduction: ``stat_sums`` added over parts (micro-batches, optimizer steps or
+    ranks) back to statistics: token means over the tokens, clip fractions and ``extra`` over what they
+    count, the loss summed."""
+    d, dc = max(sums["tokens"], 1.0), max(sums["clip_count"], 1.0)
+    return UpdateStats(loss=sums["loss"], kl=sums["kl"] / d, entropy=sums["entropy"] / d,
+                       clip_ratio_low=sums["clip_ratio_low"] / dc, clip_ratio_high=sums["clip_ratio_high"] / dc,
+                       clip_ratio_region=sums["clip_ratio_region"] / dc, tokens=int(sums["tokens"]),
+                       clip_count=int(sums["clip_count"]),
+                       extra={k[len("extra:"):]: v / dc for k, v in sums.items() if k.startswith("extra:")})
+
+
 def merge_stats(parts: list[UpdateStats]) -> UpdateStats:
     """Statistics of several optimizer steps as one: the loss averaged over steps, token means
-    weighted by tokens, clip fractions by what they count."""
+    weighted by tokens, clip fractions by what they count (``token_means``)."""
     if len(parts) == 1:
         return parts[0]
-    out = UpdateStats(loss=sum(p.loss for p in parts) / len(parts))
-    out.tokens = sum(p.tokens for p in parts)
-    out.clip_count = sum(p.clip_count for p in parts)
-    n, c = max(out.tokens, 1), max(out.clip_count, 1)
-    out.kl = sum(p.kl * p.tokens for p in parts) / n
-    out.entropy = sum(p.entropy * p.tokens for p in parts) / n
-    for key in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_region"):
-        setattr(out, key, sum(getattr(p, key) * p.clip_count for p in parts) / c)
-    for key in parts[0].extra:
-        out.extra[key] = sum(p.extra.get(key, 0.0) * p.clip_count for p in parts) / c
+    sums = stat_sums(parts[0])
+    for p in parts[1:]:
+        sums = add_sums(sums, stat_sums(p))
+    out = token_means(sums)
+    out.loss /= len(parts)
     return out

@@ -11,7 +11,8 @@ import torch
 
 from slimgrpo.loss.logprobs import completion_logprobs
 from slimgrpo.loss.objectives import Normaliser
-from slimgrpo.train.update.batch import UpdateBatch, UpdateStats, micro_batch, plan_micro, trimmed
+from slimgrpo.train.update.batch import (UpdateBatch, UpdateStats, add_sums, micro_batch, plan_micro, stat_sums,
+                                         token_means, trimmed)
 from slimgrpo.train.update.layout import forward, hidden_fn
 from slimgrpo.train.update.micro_loss import micro_batch_loss
 from slimgrpo.train.update.offload import offload_context
@@ -75,8 +76,8 @@ def accumulate_gradients(model, batch: UpdateBatch, settings: UpdateSettings, no
     a row count (``micro.py``). ``entropy_coef``: the entropy-bonus coefficient of this optimizer step
     (``loss.entropy_control``); with ``norm.entropy_tokens`` unset the bonus is a per-micro-batch mean,
     averaged over the micro-batches."""
-    stats = UpdateStats()
-    weight_sum = clip_sum = 0
+    sums = stat_sums(UpdateStats())
+    bonus_sum = bonus_tokens = 0.0
     slices = plan_micro(batch, settings.micro_rows, settings.micro_tokens)
     if settings.loss.entropy_bonus and norm.entropy_tokens is None:
         norm = dataclasses.replace(norm, entropy_parts=norm.entropy_parts * len(slices))
@@ -89,28 +90,17 @@ def accumulate_gradients(model, batch: UpdateBatch, settings: UpdateSettings, no
                 loss, ls, entropy = micro_batch_loss(model, micro, settings, norm, entropy_coef)
             (loss * loss_scale).backward()
         n = int(mask.sum())
-        stats.loss += float(loss.detach())
-        stats.bonus_entropy_sum += ls.bonus_entropy_sum
-        stats.bonus_tokens += ls.bonus_tokens
-        if n:
-            stats.kl += ls.kl * n
-            c = ls.clip_count  # tokens, or sequences at sequence level
-            stats.clip_ratio_low += ls.clip_ratio_low * c
-            stats.clip_ratio_high += ls.clip_ratio_high * c
-            stats.clip_ratio_region += ls.clip_ratio_region * c
-            for key, value in ls.extra.items():
-                stats.extra[key] = stats.extra.get(key, 0.0) + value * c
-            clip_sum += c
-            if entropy is not None:
-                stats.entropy += float((entropy.detach().float() * mask).sum())
-        weight_sum += n
-    d, dc = max(weight_sum, 1), max(clip_sum, 1)
-    stats.kl /= d
-    stats.clip_ratio_low /= dc
-    stats.clip_ratio_high /= dc
-    stats.clip_ratio_region /= dc
-    stats.extra = {k: v / dc for k, v in stats.extra.items()}
-    stats.entropy /= d
-    stats.tokens = weight_sum
-    stats.clip_count = clip_sum
+        bonus_sum += ls.bonus_entropy_sum
+        bonus_tokens += ls.bonus_tokens
+        part = UpdateStats(loss=float(loss.detach()))
+        if n:  # c: tokens, or sequences at sequence level
+            part = UpdateStats(loss=part.loss, kl=ls.kl, clip_ratio_low=ls.clip_ratio_low,
+                               clip_ratio_high=ls.clip_ratio_high, clip_ratio_region=ls.clip_ratio_region,
+                               tokens=n, clip_count=ls.clip_count, extra=ls.extra)
+        part_sums = stat_sums(part)
+        if n and entropy is not None:  # the entropy's sum over the micro-batch's tokens
+            part_sums["entropy"] = float((entropy.detach().float() * mask).sum())
+        sums = add_sums(sums, part_sums)
+    stats = token_means(sums)
+    stats.bonus_entropy_sum, stats.bonus_tokens = bonus_sum, bonus_tokens
     return stats
