@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -9,52 +10,72 @@ import torch
 from slimgrpo.advantages import zero_std_fraction
 from slimgrpo.rewards.contract import step_means
 from slimgrpo.train.metrics import masked_stats, peak_memory_mib
-from slimgrpo.train.update.batch import stat_sums, token_means
+from slimgrpo.train.update.batch import UpdateStats, stat_sums, token_means
 from slimgrpo.types import RewardOutput
 
 
-def step_metrics(trainer, rollout, rewards: RewardOutput, stats, grad_norm: float, skipped: bool, gen_s: float,
+@dataclass(frozen=True)
+class UpdateOutcome:
+    """What the step's metrics take from the update: its statistics (this rank's), the gradient norm, whether
+    it was skipped, the learning rate after it, the entropy-bonus coefficient (None without the bonus) and
+    PPO's critic numbers."""
+
+    stats: UpdateStats
+    grad_norm: float
+    skipped: bool
+    learning_rate: float
+    entropy_coef: float | None = None
+    value_metrics: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, updater, stats: UpdateStats, grad_norm: float, skipped: bool) -> UpdateOutcome:
+        """From the ``Updater`` that has just stepped (``Updater.step``'s ``stats, grad_norm, skipped``)."""
+        coef = updater.entropy_control.coef if updater.settings.loss.entropy_bonus else None  # after the update
+        return cls(stats, grad_norm, skipped, updater.scheduler.get_last_lr()[0], coef, updater.value_metrics)
+
+
+def step_metrics(d, device, rollout, rewards: RewardOutput, update: UpdateOutcome, gen_s: float,
                  step_s: float) -> dict[str, Any]:
     """One step's metrics, the same numbers on every rank: rewards per function, lengths, the loss's token
-    means (KL, entropy, clip ratios) weighted by each rank's tokens, timing and peak memory."""
-    d = trainer.dist
+    means (KL, entropy, clip ratios) weighted by each rank's tokens, timing and peak memory. ``d``: the
+    ``DistContext``; ``device``: the policy's."""
     lengths = rollout.model_lengths.float()  # tokens the model wrote (tool results left out)
-    gen_tokens = float(d.all_reduce_sum(lengths.sum().reshape(1).to(trainer.policy.device)).item())
+    gen_tokens = float(d.all_reduce_sum(lengths.sum().reshape(1).to(device)).item())
     total = scorable_total(rewards)  # unscorable rows (NaN) are left out of the reward stats, as in TRL
     m: dict[str, Any] = {}
-    all_total = d.all_gather_cat(total.to(trainer.policy.device)).cpu()
+    all_total = d.all_gather_cat(total.to(device)).cpu()
     m["reward"], m["reward_std"] = masked_stats(all_total)
-    all_per_fn = d.all_gather_cat(rewards.per_function.to(trainer.policy.device)).cpu()
+    all_per_fn = d.all_gather_cat(rewards.per_function.to(device)).cpu()
     for j, name in enumerate(rewards.names):
         m[f"rewards/{name}/mean"], m[f"rewards/{name}/std"] = masked_stats(all_per_fn[:, j])
         m[f"rewards/{name}/frac_zero_std"] = zero_std_fraction(all_per_fn[:, j], rollout.num_generations)
     m["frac_reward_zero_std"] = zero_std_fraction(all_total, rollout.num_generations)
-    all_len = d.all_gather_cat(lengths.to(trainer.policy.device)).cpu()
-    all_trunc = d.all_gather_cat(rollout.is_truncated.float().to(trainer.policy.device)).cpu()
+    all_len = d.all_gather_cat(lengths.to(device)).cpu()
+    all_trunc = d.all_gather_cat(rollout.is_truncated.float().to(device)).cpu()
     m["completions/mean_length"] = float(all_len.mean())
     m["completions/min_length"] = float(all_len.min())
     m["completions/max_length"] = float(all_len.max())
     m["completions/clipped_ratio"] = float(all_trunc.mean())
     # Token means of each rank, weighted by its tokens: the same numbers as one process with every row.
     # Clip ratios: means over tokens, or over sequences at importance_sampling_level=sequence (as TRL).
-    sums = stat_sums(stats)  # the same keys on every rank (extra's depend on the loss type only)
+    sums = stat_sums(update.stats)  # the same keys on every rank (extra's depend on the loss type only)
     keys = sorted(sums)
-    reduced = d.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64).to(trainer.policy.device))
+    reduced = d.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64).to(device))
     r = token_means(dict(zip(keys, reduced.cpu().tolist())))
     m.update({"loss": r.loss, "kl": r.kl, "entropy": r.entropy, "clip_ratio/low_mean": r.clip_ratio_low,
               "clip_ratio/high_mean": r.clip_ratio_high, "clip_ratio/region_mean": r.clip_ratio_region,
               **{k: r.extra[k] for k in sorted(r.extra)}})  # loss: the sum of the ranks' shares
-    m["grad_norm"] = grad_norm
-    if trainer.updater.settings.loss.entropy_bonus:  # after this step's update, as TRL logs it
-        m["entropy_coef"] = trainer.updater.entropy_control.coef
-    m["learning_rate"] = trainer.scheduler.get_last_lr()[0]
-    m["update_skipped"] = int(skipped)
+    m["grad_norm"] = update.grad_norm
+    if update.entropy_coef is not None:  # after this step's update, as TRL logs it
+        m["entropy_coef"] = update.entropy_coef
+    m["learning_rate"] = update.learning_rate
+    m["update_skipped"] = int(update.skipped)
     m["gen/tokens_per_s"] = gen_tokens / max(gen_s, 1e-9)
     m["time/generate_s"] = gen_s
     m["time/step_s"] = step_s
-    m["memory/peak_mib"] = float(d.all_reduce_max(torch.tensor([peak_memory_mib(trainer.policy.device)],
-                                                              device=trainer.policy.device)).item())
-    m.update(trainer.updater.value_metrics)  # PPO: the critic before this step (explained variance, mean value)
+    m["memory/peak_mib"] = float(d.all_reduce_max(torch.tensor([peak_memory_mib(device)],
+                                                              device=device)).item())
+    m.update(update.value_metrics)  # PPO: the critic before this step (explained variance, mean value)
     m.update(rollout_metrics(rollout, d))  # tools/... of a multi-turn rollout, over every rank's rows
     for key, count in rewards.fault_counts.items():
         m[f"reward_faults/{key}"] = count

@@ -38,7 +38,7 @@ from slimgrpo.train.critic import build_critic
 from slimgrpo.train import launch
 from slimgrpo.train.distributed import DistContext, from_environment
 from slimgrpo.train.metrics import MetricsWriter, console_line
-from slimgrpo.train.step_metrics import completion_samples, scorable_total, step_metrics
+from slimgrpo.train.step_metrics import UpdateOutcome, completion_samples, scorable_total, step_metrics
 from slimgrpo.train.optim import build_optimizer, build_scheduler
 from slimgrpo.train.update.updater import Updater, trainable_parameters
 from slimgrpo.train.watch import NonFiniteError, PolicyCollapsedError, RunWatch
@@ -206,7 +206,9 @@ class Trainer:
         advantages = self.updater.critic_stage(update, advantages)  # PPO: per-token GAE advantages from the critic
         stats, grad_norm, skipped = self.updater.step(update, self.step_idx)
         self.watch.after_update(skipped, self.step_idx)
-        metrics = step_metrics(self, rollout, rewards, stats, grad_norm, skipped, gen_s, time.perf_counter() - t0)
+        outcome = UpdateOutcome.of(self.updater, stats, grad_norm, skipped)
+        metrics = step_metrics(self.dist, self.policy.device, rollout, rewards, outcome, gen_s,
+                               time.perf_counter() - t0)
         return StepResult(metrics, rollout, rewards, advantages, batch, completions)
 
     def next_batch(self) -> PromptBatch:
