@@ -1,15 +1,38 @@
 """The update's functions with the argument lists these tests were written against (model, batch, loss
 settings, normaliser, then micro-batch rows, temperature, token / vocab chunk and the switches by name),
 mapped onto ``slimgrpo.train.update``'s typed ``UpdateSettings``: the tests keep their calls, the library
-keeps short parameter lists. Nothing here computes anything of its own."""
+keeps short parameter lists. Nothing here computes anything of its own; ``tiny_update_case`` is the small
+ragged batch on the tiny model that several update tests share."""
 
 from __future__ import annotations
+
+import torch
 
 from slimgrpo.loss.objectives import LossSettings
 from slimgrpo.train.update import UpdateBatch, gradients
 from slimgrpo.train.update.settings import UpdateSettings
 
-__all__ = ["UpdateBatch", "accumulate_gradients", "batch_logprobs"]
+__all__ = ["UpdateBatch", "accumulate_gradients", "batch_logprobs", "tiny_update_case"]
+
+
+def tiny_update_case(tiny_model_dir, short_last_row: bool = False, with_ref: bool = False):
+    """``(model, batch)``: the tiny model in float32 and 5 rows of a 4-token prompt + 7 completion tokens (seed
+    5), row 1 left-padded by 2, row 3 ending 2 early (and row 4 ending 5 early with ``short_last_row``), random
+    advantages, and with ``with_ref`` reference log-probs around -6."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    g = torch.Generator().manual_seed(5)
+    rows, P, Tc = 5, 4, 7
+    ids = torch.randint(0, model.config.vocab_size, (rows, P + Tc), generator=g)
+    am = torch.ones_like(ids)
+    am[1, :2] = 0
+    am[3, -2:] = 0
+    if short_last_row:
+        am[4, -5:] = 0
+    advantages = torch.randn(rows, generator=g)
+    ref = -6.0 + torch.randn(rows, Tc, generator=g) if with_ref else None
+    return model, UpdateBatch(ids, am, ids[:, -Tc:], am[:, -Tc:].bool(), advantages, ref_logp=ref)
 
 
 def _settings(loss: LossSettings | None, micro, temperature, token_chunk, vocab_chunk, **switches) -> UpdateSettings:

@@ -217,19 +217,10 @@ def test_controller_state_round_trip():
 def test_micro_batching_leaves_gradients_unchanged(tiny_model_dir, loss_type):
     """One micro-batch or three (5 rows, 2 per micro-batch): the same bonus gradient, because the entropy mean
     divides by the whole batch's token count (``Normaliser.entropy_tokens``), as the trainer sets it."""
-    from transformers import AutoModelForCausalLM
+    from _update_calls import accumulate_gradients, tiny_update_case
 
-    from _update_calls import UpdateBatch, accumulate_gradients
-
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
-    g = torch.Generator().manual_seed(5)
-    rows, P, Tc = 5, 4, 7
-    ids = torch.randint(0, model.config.vocab_size, (rows, P + Tc), generator=g)
-    am = torch.ones_like(ids)
-    am[1, :2] = 0
-    am[3, -2:] = 0
-    am[4, -5:] = 0
-    batch = UpdateBatch(ids, am, ids[:, -Tc:], am[:, -Tc:].bool(), torch.randn(rows, generator=g))
+    model, batch = tiny_update_case(tiny_model_dir, short_last_row=True)
+    rows = batch.rows
     n = int(batch.loss_mask.sum())
     norm = Normaliser(num_sequences=rows, num_tokens=n, entropy_tokens=n)
     results = []

@@ -175,19 +175,9 @@ def test_completion_loss_on_a_model(tiny_model_dir):
 @pytest.mark.parametrize("micro", [None, 2])
 def test_accumulate_gradients_fused_equals_separate(tiny_model_dir, micro):
     """The trainer's update with ``loss.fuse_head_loss`` on and off: same loss, stats and gradients."""
-    from transformers import AutoModelForCausalLM
+    from _update_calls import accumulate_gradients, tiny_update_case
 
-    from _update_calls import UpdateBatch, accumulate_gradients
-
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
-    g = torch.Generator().manual_seed(5)
-    rows, P, Tc = 5, 4, 7
-    ids = torch.randint(0, model.config.vocab_size, (rows, P + Tc), generator=g)
-    am = torch.ones_like(ids)
-    am[1, :2] = 0
-    am[3, -2:] = 0
-    batch = UpdateBatch(ids, am, ids[:, -Tc:], am[:, -Tc:].bool(), torch.randn(rows, generator=g),
-                        ref_logp=-6.0 + torch.randn(rows, Tc, generator=g))
+    model, batch = tiny_update_case(tiny_model_dir, with_ref=True)
     settings = LossSettings(loss_type="grpo", beta=0.04)
     norm = Normaliser.of(batch.loss_mask)
     results = []

@@ -11,19 +11,8 @@ import torch
 from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss
 from slimgrpo.loss.policy_losses import entropy_threshold
 
-ROWS, T = 5, 7
-
-
-def _example(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    logp = (-2.0 + 0.5 * torch.randn(ROWS, T, generator=g)).requires_grad_()
-    old = logp.detach() + 0.45 * torch.randn(ROWS, T, generator=g)
-    ref = logp.detach() + 0.3 * torch.randn(ROWS, T, generator=g)
-    advantages = torch.tensor([1.3, -0.7, -0.4, 1.1, 0.0])
-    lengths = torch.tensor([7, 3, 5, 1, 4])
-    mask = torch.arange(T)[None, :] < lengths[:, None]
-    entropy = torch.rand(ROWS, T, generator=g) * 3.0
-    return logp, old, ref, advantages, mask, entropy
+from _loss_example import ROWS, T
+from _loss_example import example as _example
 
 
 def _tokens(mask, i):

@@ -17,7 +17,8 @@ trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 
 from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss  # noqa: E402
 
-ROWS, T = 5, 7
+from _loss_example import ROWS, T  # noqa: E402
+from _loss_example import example as _example  # noqa: E402
 
 
 class _OneProcess:
@@ -60,17 +61,6 @@ def _trl_loss(settings: LossSettings, logp, old, ref, adv, mask, entropy, max_le
               "advantages": adv, "old_per_token_logps": old, "ref_per_token_logps": ref,
               "num_items_in_batch": mask.sum().float()}
     return cls._compute_loss(fake, None, inputs)
-
-
-def _example(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    logp = (-2.0 + 0.5 * torch.randn(ROWS, T, generator=g)).requires_grad_()
-    old = logp.detach() + 0.45 * torch.randn(ROWS, T, generator=g)
-    ref = logp.detach() + 0.3 * torch.randn(ROWS, T, generator=g)
-    adv = torch.tensor([1.3, -0.7, -0.4, 1.1, 0.0])
-    mask = torch.arange(T)[None, :] < torch.tensor([7, 3, 5, 1, 4])[:, None]
-    entropy = torch.rand(ROWS, T, generator=g) * 3.0
-    return logp, old, ref, adv, mask, entropy
 
 
 CASES = {
