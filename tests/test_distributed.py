@@ -130,6 +130,9 @@ CASES = {
     "fsdp-dapo-kl-mu2": {"distributed": {"strategy": "fsdp"},
                          "loss": {"loss_type": "dapo", "beta": 0.04, "num_iterations": 2}},
     "fsdp-grpo": {"distributed": {"strategy": "fsdp"}, "loss": {"loss_type": "grpo"}},
+    # a token budget packs each rank's rows into a different number of micro-batches: FSDP2 splits to agree
+    "fsdp-tokens-dapo": {"distributed": {"strategy": "fsdp"}, "loss": {"loss_type": "dapo", "num_iterations": 2},
+                         "memory": {"micro_batch_size": None, "micro_batch_tokens": 48}},
     "fsdp-lora-dapo-kl": {"distributed": {"strategy": "fsdp"}, "lora": {"enabled": True, "r": 4},
                           "loss": {"loss_type": "dapo", "beta": 0.04, "num_iterations": 2}},
     "ddp-gdpo-sequence": {"distributed": {"strategy": "ddp"},

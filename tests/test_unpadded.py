@@ -174,3 +174,23 @@ def test_largest_tensor_of_a_4k_update_grows_linearly():
     # The padded path's mask is quadratic: the same probe sees it (so this test can fail).
     p_small, p_big = largest_tensor_of_update(512, True), largest_tensor_of_update(1024, True)
     assert p_big >= 3.5 * p_small, (p_small, p_big)
+
+
+def test_fsdp_micro_batches_split_to_the_count_every_rank_runs():
+    """FSDP2: a token budget packs each rank's rows into a different number of micro-batches; plan_micro splits
+    the largest until every rank has the largest count (batch.agree_count), keeping every row exactly once."""
+    from slimgrpo.train.update.batch import UpdateBatch, plan_micro, split_to_count
+
+    rows, S = 7, 11
+    lengths = torch.tensor([11, 3, 9, 2, 6, 5, 1])
+    am = (torch.arange(S)[None, :] >= S - lengths[:, None]).long()  # left-padded rows of these lengths
+    ids = torch.ones(rows, S, dtype=torch.long)
+    batch = UpdateBatch(ids, am, ids[:, -3:], am[:, -3:].bool(), torch.zeros(rows))
+    local = plan_micro(batch, None, 12)
+    for target in (len(local), len(local) + 1, rows):
+        batch.agree_count = lambda n, t=target: max(n, t)  # as if another rank had t micro-batches
+        groups = plan_micro(batch, None, 12)
+        assert len(groups) == target
+        assert sorted(torch.cat(groups).tolist()) == list(range(rows))
+    with pytest.raises(ValueError, match="cannot make 3 micro-batches of 2 rows"):
+        split_to_count([torch.tensor([0]), torch.tensor([1])], 3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -26,6 +27,9 @@ class UpdateBatch:
     entropy_cut: torch.Tensor | None = None  # whole-batch entropy threshold (top_entropy_quantile < 1)
     old_values: torch.Tensor | None = None  # [rows, T] the critic's values at sampling time (PPO)
     returns: torch.Tensor | None = None  # [rows, T] the critic's targets, GAE advantages + values (PPO)
+    # FSDP2: every forward and backward is a collective, so the ranks must run the same number of
+    # micro-batches; ``agree_count(n)`` gives the largest n over the ranks (``plan_micro`` splits to it)
+    agree_count: Callable[[int], int] | None = None
 
     @property
     def rows(self) -> int:
@@ -48,9 +52,25 @@ def make_update_batch(rollout: Rollout, advantages: torch.Tensor, mask_truncated
 
 def plan_micro(batch: UpdateBatch, micro: int | None, micro_tokens: int | None) -> list[torch.Tensor]:
     """Row indices of the micro-batches: ``micro`` rows at a time in order, or packed by the token budget
-    ``micro_tokens`` (``micro.py``)."""
-    return [rows.to(batch.input_ids.device)
-            for rows in micro_batches(row_lengths(batch.attention_mask).cpu(), micro, micro_tokens)]
+    ``micro_tokens`` (``micro.py``). With ``batch.agree_count`` (FSDP2) as many micro-batches as the rank
+    with the most (a token budget packs each rank's rows differently): the largest ones are halved."""
+    groups = micro_batches(row_lengths(batch.attention_mask).cpu(), micro, micro_tokens)
+    if batch.agree_count is not None:
+        groups = split_to_count(groups, batch.agree_count(len(groups)))
+    return [rows.to(batch.input_ids.device) for rows in groups]
+
+
+def split_to_count(groups: list[torch.Tensor], count: int) -> list[torch.Tensor]:
+    """``groups`` with the largest halved until there are ``count`` (each keeps at least one row)."""
+    groups = list(groups)
+    while len(groups) < count:
+        i = max(range(len(groups)), key=lambda j: len(groups[j]))
+        if len(groups[i]) < 2:
+            raise ValueError(f"cannot make {count} micro-batches of {sum(len(g) for g in groups)} rows")
+        g = groups.pop(i)
+        half = len(g) // 2
+        groups[i:i] = [g[:half], g[half:]]
+    return groups
 
 
 def trimmed(batch: UpdateBatch, sl: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, slice]:
@@ -118,7 +138,7 @@ def split_update(batch: UpdateBatch, parts: int) -> list[UpdateBatch]:
         raise ValueError(f"{batch.rows} completions on this process cannot feed loss.steps_per_generation={parts} "
                          "optimizer steps: raise run.batch_size or lower loss.steps_per_generation")
     bounds = torch.linspace(0, batch.rows, parts + 1).round().long().tolist()
-    per_row = {f.name for f in dataclasses.fields(batch)} - {"entropy_cut"}  # entropy_cut: the whole batch's
+    per_row = {f.name for f in dataclasses.fields(batch)} - {"entropy_cut", "agree_count"}  # the whole batch's
     out = []
     for a, b in zip(bounds[:-1], bounds[1:]):
         rows = {k: None if getattr(batch, k) is None else getattr(batch, k)[a:b] for k in per_row}

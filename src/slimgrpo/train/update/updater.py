@@ -67,6 +67,8 @@ class Updater:
         policy moves before the last pass, or for PPO's KL reward), the reference's (a KL term), the entropy cut."""
         cfg, settings = self.cfg, self.settings
         batch = make_update_batch(rollout, advantages, cfg.loss.mask_truncated_completions)
+        if cfg.distributed.strategy == "fsdp" and self.dist.enabled:  # the same micro-batch count on every rank
+            batch.agree_count = self.dist.max_over_ranks
         if cfg.loss.num_iterations > 1 or cfg.loss.steps_per_generation > 1 or cfg.ppo:
             batch.old_logp = batch_logprobs(self.model, batch, settings)
         if cfg.needs_reference:
