@@ -20,8 +20,10 @@ rows each take the step one process takes with all of them:
   ranks (one all-reduce; the value loss is divided by the whole job's token count). The LoRA critic's
   adapter lives in the policy's model, so the policy's DDP wrapper is told to leave it alone
   (``ddp_ignored``) and its initial weights are broadcast from rank 0.
-- ``fsdp`` (full fine-tuning): the value model (backbone + head) is sharded like the policy, one group per
+- ``fsdp``, full fine-tuning: the value model (backbone + head) is sharded like the policy, one group per
   decoder layer and a root group, and every critic pass runs through that root's forward.
+- ``fsdp``, LoRA: the adapter is sharded with the policy's base and the critic's passes run through the
+  policy's root (``attach``); the head stays whole on every rank and its gradient is all-reduced.
 - Whitening, explained variance and the value metrics use sums over every rank's tokens.
 """
 
