@@ -10,7 +10,6 @@ tools on its full copy of the model; gradients are all-reduced as for single-tur
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ import yaml
 from _agent_dist_helpers import (assert_matches_one_process, final_weights, train_one_process,
                                  write_agent_config)
 from slimgrpo.demo.tools_run import TOOLS_DIR
-from test_distributed import finish, kill_job, torchrun
+from test_distributed import finish, kill_and_resume, torchrun
 
 pytestmark = [pytest.mark.distributed,
               pytest.mark.skipif(not (TOOLS_DIR / "model" / "model.safetensors").exists(),
@@ -80,25 +79,7 @@ def test_killed_tool_run_resumes_to_the_same_weights(tmp_path, strategy):
                                                          "calc_env.py:stalls_after_gate"]},
                                   run={"max_steps": 4, "save_steps": 1, "save_total_limit": 2})
 
-    straight, broken = config("straight"), config("broken")
-    reference = torchrun(["-m", "slimgrpo", "train", str(straight)], tmp_path, timeout=180)
-    marker = tmp_path / "broken" / "checkpoints" / "checkpoint-2" / "COMPLETE"
-    # Step 3 stalls in its reward once checkpoint 2 is complete, so the kill lands mid-run every time.
-    victim = torchrun(["-m", "slimgrpo", "train", str(broken)], tmp_path, timeout=180,
-                      env={"STALL_WHEN_EXISTS": str(marker)})
-    deadline = time.monotonic() + 150
-    while not marker.exists() and victim.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    kill_job(victim)  # torchrun and both ranks, no cleanup
-    _, victim_log = finish(victim, timeout=30)
-    assert marker.exists(), victim_log[-4000:]
-    assert not (tmp_path / "broken" / "final").exists(), "the run finished before the kill"
-
-    code, log = finish(torchrun(["-m", "slimgrpo", "train", str(broken)], tmp_path, timeout=180), timeout=180)
-    assert code == 0, log[-6000:]
-    assert "resumed from" in log
-    code, ref_log = finish(reference, timeout=180)
-    assert code == 0, ref_log[-6000:]
+    kill_and_resume(tmp_path, config("straight"), config("broken"), timeout=180, wait=150)
 
     records = [json.loads(ln) for ln in (tmp_path / "broken" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]

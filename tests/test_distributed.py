@@ -210,6 +210,28 @@ def _final_weights(run: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def kill_and_resume(tmp_path: Path, straight: Path, broken: Path, timeout: float, wait: float) -> None:
+    """Run ``straight`` uninterrupted beside ``broken``; SIGKILL torchrun and the ranks of ``broken`` once its
+    checkpoint 2 is complete (a reward stalls step 3 from then on, so the kill lands mid-run every time), run
+    the same command again, which must resume; both end with exit 0."""
+    reference = torchrun(_train_command(straight), tmp_path, timeout=timeout)
+    marker = tmp_path / "broken" / "checkpoints" / "checkpoint-2" / "COMPLETE"
+    victim = torchrun(_train_command(broken), tmp_path, timeout=timeout, env={"STALL_WHEN_EXISTS": str(marker)})
+    deadline = time.monotonic() + wait
+    while not marker.exists() and victim.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kill_job(victim)  # torchrun and both ranks, no cleanup
+    _, victim_log = finish(victim, timeout=30)
+    assert marker.exists(), victim_log[-4000:]
+    assert not (tmp_path / "broken" / "final").exists(), "the run finished before the kill"
+
+    code, log = finish(torchrun(_train_command(broken), tmp_path, timeout=timeout), timeout=timeout)
+    assert code == 0, log[-6000:]
+    assert "resumed from" in log
+    code, ref_log = finish(reference, timeout=timeout)
+    assert code == 0, ref_log[-6000:]
+
+
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp-lora", "fsdp-lora"])
 def test_killed_run_resumes_to_the_same_weights(tmp_path, tiny_model_dir, prompts, strategy):
     """SIGKILL of torchrun and its ranks once a checkpoint exists; the same command resumes and ends where
@@ -225,24 +247,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, tiny_model_dir, prompt
                             run={"max_steps": 5, "save_steps": 1, "save_total_limit": 2},
                             rollout={"temperature": 1.0})
 
-    straight, broken = config("straight"), config("broken")
-    reference = torchrun(_train_command(straight), tmp_path, timeout=150)
-    marker = tmp_path / "broken" / "checkpoints" / "checkpoint-2" / "COMPLETE"
-    # Step 3 stalls in its reward once checkpoint 2 is complete, so the kill lands mid-run every time.
-    victim = torchrun(_train_command(broken), tmp_path, timeout=150, env={"STALL_WHEN_EXISTS": str(marker)})
-    deadline = time.monotonic() + 120
-    while not marker.exists() and victim.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    kill_job(victim)  # torchrun and both ranks, no cleanup
-    _, victim_log = finish(victim, timeout=30)
-    assert marker.exists(), victim_log[-4000:]
-    assert not (tmp_path / "broken" / "final").exists(), "the run finished before the kill"
-
-    code, log = finish(torchrun(_train_command(broken), tmp_path, timeout=150), timeout=150)
-    assert code == 0, log[-6000:]
-    assert "resumed from" in log
-    code, ref_log = finish(reference, timeout=150)
-    assert code == 0, ref_log[-6000:]
+    kill_and_resume(tmp_path, config("straight"), config("broken"), timeout=150, wait=120)
 
     a, b = _final_weights(tmp_path / "straight"), _final_weights(tmp_path / "broken")
     assert sorted(a) == sorted(b)

@@ -13,13 +13,12 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from test_distributed import _final_weights, _train_command, finish, kill_job, prompts, torchrun, write_config  # noqa: F401
+from test_distributed import _final_weights, finish, kill_and_resume, prompts, torchrun, write_config  # noqa: F401
 
 pytestmark = pytest.mark.distributed
 
@@ -96,23 +95,7 @@ def test_killed_ppo_run_resumes_to_the_same_weights(tmp_path, tiny_model_dir, pr
                             optim={"learning_rate": 1e-2}, rollout={"temperature": 1.0},
                             run={"max_steps": 4, "save_steps": 1, "save_total_limit": 2})
 
-    straight, broken = config("straight"), config("broken")
-    reference = torchrun(_train_command(straight), tmp_path, timeout=200)
-    marker = tmp_path / "broken" / "checkpoints" / "checkpoint-2" / "COMPLETE"
-    victim = torchrun(_train_command(broken), tmp_path, timeout=200, env={"STALL_WHEN_EXISTS": str(marker)})
-    deadline = time.monotonic() + 150
-    while not marker.exists() and victim.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    kill_job(victim)
-    _, victim_log = finish(victim, timeout=30)
-    assert marker.exists(), victim_log[-4000:]
-    assert not (tmp_path / "broken" / "final").exists(), "the run finished before the kill"
-
-    code, log = finish(torchrun(_train_command(broken), tmp_path, timeout=200), timeout=200)
-    assert code == 0, log[-6000:]
-    assert "resumed from" in log
-    code, ref_log = finish(reference, timeout=200)
-    assert code == 0, ref_log[-6000:]
+    kill_and_resume(tmp_path, config("straight"), config("broken"), timeout=200, wait=150)
 
     a, b = _final_weights(tmp_path / "straight"), _final_weights(tmp_path / "broken")
     assert sorted(a) == sorted(b)
