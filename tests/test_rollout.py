@@ -164,9 +164,11 @@ def test_lean_stepper_is_chosen_only_where_it_applies() -> None:
     with torch.no_grad():
         model.model(input_ids=torch.ones(2, 3, dtype=torch.long), past_key_values=cache, use_cache=True)
     assert isinstance(make_stepper(engine.parts, cache, mask, 4, None), LlamaStepper)
-    with engine.parts.packed_weights(4, "all"):  # every plain linear (7 per layer) and the head
-        assert len(engine.parts.packed) == 2 * 7 + 1
-    assert not engine.parts.packed
+    with engine.parts.packed_weights(4, "all"):  # the head, o and down alone; q/k/v and gate/up stacked
+        assert len(engine.parts.packed) == 2 * 2 + 1 and len(engine.parts.fused) == 2 * 2
+        rows = sorted(tuple(split) for _, _, split in engine.parts.fused.values())
+        assert rows == [(64, 32, 32)] * 2 + [(128, 128)] * 2  # q/k/v (Qwen2: with biases), gate/up
+    assert not engine.parts.packed and not engine.parts.fused and not engine.parts.handled
     assert isinstance(make_stepper(engine.parts, cache, mask, 4, False), HFStepper)
     mistral = TorchRolloutEngine(tiny_model(arch="mistral")).parts
     mistral.config.sliding_window = 5  # a window shorter than the sequence: only the HF path is exact

@@ -73,18 +73,19 @@ def test_cuda_trace_agrees_with_the_plan_phase_by_phase(setting):
         assert abs(traced / planned_bytes - 1) < 0.02, (traced, planned_bytes)
 
 
-def test_cpu_trace_counts_the_merged_lora_weights_the_plan_counts():
-    """On CPU the rollout decodes LoRA layers through merged weights: the plan has a line for them and the
-    CPU trace sees them; the CUDA plan and trace have neither."""
+def test_cpu_trace_counts_the_decode_weights_the_plan_counts():
+    """On CPU (float32) the rollout decodes through oneDNN-packed copies of the head and every projection,
+    LoRA layers merged first: the plan has a line for them and the CPU trace holds stand-ins of their size
+    (oneDNN cannot pack fake tensors); the CUDA plan and trace have neither."""
     plan, trace = _plan_and_trace(["model.dtype=float32", "run.device=cpu"], device="cpu")
-    merged = [c for c in plan.components if c.name == "merged LoRA weights"]
+    merged = [c for c in plan.components if c.name == "decode weights"]
     assert merged and merged[0].phase == "generation"
-    dims = SHAPE.linear_dims()
-    assert merged[0].bytes >= SHAPE.layers * sum(i * o for i, o in dims.values()) * 4
+    dims = SHAPE.linear_dims()  # fp32: every projection packed (LoRA ones merged first) and the head
+    assert merged[0].bytes >= (SHAPE.layers * sum(i * o for i, o in dims.values()) + SHAPE.vocab * SHAPE.hidden) * 4
     planned_gen, traced_gen = _category(plan, trace, "KV cache, prefill, sampling", "generation")
     assert 0.95 <= traced_gen / planned_gen <= 1.2, (traced_gen, planned_gen)
     cuda_plan = plan_memory(SHAPE, plan_inputs(_config([]), "cuda", vocab=SHAPE.vocab))
-    assert not [c for c in cuda_plan.components if c.name == "merged LoRA weights"]
+    assert not [c for c in cuda_plan.components if c.name == "decode weights"]
 
 
 def test_device_kind_follows_the_planned_device():
@@ -105,7 +106,7 @@ def test_device_kind_follows_the_planned_device():
 def test_lora_merge_and_packing_follow_the_planned_device():
     from peft import LoraConfig, get_peft_model
 
-    from slimgrpo.rollout.model_parts import _mergeable, _packable
+    from slimgrpo.rollout.model_parts import _mergeable, _packable_weight
 
     class Tiny(nn.Module):
         def __init__(self):
@@ -117,7 +118,7 @@ def test_lora_merge_and_packing_follow_the_planned_device():
     assert _mergeable(lora_layer)
     with planned_device("cuda"):
         assert not _mergeable(lora_layer)
-        assert not _packable(model.base_model.model.head)
+        assert not _packable_weight(model.base_model.model.head.weight)
 
 
 def test_offload_path_follows_the_planned_device():

@@ -320,7 +320,7 @@ def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     mask_shared, mask_layer = attention_mask_bytes(x, groups, P, shape=shape, pairs=groups * chunk * P)
     prefill += mask_shared + mask_layer
     return [
-        *_merged_lora_components(shape, x),
+        *_decode_weight_components(shape, x),
         Component("KV cache", kv, "generation", f"{kv_what}·{gen_rows}"),
         Component("generation logits", gen_rows * V * 4 * GEN_LOGITS_COPIES, "generation",
                   f"{GEN_LOGITS_COPIES}·rows·V·4 = {GEN_LOGITS_COPIES}·{gen_rows}·{_n(V)}·4"),
@@ -330,18 +330,28 @@ def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     ]
 
 
-def _merged_lora_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
-    """CPU decode multiplies each LoRA layer by a merged ``W + scale·B·A`` (one product instead of three;
-    rollout/model_parts.py): a copy of every adapted weight in the weights' dtype for the whole generate
-    call, plus one layer's delta in the adapters' dtype while it is being merged. CUDA decodes unmerged."""
-    if x.device != "cpu" or not x.lora:
+def _decode_weight_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
+    """What CPU decoding holds beside the weights (rollout/model_parts.py ``packed_weights``), for one
+    generate call. Float32: a oneDNN-packed copy of the LM head and of every decoder projection (LoRA
+    layers packed as ``W + scale·B·A``), plus the largest stacked group (gate/up) while it is packed.
+    Other dtypes: a merged copy of every LoRA-adapted weight (nothing is packed). CUDA holds neither."""
+    if x.device != "cpu":
         return []
     dims = shape.linear_dims()
+    Bp = x.param_dtype_bytes
+    if Bp == 4:
+        per_layer = sum(i * o for i, o in dims.values())
+        group = 2 * shape.hidden * shape.intermediate
+        head = shape.vocab * shape.hidden
+        return [Component("decode weights", (shape.layers * per_layer + head + group) * 4, "generation",
+                          f"cpu fp32 decode through oneDNN-packed copies: (L·Σ in·out + V·H + gate/up while "
+                          f"stacked)·4 = ({shape.layers}·{_n(per_layer)} + {_n(head)} + {_n(group)})·4")]
+    if not x.lora:
+        return []
     targets = lora_targets(x.lora_target_modules)
     merged = shape.layers * sum(dims[m][0] * dims[m][1] for m in targets)
     largest = max(dims[m][0] * dims[m][1] for m in targets)
-    Bp = x.param_dtype_bytes
-    return [Component("merged LoRA weights", merged * Bp + largest * LORA_ADAPTER_BYTES, "generation",
+    return [Component("decode weights", merged * Bp + largest * LORA_ADAPTER_BYTES, "generation",
                       f"cpu decode through W + scale·B·A: L·Σ in·out·{Bp} B + one delta ·{LORA_ADAPTER_BYTES} B "
                       f"= {shape.layers}·{_n(merged // shape.layers)}·{Bp} + {_n(largest)}·{LORA_ADAPTER_BYTES}")]
 

@@ -31,6 +31,7 @@ from ..memory.malloc import generation_heap
 from ..memory.planner import PREFILL_CHUNK_TOKENS
 from ..types import Rollout
 from .decode import make_stepper
+from .llama_stepper import LlamaStepper
 from .model_parts import CausalLMParts, eval_mode
 from .sampling import SamplingParams, SamplingWorkspace, apply_repetition_penalty, sample_next
 
@@ -60,9 +61,10 @@ class TorchRolloutEngine:
             Rows are split in group order; a chunk prefills only the prompts it needs.
         drop_finished_fraction: finished rows stay in the batch (fed padding) until they make up this
             fraction of it, then the batch and its KV cache are compacted. 0 drops them at once.
-        pack_weights: which float32 CPU weights to pack for oneDNN during each call: ``"auto"`` and
-            ``"head"`` the LM head, ``"all"`` also the decoder's linear layers (faster for deeper
-            models; one more copy of the decoder weights while generating), ``"none"`` nothing.
+        pack_weights: which float32 CPU weights to pack for oneDNN during each call: ``"head"`` the LM
+            head, ``"all"`` also the decoder's linear layers, q/k/v and gate/up stacked (one more copy of
+            the decoder weights while generating), ``"none"`` nothing; ``"auto"`` is ``"all"`` where the
+            lean stepper decodes and ``"head"`` (with LoRA merged) elsewhere.
             See ``CausalLMParts.packed_weights``.
         lean_decode: run decode steps through ``decode.LlamaStepper`` (Llama/Qwen2/Qwen3/Mistral
             without sliding windows) instead of the model's own forward. ``None`` = where supported,
@@ -122,7 +124,7 @@ class TorchRolloutEngine:
         chunk_rows = rows if self.max_batch_rows is None else min(rows, self.max_batch_rows)
 
         pieces = []
-        packed = self.parts.packed_weights(chunk_rows, self.pack_weights)
+        packed = self.parts.packed_weights(chunk_rows, self._packing(prompt_ids, params))
         with torch.no_grad(), eval_mode(self.parts.root), generation_heap(), packed:
             # no_grad rather than inference_mode: the returned ids feed the training forward later, and
             # inference tensors cannot be saved for backward.
@@ -146,6 +148,15 @@ class TorchRolloutEngine:
             sampler_logprobs=sampler_logprobs,
             num_generations=G,
         )
+
+    def _packing(self, prompt_ids: list[list[int]], params: SamplingParams) -> str:
+        """``pack_weights`` for this call: ``"auto"`` packs every decoder weight (``"all"``) where the lean
+        stepper decodes, whose products go through them; elsewhere the head only (the model's own forward
+        would not use packed decoder weights)."""
+        total = max(len(p) for p in prompt_ids) + params.max_new_tokens
+        if self.pack_weights == "auto" and self.lean_decode is not False and LlamaStepper.supports(self.parts, total):
+            return "all"
+        return self.pack_weights
 
     # ------------------------------------------------------------------ one chunk of rows
     def _generate_chunk(

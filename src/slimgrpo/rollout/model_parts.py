@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from ..memory.target import device_kind
+from ..memory.target import device_kind, planned
 
 
 class CausalLMParts:
@@ -41,8 +41,14 @@ class CausalLMParts:
         self.softcap = getattr(config, "final_logit_softcapping", None)  # Gemma 2/3: cap * tanh(x / cap)
         self.logit_scale = getattr(config, "logit_scale", None)  # Cohere: x * scale
         self.logits_scaling = getattr(config, "logits_scaling", None)  # Granite: x / scaling
-        self.packed: dict[nn.Module, torch.Tensor] = {}  # nn.Linear -> its oneDNN-packed weight
-        self.merged: dict[nn.Module, torch.Tensor] = {}  # peft LoRA Linear -> W + its active adapters' delta
+        # While ``packed_weights`` is open: module -> (oneDNN-packed weight, bias); a group of projections
+        # that read the same input (q/k/v, gate/up) -> (one packed weight of their rows, bias, rows each);
+        # peft LoRA Linear -> W + its active adapters' delta (where it is not packed).
+        self.packed: dict[nn.Module, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self.fused: dict[tuple[nn.Module, ...], tuple[torch.Tensor, torch.Tensor | None, list[int]]] = {}
+        self.merged: dict[nn.Module, torch.Tensor] = {}
+        self.handled: set[nn.Module] = set()  # modules in ``packed`` or ``fused`` (or a trace's stand-in)
+        self.standins: list[torch.Tensor] = []  # a memory trace's packed copies (``_reorder``)
 
     @property
     def device(self) -> torch.device:
@@ -51,13 +57,22 @@ class CausalLMParts:
     def linear(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """``module(x)``, through the module's packed weight while ``packed_weights`` holds one, or its
         LoRA-merged weight (``W + scale B A``, one product instead of three)."""
+        packed = self.packed.get(module)
+        if packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, packed[0], packed[1], "none", [], "")
         merged = self.merged.get(module)
         if merged is not None:
             return torch.nn.functional.linear(x, merged, module.base_layer.bias)
-        weight = self.packed.get(module)
-        if weight is None:
-            return module(x)
-        return torch.ops.mkldnn._linear_pointwise(x, weight, module.bias, "none", [], "")
+        return module(x)
+
+    def project(self, modules: tuple[nn.Module, ...], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``tuple(module(x) for module in modules)``: one product through their fused packed weight when
+        ``packed_weights("all")`` built one (split into views), else one ``linear`` each."""
+        fused = self.fused.get(modules)
+        if fused is None:
+            return tuple(self.linear(m, x) for m in modules)
+        weight, bias, rows = fused
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "").split(rows, dim=-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head on last-position hidden states: ``[N, H] -> [N, V]`` in float32."""
@@ -75,50 +90,119 @@ class CausalLMParts:
         """Pre-pack linear weights for oneDNN for the duration of one ``generate`` call (CPU only).
 
         A decode step multiplies a handful of rows by each weight; MKL's generic sgemm re-packs the
-        weight on every call and, on the CPU measured (AMD EPYC, AVX2), runs up to ~2x slower than
-        oneDNN with a weight packed once (the LM head: 1.9x; a 512x2048 layer: 1.5x). The packed copies live only inside this context (weights change after every
-        optimizer step) and cost their size in memory:
+        weight on every call and runs well below oneDNN with a weight packed once (AMD EPYC, 2 threads,
+        SmolLM2's layer shapes at 16 rows: 8.1 GB/s of weights unpacked, 13.8 packed, 17.5 packed and
+        fused; the LM head 1.9x). The packed copies live only inside this context (weights change after
+        every optimizer step) and cost their size in memory:
 
         * ``"auto"`` / ``"head"``: the LM head only (the largest matrix of small models);
-        * ``"all"``: the LM head and every plain linear layer of the decoder (one more copy of the
-          decoder weights during generation; used by the lean Llama stepper);
+        * ``"all"``: the LM head and every linear layer of the decoder, with the projections that read the
+          same input stacked into one weight (q/k/v, gate/up: ``project``), so a decode step runs 4
+          products per layer instead of 7 (one more copy of the decoder weights during generation; the
+          lean Llama stepper uses them, ``TorchRolloutEngine`` picks it for that stepper on CPU);
         * ``"none"``: nothing.
 
-        Only plain float32 ``nn.Linear`` modules on CPU are packed; LoRA-wrapped layers, GPU weights,
-        other dtypes and sharded (DTensor) weights run through the module. The oneDNN ops are private
-        PyTorch API: if they are missing or refuse a weight, that module is simply not packed.
+        Only float32 weights on CPU are packed; GPU weights, other dtypes and sharded (DTensor) weights run
+        through the module. The oneDNN ops are private PyTorch API: if they are missing or refuse a
+        weight, that module is simply not packed.
 
         With ``"auto"`` and ``"all"``, LoRA layers on CPU decode through a merged weight
         ``W + scale B A`` of their active adapters (``_mergeable``): one product per layer instead of the
-        base product plus two thin adapter products, at the cost of one copy of the adapted weights while
-        generating, in the base weight's dtype (the plan's ``merged LoRA weights`` line). The merged
-        copies are separate tensors: the base weights are never modified.
+        base product plus two thin adapter products. With ``"all"`` the merged weight is packed (the packed
+        copy replaces it); otherwise it is held in the base weight's dtype while generating (the plan's
+        ``decode weights`` line). The merged copies are separate tensors: the base weights are never
+        modified.
 
         Both choices follow :func:`~slimgrpo.memory.target.device_kind`: a trace of a CUDA step (fake
         tensors on the CPU device) takes the CUDA path, which merges and packs nothing.
         """
         if which not in ("auto", "head", "all", "none"):
             raise ValueError(f"pack_weights must be 'auto', 'head', 'all' or 'none', got {which!r}")
-        modules = [] if which == "none" else [self.lm_head]
-        if which == "all":
-            modules += [m for m in self.decoder.modules() if type(m) is nn.Linear]
         with torch.no_grad():
-            if which in ("auto", "all"):
+            if which != "none":
+                self._pack(self.lm_head, rows)
+            if which == "all":
+                for group in _projection_groups(self.decoder):
+                    self._pack_group(group, rows)
+                inner = {sub for m in self.decoder.modules() if hasattr(m, "base_layer")
+                         for sub in m.modules() if sub is not m}  # a LoRA layer's base and adapters
                 for module in self.decoder.modules():
-                    if _mergeable(module):
+                    if module not in inner and not self._held(module):
+                        self._pack(module, rows)
+            if which in ("auto", "all"):  # LoRA layers not packed above decode through a merged weight
+                for module in self.decoder.modules():
+                    if not self._held(module) and _mergeable(module):
                         self.merged[module] = _merged_weight(module)
-            for module in modules:
-                if _packable(module):
-                    try:
-                        weight = module.weight.detach()
-                        self.packed[module] = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
-                    except (RuntimeError, AttributeError, NotImplementedError, TypeError):  # op missing
-                        pass
         try:
             yield
         finally:
             self.packed.clear()
+            self.fused.clear()
             self.merged.clear()
+            self.standins.clear()
+            self.handled.clear()
+
+    def _held(self, module: nn.Module) -> bool:
+        return module in self.handled
+
+    def _weight_and_bias(self, module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The weight a decode product uses (a LoRA layer's ``W + scale B A``, made here and dropped once
+        packed) and its bias; None where it cannot be packed."""
+        if _mergeable(module):
+            base = module.base_layer
+            if not _packable_weight(base.weight):
+                return None
+            return _merged_weight(module), base.bias
+        if type(module) is not nn.Linear or not _packable_weight(module.weight):
+            return None
+        return module.weight.detach(), module.bias
+
+    def _pack(self, module: nn.Module, rows: int) -> None:
+        found = self._weight_and_bias(module)
+        if found is None:
+            return
+        packed = self._reorder((module,), found[0], rows)
+        if packed is not None:
+            self.packed[module] = (packed, found[1])
+
+    def _pack_group(self, group: tuple[nn.Module, ...], rows: int) -> None:
+        """One packed weight for projections of the same input (their rows stacked): one product instead of
+        three (q/k/v) or two (gate/up). Skipped unless every member is packable with biases all or none."""
+        found = [self._weight_and_bias(m) for m in group]
+        if any(f is None for f in found) or len({f[1] is None for f in found}) != 1:
+            return
+        stacked = torch.cat([f[0] for f in found])
+        rows_each = [f[0].shape[0] for f in found]
+        bias = None if found[0][1] is None else torch.cat([f[1].detach() for f in found])
+        del found
+        packed = self._reorder(group, stacked, rows)
+        if packed is not None:
+            self.fused[group] = (packed, bias, rows_each)
+
+    def _reorder(self, modules: tuple[nn.Module, ...], weight: torch.Tensor, rows: int) -> torch.Tensor | None:
+        """``weight`` packed for oneDNN products of ``rows`` rows, ``modules`` marked as handled; None
+        where the private op is missing or refuses it. In a memory trace (fake tensors, which oneDNN
+        cannot take) a stand-in of the weight's size is held instead and the modules run unpacked, so the
+        trace counts the bytes a real run holds."""
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+        except (RuntimeError, AttributeError, NotImplementedError, TypeError):  # op missing or refused
+            if planned() is None:
+                return None
+            self.standins.append(torch.empty_like(weight))
+            packed = None
+        self.handled.update(modules)
+        return packed
+
+
+def _projection_groups(decoder: nn.Module) -> list[tuple[nn.Module, ...]]:
+    """(q, k, v) of every attention block and (gate, up) of every gated MLP: products of one input."""
+    groups = []
+    for module in decoder.modules():
+        for names in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+            if all(isinstance(getattr(module, n, None), nn.Module) for n in names):
+                groups.append(tuple(getattr(module, n) for n in names))
+    return groups
 
 
 def _mergeable(module: nn.Module) -> bool:
@@ -151,12 +235,10 @@ def _merged_weight(module: nn.Module) -> torch.Tensor:
     return total.add_(weight).to(weight.dtype)
 
 
-def _packable(module: nn.Module) -> bool:
-    weight = getattr(module, "weight", None)
+def _packable_weight(weight: torch.Tensor) -> bool:
+    """A float32 CPU weight oneDNN can pack (not a sharded DTensor, not a CUDA trace's stand-in)."""
     return (
-        type(module) is nn.Linear
-        and weight is not None
-        and device_kind(weight) == "cpu"
+        device_kind(weight) == "cpu"
         and weight.dtype == torch.float32
         and not hasattr(weight, "device_mesh")  # a sharded DTensor (FSDP2)
         and torch.backends.mkldnn.is_available()

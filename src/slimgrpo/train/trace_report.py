@@ -15,7 +15,7 @@ CATEGORIES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("reference copy", ("reference policy",), ("reference policy",)),
     ("optimizer state", ("optimizer state",), ("optimizer state",)),
     ("rollout / log-prob buffers", ("rollout buffers", "log-prob buffers"), ("buffers",)),
-    ("KV cache, prefill, sampling", ("KV cache", "generation logits", "prefill working set", "merged LoRA weights"),
+    ("KV cache, prefill, sampling", ("KV cache", "generation logits", "prefill working set", "decode weights"),
      ("generation",)),
     ("activations (forward)", ("activations", "attention mask"), ("activations",)),
     ("loss working set", ("loss working set",), ("loss working set",)),
