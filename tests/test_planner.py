@@ -111,15 +111,19 @@ def _saved_bytes_per_token(dtype, lora: bool, m: int = 2, S: int = 64, padded: b
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 @pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("dtype, lora", [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, False)])
-def test_activation_formula_matches_autograd(dtype, lora, padded):
+@pytest.mark.parametrize("device", ["cpu", "cuda"])  # cuda: HF's rule there (a mask repeats K/V), run on CPU
+def test_activation_formula_matches_autograd(dtype, lora, padded, device):
+    from slimgrpo.memory.attention import cpu_gqa
+
     config = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
               "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 128}
     shape = ModelShape.from_hf_config(config)
-    inputs = PlanInputs(device="cpu", param_dtype_bytes=dtype.itemsize, lora=lora, lora_rank=4)
+    inputs = PlanInputs(device=device, param_dtype_bytes=dtype.itemsize, lora=lora, lora_rank=4)
     S = 64
     _, mask_per_layer = attention_mask_bytes(inputs, 2, S, padded=padded)
     predicted = activation_bytes_per_token_layer(shape, inputs, padded=padded) + mask_per_layer / (2 * S)
-    assert _saved_bytes_per_token(dtype, lora, S=S, padded=padded) == predicted
+    with cpu_gqa(device):
+        assert _saved_bytes_per_token(dtype, lora, S=S, padded=padded) == predicted
     if not padded:
         assert mask_per_layer == 0
 

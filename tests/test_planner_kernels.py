@@ -101,9 +101,11 @@ def _saved_layer_bytes(fn, m: int, P: int, T: int, groups: int, lora: bool) -> i
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 @pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("m, G", [(4, 4), (4, 2)])
-def test_update_layer_bytes_match_autograd_plain_and_shared_prompt(lora, m, G):
+@pytest.mark.parametrize("device", ["cpu", "cuda"])  # cuda: HF's rule there (a mask repeats K/V), run on CPU
+def test_update_layer_bytes_match_autograd_plain_and_shared_prompt(lora, m, G, device):
     """The planner's one-layer update bytes equal what autograd saves, with and without shared prompts."""
     from slimgrpo.loss.unpadded import unpadded_hidden
+    from slimgrpo.memory.attention import cpu_gqa
     from slimgrpo.memory.planner import shared_prompt_groups, update_layer_bytes
     from slimgrpo.memory.shapes import ModelShape
     from slimgrpo.train.update.shared_prompt import shared_completion_hidden
@@ -112,15 +114,17 @@ def test_update_layer_bytes_match_autograd_plain_and_shared_prompt(lora, m, G):
                                        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
                                        "vocab_size": 128})
     P, T = 23, 10  # 33 tokens per row: divides no chunk size
-    x = PlanInputs(device="cpu", param_dtype_bytes=4, lora=lora, lora_rank=4, num_generations=G,
+    x = PlanInputs(device=device, param_dtype_bytes=4, lora=lora, lora_rank=4, num_generations=G,
                    prompts_per_step=m // G, micro_batch_rows=m, max_prompt_length=P, max_completion_length=T,
                    padding_mask=False)  # equal-length prompts: no prompt padding
     groups = shared_prompt_groups(x, shape)
     assert groups == m // G
-    assert update_layer_bytes(shape, x)[0] == _saved_layer_bytes(shared_completion_hidden, m, P, T, groups, lora)
-    plain = dataclasses.replace(x, share_prompt_forward=False)
-    assert shared_prompt_groups(plain, shape) == 0
-    assert update_layer_bytes(shape, plain)[0] == _saved_layer_bytes(unpadded_hidden, m, P, T, groups, lora)
+    with cpu_gqa(device):
+        saved = _saved_layer_bytes(shared_completion_hidden, m, P, T, groups, lora)
+        assert update_layer_bytes(shape, x)[0] == saved
+        plain = dataclasses.replace(x, share_prompt_forward=False)
+        assert shared_prompt_groups(plain, shape) == 0
+        assert update_layer_bytes(shape, plain)[0] == _saved_layer_bytes(unpadded_hidden, m, P, T, groups, lora)
 
 
 def test_shared_prompt_plan_is_smaller_and_off_with_checkpointing():

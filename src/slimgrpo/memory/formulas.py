@@ -129,8 +129,8 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padd
 
     A tensor is kept only if a backward formula needs it, and a matmul with a frozen weight does
     not keep its input. With B the compute bytes, A = LORA_ADAPTER_BYTES, kv' = q when the kernel
-    repeats keys/values to query width (eager; sdpa with a mask, ``padded``), else kv (the update's
-    unpadded rows under sdpa / flash_attention_2):
+    repeats keys/values to query width (eager; sdpa with a mask, ``padded``, except on CPU), else kv
+    (the update's unpadded rows under sdpa / flash_attention_2; sdpa on CPU: ``attention.native_gqa``):
 
         RMSNorm ×2      4·H + 4        fp32 upcast and rsqrt, kept for the variance backward
         normed input    2·B·H          full fine-tuning: normalised x (norm-weight grad) and the
@@ -159,7 +159,8 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padd
         n = sum(1 for m in consumers if m in adapted)
         return 0 if n == 0 else width * (B if A == B else n * A)
 
-    kv_saved = attn_kernels.kv_width(shape, attn_kernels.kernel(inputs.attn_implementation)[0], padded)
+    kv_saved = attn_kernels.kv_width(shape, attn_kernels.kernel(inputs.attn_implementation)[0], padded,
+                                     inputs.device)
     norms = 2 * (4 * H + 4)
     attention = B * (2 * q + 2 * kv_saved) + 4 * shape.heads
     mlp = 3 * B * I
@@ -238,7 +239,8 @@ def inference_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs) -> in
     """
     H, I, q = shape.hidden, shape.intermediate, shape.q_dim
     B = _compute_bytes(inputs)
-    kv_saved = attn_kernels.kv_width(shape, attn_kernels.kernel(inputs.attn_implementation)[0], inputs.padding_mask)
+    kv_saved = attn_kernels.kv_width(shape, attn_kernels.kernel(inputs.attn_implementation)[0], inputs.padding_mask,
+                                     inputs.device)
     return B * (2 * H + max(2 * q + 2 * kv_saved, 3 * I)) + 4 * H
 
 

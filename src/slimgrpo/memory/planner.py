@@ -172,7 +172,7 @@ def update_layer_bytes(shape: ModelShape, x: PlanInputs, groups: int | None = No
     c_shared, c_quad = attention_mask_bytes(x, m, S, padded=True, shape=shape, pairs=m * T * S)
     a_prompt = activation_bytes_per_token_layer(shape, x, padded=prompt_padded, tokens=groups * P)
     a_comp = activation_bytes_per_token_layer(shape, x, padded=True, tokens=m * T)
-    fan_out = m * P * 2 * attn_kernels.kv_width(shape, kname, True) * B
+    fan_out = m * P * 2 * attn_kernels.kv_width(shape, kname, True, x.device) * B
     per_layer = a_prompt * groups * P + p_quad + a_comp * m * T + fan_out + c_quad
     what = (f"shared prompt: g·P = {groups}·{_n(P)} prompt tokens (a = {_n(a_prompt)}), m·T = {m}·{_n(T)} "
             f"completion tokens (a = {_n(a_comp)}) + prompt keys/values m·P·2·kv'·B + mask terms")

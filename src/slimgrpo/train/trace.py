@@ -53,6 +53,7 @@ import torch
 from slimgrpo.memory.live_bytes import LiveBytes, PhasePeak
 from slimgrpo.memory.planner import CPU_FRAMEWORK_OVERHEAD_BYTES, CUDA_FRAMEWORK_OVERHEAD_BYTES, CUDA_TRACE_MARGIN
 from slimgrpo.memory.shapes import ModelShape
+from slimgrpo.memory.attention import cpu_gqa
 from slimgrpo.memory.target import planned_device
 
 # Tags of what a CUDA run holds in host memory, not on the GPU: counted apart (TraceResult.host_peak_bytes).
@@ -123,7 +124,7 @@ def trace_step(cfg, shape: ModelShape, device: str = "cpu", generation: bool = T
                      "absmax per 256) and steps in place like its fused kernel (memory/standins.py)")
     # Every choice that shapes the step's memory follows the device planned for, not the fake tensors' CPU
     # device (memory/target.py): a CUDA trace decodes LoRA without the CPU's merged weights, packs nothing.
-    with planned_device(device, host=lambda: tracker.tag("offloaded checkpoints")), \
+    with planned_device(device, host=lambda: tracker.tag("offloaded checkpoints")), cpu_gqa(device), \
             FakeTensorMode(allow_non_fake_inputs=True), FakeData():
         runner, model = _build(cfg, meta, reference)
         with tracker:

@@ -24,6 +24,7 @@ from slimgrpo import threads
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
 from slimgrpo.data import PromptDataset, PromptSampler, check_enough_prompts, load_prompt_dataset, steps_for_epochs
 from slimgrpo.config.validate import loss_warnings
+from slimgrpo.memory.attention import cpu_gqa
 from slimgrpo.memory.malloc import pin_mmap_threshold
 from slimgrpo.modeling import (Policy, build_policy, generation_eos_ids, looks_like_hub_name, max_positions,
                                read_model_config)
@@ -197,14 +198,15 @@ class Trainer:
         t0 = time.perf_counter()
         with self.dist.agree("reading the batch"):  # a failure on one rank stops every rank, with its message
             batch = self.next_batch()
-        rollout, gen_s = self.generate(batch)
-        with self.dist.agree("decoding and scoring rewards"):
-            completions = self.decode(batch, rollout)
-            rewards = self.score(batch, rollout, completions)
-        advantages = self.compute_advantages(rewards)
-        update = self.updater.prepare(rollout, advantages)  # old / reference log-probs
-        advantages = self.updater.critic_stage(update, advantages)  # PPO: per-token GAE advantages from the critic
-        stats, grad_norm, skipped = self.updater.step(update, self.step_idx)
+        with cpu_gqa(self.policy.device.type):  # CPU: masked sdpa without repeated K/V (memory/attention.py)
+            rollout, gen_s = self.generate(batch)
+            with self.dist.agree("decoding and scoring rewards"):
+                completions = self.decode(batch, rollout)
+                rewards = self.score(batch, rollout, completions)
+            advantages = self.compute_advantages(rewards)
+            update = self.updater.prepare(rollout, advantages)  # old / reference log-probs
+            advantages = self.updater.critic_stage(update, advantages)  # PPO: per-token GAE advantages, critic
+            stats, grad_norm, skipped = self.updater.step(update, self.step_idx)
         self.watch.after_update(skipped, self.step_idx)
         outcome = UpdateOutcome.of(self.updater, stats, grad_norm, skipped)
         metrics = step_metrics(self.dist, self.policy.device, rollout, rewards, outcome, gen_s,
