@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from slimgrpo.demo.tools_run import TOOLS_DIR
-from test_distributed import HERE
+from test_distributed import HERE, STALL_REWARD
 
 ENV = '''
 import os, time
@@ -45,13 +45,7 @@ class Calculator:
 def length_mod(prompts, completions, completion_ids=None, **kwargs):
     return [float(len(ids) % 3) for ids in completion_ids]
 
-
-def stalls_after_gate(prompts, completions, completion_ids=None, **kwargs):
-    gate = os.environ.get("STALL_WHEN_EXISTS")
-    if gate and os.path.exists(gate):  # hold the run still until the test kills it
-        time.sleep(600)
-    return [float(len(ids) % 3) for ids in completion_ids]
-'''
+''' + STALL_REWARD
 
 
 def agent_config(tmp_path: Path, name: str, strategy: str, fsdp_generation: str = "gather", **sections) -> dict:

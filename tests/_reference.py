@@ -3,32 +3,31 @@ benchmarks' baseline: benchmarks/bench_loss.py and _gpu_parts.py put this folder
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from slimgrpo.loss.chunked_head import _check_inputs
+from slimgrpo.loss.chunked_head import _check_inputs, chunked_token_logprobs
+
+# The reference takes exactly the arguments of ``chunked_token_logprobs``, defaults included (bound against
+# its signature rather than written out again), so the two contracts cannot drift apart.
+_CONTRACT = inspect.signature(chunked_token_logprobs)
 
 
-def naive_token_logprobs(
-    hidden: Tensor,
-    weight: Tensor,
-    targets: Tensor,
-    *,
-    bias: Tensor | None = None,
-    temperature: float = 1.0,
-    logit_scale: float = 1.0,
-    softcap: float | None = None,
-    return_entropy: bool = False,
-    entropy_grad: bool = False,
-    **chunk_sizes: int | None,
-) -> tuple[Tensor, Tensor | None]:
+def naive_token_logprobs(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
     """Reference: full ``[N, V]`` logits, ``log_softmax`` and gather.
 
-    Same contract as ``chunked_token_logprobs``; its ``token_chunk`` and ``vocab_chunk`` (``chunk_sizes``)
-    are accepted and ignored. The logits are formed in the input dtype (as a model's ``lm_head`` would) and
+    Same contract as ``chunked_token_logprobs`` (its signature); its ``token_chunk`` and ``vocab_chunk`` are
+    accepted and ignored. The logits are formed in the input dtype (as a model's ``lm_head`` would) and
     then upcast.
     """
-    del chunk_sizes
+    call = _CONTRACT.bind(*args, **kwargs)
+    call.apply_defaults()
+    a = call.arguments
+    hidden, weight, targets, bias, softcap = a["hidden"], a["weight"], a["targets"], a["bias"], a["softcap"]
+    temperature, logit_scale = a["temperature"], a["logit_scale"]
     _check_inputs(hidden, weight, targets, bias, temperature, softcap, 1, None)
     logits = torch.nn.functional.linear(hidden, weight, bias).float()  # [N, V]
     # Each transform below allocates another [N, V] tensor, so it is applied only when not a no-op.
@@ -40,7 +39,10 @@ def naive_token_logprobs(
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)  # [N, V]
     logp = logp_all.gather(1, targets[:, None]).squeeze(1)  # [N]
-    if not (return_entropy or entropy_grad):
+    if not (a["return_entropy"] or a["entropy_grad"]):
         return logp, None
     entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, (entropy if entropy_grad else entropy.detach())
+    return logp, (entropy if a["entropy_grad"] else entropy.detach())
+
+
+naive_token_logprobs.__signature__ = _CONTRACT  # type: ignore[attr-defined]

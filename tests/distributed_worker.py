@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -78,9 +79,11 @@ def full_grads(trainer: Trainer) -> dict[str, torch.Tensor]:
     return out
 
 
-def run_case(case: dict, out: Path, ctx) -> None:
-    from safetensors.torch import save_file
-
+def train_fixed(case: dict, ctx, last_grads: Callable[[Trainer], dict[str, torch.Tensor]],
+                ) -> tuple[Trainer, list[dict], dict[str, torch.Tensor]]:
+    """Train ``case["steps"]`` steps on ``FixedEngine``'s rollout (this worker's GRPO cases and
+    ppo_distributed_worker's PPO cases). Returns the trainer, each step's metrics and ``last_grads(trainer)``
+    as the optimizer saw them at the last step (after clipping; collective when sharded)."""
     cfg = load_config(case["config"])
     trainer = Trainer(cfg, dist=ctx)
     trainer.setup()
@@ -90,13 +93,20 @@ def run_case(case: dict, out: Path, ctx) -> None:
 
     def record(optimizer, args, kwargs):  # the gradients the optimizer sees (after clipping)
         grads.clear()
-        grads.update(full_grads(trainer))
+        grads.update(last_grads(trainer))
 
     trainer.optimizer.register_step_pre_hook(record)
     metrics = []
     for _ in range(case["steps"]):
         metrics.append(trainer.step().metrics)
         trainer.step_idx += 1
+    return trainer, metrics, grads
+
+
+def run_case(case: dict, out: Path, ctx) -> None:
+    from safetensors.torch import save_file
+
+    trainer, metrics, grads = train_fixed(case, ctx, full_grads)
     state = full_state(trainer)
     if ctx.is_main:
         save_file({**state, **grads}, str(out / f"{case['name']}.safetensors"))

@@ -3,8 +3,8 @@
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/ppo_distributed_worker.py JOB.json
 
 JOB.json: {"cases": [{"name", "config": path, "steps"}], "out": folder}. Each case trains ``steps`` PPO
-steps on the fixed rollout of ``distributed_worker.FixedEngine`` (the same completions for one process
-with every prompt and N ranks with 1/N of them), then rank 0 writes the policy's and the critic's
+steps on the fixed rollout of ``distributed_worker.FixedEngine`` (``distributed_worker.train_fixed``: the same
+completions for one process with every prompt and N ranks with 1/N of them), then rank 0 writes the policy's and the critic's
 parameters and the gradients of the last optimizer step (gathered when sharded) to
 ``out/<name>.safetensors`` and the logged metrics to ``out/<name>.json``.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from distributed_worker import FixedEngine, full_state
+from distributed_worker import full_state, train_fixed
 from slimgrpo.config import load_config
 from slimgrpo.train.distributed import from_environment
 from slimgrpo.train.trainer import Trainer
@@ -53,23 +53,7 @@ def policy_grads(trainer: Trainer) -> dict[str, torch.Tensor]:
 def run_case(case: dict, out: Path, ctx) -> None:
     from safetensors.torch import save_file
 
-    cfg = load_config(case["config"])
-    trainer = Trainer(cfg, dist=ctx)
-    trainer.setup()
-    tok = trainer.policy.tokenizer
-    trainer.engine = FixedEngine(len(tok), tok.eos_token_id, tok.pad_token_id, cfg.rollout.max_completion_length)
-    grads: dict[str, torch.Tensor] = {}
-
-    def record(optimizer, args, kwargs):  # the gradients the optimizer sees (after clipping)
-        grads.clear()
-        grads.update(policy_grads(trainer))
-        grads.update(critic_tensors(trainer, grads=True))
-
-    trainer.optimizer.register_step_pre_hook(record)
-    metrics = []
-    for _ in range(case["steps"]):
-        metrics.append(trainer.step().metrics)
-        trainer.step_idx += 1
+    trainer, metrics, grads = train_fixed(case, ctx, lambda t: {**policy_grads(t), **critic_tensors(t, grads=True)})
     state = {k: v for k, v in full_state(trainer).items() if ".critic." not in k}  # the critic's: below
     state.update(critic_tensors(trainer, grads=False))
     if ctx.is_main:

@@ -47,6 +47,12 @@ def one_line_error(capsys) -> str:
     return err
 
 
+def refused(capsys, cfg, *overrides: str) -> str:
+    """``slimgrpo train cfg overrides...`` exits 2 (a bad input named); its one-line error."""
+    assert train(cfg, *overrides) == 2
+    return one_line_error(capsys)
+
+
 # ----------------------------------------------------------------------------- one writer per folder
 
 
@@ -87,8 +93,7 @@ def test_stale_lock_of_a_dead_process_is_taken_over_with_a_warning(tmp_path, tin
 def test_resume_with_a_changed_config_is_refused_with_the_keys(finished, capsys):
     cfg, run = finished
     before = run_hashes(run)
-    assert train(cfg, "optim.learning_rate=0.02", "run.seed=6", "run.max_steps=4") == 2
-    err = one_line_error(capsys)
+    err = refused(capsys, cfg, "optim.learning_rate=0.02", "run.seed=6", "run.max_steps=4")
     assert "optim.learning_rate: 0.01 -> 0.02" in err and "run.seed: 5 -> 6" in err
     assert "run.max_steps" not in err.split("Keys that may change")[0]  # resumable: not listed as a difference
     assert "run.resume=never run.overwrite=true" in err and "new run.output_dir" in err
@@ -98,8 +103,8 @@ def test_resume_with_a_changed_config_is_refused_with_the_keys(finished, capsys)
 def test_a_named_checkpoint_may_resume_with_changes_on_purpose(finished, caplog, capsys):
     cfg, run = finished
     first = run / "checkpoints" / "checkpoint-1"
-    assert train(cfg, "optim.learning_rate=0.02") == 2
-    assert f"name the checkpoint: run.resume={run / 'checkpoints' / 'checkpoint-2'}" in one_line_error(capsys)
+    err = refused(capsys, cfg, "optim.learning_rate=0.02")
+    assert f"name the checkpoint: run.resume={run / 'checkpoints' / 'checkpoint-2'}" in err
     with caplog.at_level(logging.WARNING, logger="slimgrpo"):
         assert train(cfg, f"run.resume={first}", "optim.learning_rate=0.02") == 0
     assert f"resuming from {first}, named by run.resume, with a changed config: optim.learning_rate: 0.01 -> 0.02" \
@@ -136,8 +141,7 @@ def test_finished_run_with_more_steps_continues(finished):
 def test_fresh_start_in_a_used_folder_refuses_then_overwrite_moves_it_aside(finished, capsys):
     cfg, run = finished
     before = run_hashes(run)
-    assert train(cfg, "run.resume=never") == 2
-    err = one_line_error(capsys)
+    err = refused(capsys, cfg, "run.resume=never")
     assert "holds an earlier run" in err and "run.overwrite=true" in err and "nothing was changed" in err
     assert run_hashes(run) == before
     assert train(cfg, "run.resume=never", "run.overwrite=true") == 0
@@ -203,8 +207,7 @@ def test_reward_calling_sys_exit_or_raising_keyboardinterrupt_is_a_fault(tmp_pat
                                                                           function):
     cfg = write_run(tmp_path, tiny_model_dir, reward_code=EXITING, run={"max_steps": 1},
                     rewards={"functions": ["my_rewards.py:good", f"my_rewards.py:{function}"]})
-    assert train(cfg) == 2
-    err = one_line_error(capsys)
+    err = refused(capsys, cfg)
     assert f"reward function '{function}' failed (exception)" in err
     assert ("SystemExit" in err) or ("KeyboardInterrupt" in err)
     assert not (tmp_path / "run" / "final").exists()
@@ -269,8 +272,7 @@ def test_reward_always_failing_under_on_error_zero_warns_naming_it(tmp_path, tin
 def test_reward_too_large_for_float32_is_a_fault_naming_the_function(tmp_path, tiny_model_dir, capsys):
     cfg = write_run(tmp_path, tiny_model_dir, reward_code=EXITING, run={"max_steps": 1},
                     rewards={"functions": ["my_rewards.py:good", "my_rewards.py:huge"]})
-    assert train(cfg) == 2
-    err = one_line_error(capsys)
+    err = refused(capsys, cfg)
     assert "reward function 'huge' failed (non_finite)" in err and "too large for float32" in err
     out = RewardRunner([("huge", lambda prompts, completions, **kw: [1e40] * len(completions))],
                        on_error="skip").score(["p"], ["a"], None)
@@ -313,8 +315,7 @@ def test_learning_rate_that_destroys_the_model_exits_3_not_done(tmp_path, tiny_m
 
 def test_float16_on_cpu_is_refused_at_validation(tmp_path, tiny_model_dir, capsys):
     cfg = write_run(tmp_path, tiny_model_dir, model={"dtype": "float16"}, run={"device": "cpu"})
-    assert train(cfg) == 2
-    err = one_line_error(capsys)
+    err = refused(capsys, cfg)
     assert "model.dtype=float16" in err and "use model.dtype=float32" in err
 
 
@@ -324,8 +325,7 @@ def test_float16_on_cpu_is_refused_at_validation(tmp_path, tiny_model_dir, capsy
 def test_output_dir_that_is_a_file(tmp_path, tiny_model_dir, capsys):
     cfg = write_run(tmp_path, tiny_model_dir)
     (tmp_path / "afile").write_text("mine")
-    assert train(cfg, f"run.output_dir={tmp_path / 'afile'}") == 2
-    assert "is a file, not a folder" in one_line_error(capsys)
+    assert "is a file, not a folder" in refused(capsys, cfg, f"run.output_dir={tmp_path / 'afile'}")
     assert (tmp_path / "afile").read_text() == "mine"
 
 
@@ -339,8 +339,7 @@ def test_read_only_output_dir(tmp_path, tiny_model_dir, capsys, monkeypatch):
 
     monkeypatch.setattr(Path, "write_text", read_only)  # running as root: chmod would not stop us
     cfg = write_run(tmp_path, tiny_model_dir)
-    assert train(cfg) == 2
-    err = one_line_error(capsys)
+    err = refused(capsys, cfg)
     assert "cannot write to the run folder" in err and "read-only file system" in err and "run.output_dir" in err
 
 
@@ -354,8 +353,7 @@ def test_disk_full_during_a_save(tmp_path, tiny_model_dir, capsys, monkeypatch):
 
     monkeypatch.setattr(ckpt, "save_file", full)
     cfg = write_run(tmp_path, tiny_model_dir, run={"max_steps": 2, "save_steps": 1})
-    assert train(cfg) == 2
-    err = one_line_error(capsys)
+    err = refused(capsys, cfg)
     assert "No space left on device" in err and "checkpoint-2" in err and "free disk space" in err
     root = tmp_path / "run" / "checkpoints"
     assert [p.name for p in root.iterdir()] == ["checkpoint-1"] and ckpt.is_valid(root / "checkpoint-1")
@@ -367,37 +365,32 @@ def test_truncated_model_safetensors(tmp_path, tiny_model_dir, capsys):
     weights = model / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     cfg = write_run(tmp_path, model)
-    assert train(cfg) == 2
-    err = one_line_error(capsys)
+    err = refused(capsys, cfg)
     assert "model.safetensors cannot be read" in err and "truncated or corrupt" in err
 
 
 def test_non_utf8_data_names_file_and_line(tmp_path, tiny_model_dir, capsys):
     cfg = write_run(tmp_path, tiny_model_dir)
     (tmp_path / "prompts.jsonl").write_bytes(b'{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "caf\xe9"}\n')
-    assert train(cfg) == 2
-    err = one_line_error(capsys)
+    err = refused(capsys, cfg)
     assert "prompts.jsonl: line 3 is not valid UTF-8 (byte 0xe9" in err and "iconv" in err
 
 
 def test_model_path_pointing_at_a_file(tmp_path, tiny_model_dir, capsys):
     cfg = write_run(tmp_path, tiny_model_dir)
-    assert train(cfg, f"model.path={tiny_model_dir / 'config.json'}") == 2
-    err = one_line_error(capsys)
+    err = refused(capsys, cfg, f"model.path={tiny_model_dir / 'config.json'}")
     assert "is a file" in err and f"model.path='{tiny_model_dir}'" in err
 
 
 def test_config_path_that_is_a_folder(tmp_path, tiny_model_dir, capsys):
     write_run(tmp_path, tiny_model_dir)
-    assert train(tmp_path) == 2
-    err = one_line_error(capsys)
+    err = refused(capsys, tmp_path)
     assert "is a folder, not a YAML file" in err and "cfg.yaml" in err
 
 
 def test_reward_spec_naming_a_file_without_function(tmp_path, tiny_model_dir, capsys):
     cfg = write_run(tmp_path, tiny_model_dir)
-    assert train(cfg, "rewards.functions=[my_rewards.py]") == 2
-    err = one_line_error(capsys)
+    err = refused(capsys, cfg, "rewards.functions=[my_rewards.py]")
     assert "'my_rewards.py:vowels'" in err and "rewards:py" not in err
 
 
@@ -419,22 +412,20 @@ def test_eval_of_a_checkpoint_without_a_config(finished, capsys, tmp_path):
 def test_duplicate_yaml_section_names_the_lines(tmp_path, tiny_model_dir, capsys):
     cfg = write_run(tmp_path, tiny_model_dir)
     cfg.write_text(cfg.read_text() + "run:\n  seed: 9\n")
-    assert train(cfg) == 2
-    err = one_line_error(capsys)
+    err = refused(capsys, cfg)
     assert "key 'run' appears twice (lines" in err and "cfg.yaml" in err
 
 
 def test_empty_output_dir(tmp_path, tiny_model_dir, capsys):
     cfg = write_run(tmp_path, tiny_model_dir)
-    assert train(cfg, "run.output_dir=") == 2
-    assert "run.output_dir is empty" in one_line_error(capsys)
+    assert "run.output_dir is empty" in refused(capsys, cfg, "run.output_dir=")
 
 
 @pytest.mark.parametrize("threads", ["0", "-1"])
 def test_num_threads_zero_or_negative(tmp_path, tiny_model_dir, capsys, threads):
     cfg = write_run(tmp_path, tiny_model_dir)
-    assert train(cfg, f"run.num_threads={threads}") == 2
-    assert f"run.num_threads must be >= 1 (or null for torch's default), got {threads}" in one_line_error(capsys)
+    err = refused(capsys, cfg, f"run.num_threads={threads}")
+    assert f"run.num_threads must be >= 1 (or null for torch's default), got {threads}" in err
 
 
 def test_ragged_csv_row(tmp_path, tiny_model_dir, capsys):

@@ -39,8 +39,8 @@ def trained_parts(hidden: int = 16):
 def save(out, step, parts=None, keep=10, **kw):
     model, opt, sched = parts or trained_parts()
     gen = torch.Generator().manual_seed(step)
-    return ckpt.save_checkpoint(out, step, model, opt, sched, {"epoch": 0, "cursor": step, "size": 5, "seed": 1},
-                                gen, keep=keep, **kw)
+    sampler = {"epoch": 0, "cursor": step, "size": 5, "seed": 1}
+    return ckpt.save_checkpoint(out, step, ckpt.CheckpointParts(model, opt, sched, sampler, gen), keep=keep, **kw)
 
 
 def test_layout_manifest_and_no_pickle(tmp_path, monkeypatch):

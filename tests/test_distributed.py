@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,16 @@ pytestmark = pytest.mark.distributed
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "distributed_worker.py"
 
+# The reward of the killed-run tests (``kill_and_resume``; ``_agent_dist_helpers.ENV`` has it too): it holds
+# the run still once the file named by STALL_WHEN_EXISTS exists, so that the kill lands mid-step.
+STALL_REWARD = """
+def stalls_after_gate(prompts, completions, completion_ids=None, **kwargs):
+    gate = os.environ.get("STALL_WHEN_EXISTS")
+    if gate and os.path.exists(gate):  # hold the run still until the test kills it
+        time.sleep(600)
+    return [float(len(ids) % 3) for ids in completion_ids]
+"""
+
 REWARDS = """
 import os, time
 
@@ -45,17 +56,11 @@ def length_mod(prompts, completions, completion_ids=None, log_metric=None, **kwa
     log_metric("length_mod/mean_tokens", sum(len(ids) for ids in completion_ids) / len(completion_ids))
     return [float(len(ids) % 3) for ids in completion_ids]
 
-def stalls_after_gate(prompts, completions, completion_ids=None, **kwargs):
-    gate = os.environ.get("STALL_WHEN_EXISTS")
-    if gate and os.path.exists(gate):  # hold the run still until the test kills it
-        time.sleep(600)
-    return [float(len(ids) % 3) for ids in completion_ids]
-
 def fails_on_rank_1(prompts, completions, completion_ids=None, **kwargs):
     if os.environ.get("RANK") == "1":
         raise ValueError("reward exploded on rank 1 (test)")
     return [0.0 for _ in completions]
-"""
+""" + STALL_REWARD
 
 
 def torchrun(args: list[str], tmp_path: Path, timeout: float, nproc: int = 2, env: dict | None = None,
@@ -115,6 +120,35 @@ def write_config(path: Path, model_dir: Path, prompts: Path, out: Path, rewards:
     return path
 
 
+def same_step_cases(tmp_path: Path, model_dir: Path, prompts: Path, sections_of: dict[str, dict],
+                    ) -> tuple[list[dict], list[dict]]:
+    """Worker cases (2 steps each) for the same-step tests: for each name -> config sections, one for the
+    2 ranks and one for the single process that is their reference (same config, its own run folder)."""
+    two, one = [], []
+    rewards = ["my_rewards.py:vowel_share", "my_rewards.py:length_mod"]
+    for name, sections in sections_of.items():
+        for n, group in ((2, two), (1, one)):
+            config = write_config(tmp_path / f"{name}-{n}.yaml", model_dir, prompts, tmp_path / f"run-{name}-{n}",
+                                  rewards, **sections)
+            group.append({"name": f"{name}-{n}", "config": str(config), "steps": 2})
+    return two, one
+
+
+def run_two_ranks_and_one(worker: Path, job: dict, single: list[dict], run_case: Callable, tmp_path: Path,
+                          timeout: float) -> None:
+    """``job`` on 2 ranks of ``worker`` under torchrun while ``run_case`` runs the ``single`` cases in this
+    process (the reference: one process, every prompt); the ranks must finish cleanly."""
+    from slimgrpo.train.distributed import DistContext
+
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(job))
+    proc = torchrun([str(worker), str(path)], tmp_path, timeout=timeout)
+    for case in single:  # the reference runs while the 2 ranks run
+        run_case(case, Path(job["out"]), DistContext())
+    code, log = finish(proc, timeout=timeout)
+    assert code == 0, log[-6000:]
+
+
 @pytest.fixture
 def prompts(tmp_path) -> Path:
     rows = [{"prompt": f"What is {a} plus {b}?", "answer": str(a + b)} for a in range(1, 5) for b in range(1, 5)]
@@ -145,30 +179,16 @@ def test_two_ranks_take_the_same_step_as_one_process(tmp_path, tiny_model_dir, p
     from safetensors.torch import load_file
 
     import distributed_worker
-    from slimgrpo.train.distributed import DistContext
 
     out = tmp_path / "out"
     out.mkdir()
-    cases, single = [], []
-    for name, sections in CASES.items():
-        rewards = ["my_rewards.py:vowel_share", "my_rewards.py:length_mod"]
-        two = write_config(tmp_path / f"{name}-2.yaml", tiny_model_dir, prompts, tmp_path / f"run-{name}-2",
-                           rewards, **sections)
-        one = write_config(tmp_path / f"{name}-1.yaml", tiny_model_dir, prompts, tmp_path / f"run-{name}-1",
-                           rewards, **sections)
-        cases.append({"name": f"{name}-2", "config": str(two), "steps": 2})
-        single.append({"name": f"{name}-1", "config": str(one), "steps": 2})
+    cases, single = same_step_cases(tmp_path, tiny_model_dir, prompts, CASES)
     gen_configs = [str(write_config(tmp_path / f"gen-{mode}.yaml", tiny_model_dir, prompts, tmp_path / f"gen-{mode}",
                                     ["my_rewards.py:vowel_share"],
                                     distributed={"strategy": "fsdp", "fsdp_generation": mode}))
                    for mode in ("gather", "per_layer")]
-    job = tmp_path / "job.json"
-    job.write_text(json.dumps({"cases": cases, "generation": gen_configs, "out": str(out)}))
-    proc = torchrun([str(WORKER), str(job)], tmp_path, timeout=120)
-    for case in single:  # the reference: one process, every prompt, while the 2 ranks run
-        distributed_worker.run_case(case, out, DistContext())
-    code, log = finish(proc, timeout=120)
-    assert code == 0, log[-6000:]
+    run_two_ranks_and_one(WORKER, {"cases": cases, "generation": gen_configs, "out": str(out)}, single,
+                          distributed_worker.run_case, tmp_path, timeout=120)
 
     for name in CASES:
         one, two = load_file(str(out / f"{name}-1.safetensors")), load_file(str(out / f"{name}-2.safetensors"))

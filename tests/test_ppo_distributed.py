@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_distributed import _final_weights, finish, kill_and_resume, prompts, torchrun, write_config  # noqa: F401
+from test_distributed import (  # noqa: F401
+    _final_weights, kill_and_resume, prompts, run_two_ranks_and_one, same_step_cases, write_config,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -39,24 +41,12 @@ def test_two_ranks_take_the_same_ppo_step_as_one_process(tmp_path, tiny_model_di
     from safetensors.torch import load_file
 
     import ppo_distributed_worker
-    from slimgrpo.train.distributed import DistContext
 
     out = tmp_path / "out"
     out.mkdir()
-    cases, single = [], []
-    rewards = ["my_rewards.py:vowel_share", "my_rewards.py:length_mod"]
-    for name, sections in CASES.items():
-        for n, group in ((2, cases), (1, single)):
-            config = write_config(tmp_path / f"{name}-{n}.yaml", tiny_model_dir, prompts, tmp_path / f"run-{name}-{n}",
-                                  rewards, **sections)
-            group.append({"name": f"{name}-{n}", "config": str(config), "steps": 2})
-    job = tmp_path / "job.json"
-    job.write_text(json.dumps({"cases": cases, "out": str(out)}))
-    proc = torchrun([str(WORKER), str(job)], tmp_path, timeout=240)
-    for case in single:  # the reference: one process, every prompt, while the 2 ranks run
-        ppo_distributed_worker.run_case(case, out, DistContext())
-    code, log = finish(proc, timeout=240)
-    assert code == 0, log[-6000:]
+    cases, single = same_step_cases(tmp_path, tiny_model_dir, prompts, CASES)
+    run_two_ranks_and_one(WORKER, {"cases": cases, "out": str(out)}, single, ppo_distributed_worker.run_case,
+                          tmp_path, timeout=240)
 
     for name in CASES:
         one, two = load_file(str(out / f"{name}-1.safetensors")), load_file(str(out / f"{name}-2.safetensors"))

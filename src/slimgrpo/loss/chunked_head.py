@@ -81,6 +81,15 @@ class _LogitTransform:
         return tanh.mul_(tanh).neg_().add_(1.0)
 
 
+@dataclass(frozen=True)
+class _Head:
+    """The LM head of one call, as the per-chunk forward passes take it."""
+
+    weight: Tensor  # [V, H]
+    bias: Tensor | None  # [V]
+    tf: _LogitTransform  # head outputs -> tempered logits
+
+
 def _vocab_slices(vocab_size: int, vocab_chunk: int | None) -> list[tuple[int, int]]:
     step = vocab_size if vocab_chunk is None else min(vocab_chunk, vocab_size)
     return [(a, min(a + step, vocab_size)) for a in range(0, vocab_size, step)]
@@ -162,10 +171,8 @@ def _softmax_stats_(
 def _chunk_forward(
     ws: _Workspace,
     h: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
+    head: _Head,
     targets: Tensor,
-    tf: _LogitTransform,
     slices: list[tuple[int, int]],
     want_entropy: bool,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -181,7 +188,7 @@ def _chunk_forward(
     """
     lse = entropy = z_target = None
     for a, b in slices:
-        z = ws.logits(h, weight, bias, a, b, tf)  # [n, b - a] fp32
+        z = ws.logits(h, head.weight, head.bias, a, b, head.tf)  # [n, b - a] fp32
         picked, in_range = _target_logit(z, targets, a, b)
         z_target = picked if z_target is None else torch.where(in_range, picked, z_target)
         lse_c, ent_c, _ = _softmax_stats_(z, want_entropy)
@@ -269,10 +276,8 @@ def _backprop_slice(
 def _chunk_forward_with_hidden_grad(
     ws: _Workspace,
     h: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
+    head: _Head,
     targets: Tensor,
-    tf: _LogitTransform,
     want_entropy: bool,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
     """Forward of one token chunk over the whole vocabulary, plus ``d logp / d h`` [n, H] fp32.
@@ -280,8 +285,9 @@ def _chunk_forward_with_hidden_grad(
     Used when the head is frozen: the gradient wrt ``h`` of ``log p(y)`` is formed from the same
     logits, so backward only has to scale it by the upstream gradient.
     """
+    weight, tf = head.weight, head.tf
     vocab = weight.shape[0]
-    z = ws.logits(h, weight, bias, 0, vocab, tf)  # [n, V] fp32
+    z = ws.logits(h, weight, head.bias, 0, vocab, tf)  # [n, V] fp32
     z_target = z.gather(1, targets[:, None]).squeeze(1)
     cap = tf.softcap_factor(z)  # [n, V] or None
     lse, entropy, s = _softmax_stats_(z, want_entropy, keep_exp=True)
@@ -309,15 +315,14 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
         # at hand: backward then needs no recomputation at all.
         unit_grad = torch.empty(hidden.shape, device=hidden.device, dtype=torch.float32) \
             if precompute_hidden_grad else None  # [N, H]
+        head = _Head(weight, bias, tf)
         for s in range(0, n_tokens, token_chunk):
             e = min(s + token_chunk, n_tokens)
             h, y = hidden[s:e], targets[s:e]
             if unit_grad is None:
-                lse_c, z_y, ent_c = _chunk_forward(ws, h, weight, bias, y, tf, slices,
-                                                   want_entropy)
+                lse_c, z_y, ent_c = _chunk_forward(ws, h, head, y, slices, want_entropy)
             else:
-                lse_c, z_y, ent_c, unit_grad[s:e] = _chunk_forward_with_hidden_grad(
-                    ws, h, weight, bias, y, tf, want_entropy)
+                lse_c, z_y, ent_c, unit_grad[s:e] = _chunk_forward_with_hidden_grad(ws, h, head, y, want_entropy)
             logp[s:e], lse[s:e] = z_y - lse_c, lse_c
             if entropy is not None:
                 entropy[s:e] = ent_c
@@ -464,11 +469,11 @@ def _no_grad_logprobs(hidden, weight, bias, targets, tf, token_chunk, vocab_chun
     """The inference path (reference / old log-probs): chunk by chunk, nothing kept."""
     slices = _vocab_slices(weight.shape[0], vocab_chunk)
     ws = _workspace(token_chunk, hidden.shape[0], slices, weight)
+    head = _Head(weight, bias, tf)
     logp, entropy = [], []
     for s in range(0, hidden.shape[0], token_chunk):
         e = min(s + token_chunk, hidden.shape[0])
-        lse, z_y, ent = _chunk_forward(ws, hidden[s:e], weight, bias, targets[s:e], tf, slices,
-                                       want_entropy)
+        lse, z_y, ent = _chunk_forward(ws, hidden[s:e], head, targets[s:e], slices, want_entropy)
         logp.append(z_y - lse)
         if ent is not None:
             entropy.append(ent)

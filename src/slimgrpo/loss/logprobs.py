@@ -21,6 +21,7 @@ tests compare the result against ``model(...).logits`` for the families above an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,12 +31,15 @@ from slimgrpo.config.loss import auto_token_chunk
 from slimgrpo.loss.chunked_head import chunked_token_logprobs
 
 __all__ = [
+    "CompletionRows",
     "HeadSpec",
+    "HiddenOut",
     "auto_token_chunk",
     "chunked_token_logprobs",
     "completion_hidden",
     "completion_logprobs",
     "completion_position_ids",
+    "hidden_layout",
     "lm_head_spec",
     "unwrap_causal_lm",
 ]
@@ -139,28 +143,56 @@ def _check_completion_inputs(input_ids: Tensor, attention_mask: Tensor, num_toke
                          f"{tuple(completion_mask.shape)}")
 
 
-def completion_hidden(
-    model: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    num_completion_tokens: int,
-    completion_ids: Tensor,
-    completion_mask: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, HeadSpec]:
-    """The backbone half of ``completion_logprobs`` (same arguments).
+@dataclass(frozen=True)
+class CompletionRows:
+    """What every forward layout takes (``completion_hidden``'s arguments, checked): padded rows whose last
+    ``T`` columns are the completions."""
+
+    input_ids: Tensor  # [rows, P + T] left-padded prompt, then right-padded completion
+    attention_mask: Tensor  # [rows, P + T]
+    T: int
+    completion_ids: Tensor  # [rows, T] the targets
+    completion_mask: Tensor | None = None  # [rows, T] the tokens to score; None: attention_mask[:, -T:]
+
+    @property
+    def mask(self) -> Tensor:
+        """``[rows, T]`` bool: the scored completion tokens."""
+        return (self.attention_mask[:, -self.T:] if self.completion_mask is None else self.completion_mask).bool()
+
+
+HiddenOut = tuple[Tensor, Tensor, Tensor, HeadSpec]  # (hidden [n, H], targets [n], mask [rows, T] bool, head)
+
+
+def hidden_layout(fn: Callable[[nn.Module, CompletionRows], HiddenOut]) -> Callable[..., HiddenOut]:
+    """A forward layout ``fn(model, rows)`` with ``completion_hidden``'s calling convention (``HiddenFn`` in
+    train/update/layout.py), its arguments checked here once for every layout that takes padded rows."""
+
+    def hidden_fn(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion_tokens: int,
+                  completion_ids: Tensor, completion_mask: Tensor | None = None) -> HiddenOut:
+        _check_completion_inputs(input_ids, attention_mask, num_completion_tokens, completion_ids, completion_mask)
+        return fn(model, CompletionRows(input_ids, attention_mask, num_completion_tokens, completion_ids,
+                                        completion_mask))
+
+    hidden_fn.__name__, hidden_fn.__qualname__, hidden_fn.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    hidden_fn.__module__ = fn.__module__
+    return hidden_fn
+
+
+@hidden_layout
+def completion_hidden(model: nn.Module, x: CompletionRows) -> HiddenOut:
+    """The backbone half of ``completion_logprobs`` (same arguments, ``hidden_layout``).
 
     Returns ``(hidden [n, H], targets [n], mask [rows, T] bool, head)``: the final hidden states that
     predict the ``n`` scored completion tokens, those tokens, where they sit, and the LM head.
     """
-    T = num_completion_tokens
-    _check_completion_inputs(input_ids, attention_mask, T, completion_ids, completion_mask)
+    T = x.T
     lm = unwrap_causal_lm(model)
     decoder = lm.get_decoder()
-    out = decoder(input_ids=input_ids, attention_mask=attention_mask,
-                  position_ids=completion_position_ids(attention_mask), use_cache=False)
+    out = decoder(input_ids=x.input_ids, attention_mask=x.attention_mask,
+                  position_ids=completion_position_ids(x.attention_mask), use_cache=False)
     hidden = out[0][:, -T - 1 : -1]  # [rows, T, H]
-    mask = (attention_mask[:, -T:] if completion_mask is None else completion_mask).bool()
-    return hidden[mask], completion_ids[mask], mask, lm_head_spec(lm)
+    mask = x.mask
+    return hidden[mask], x.completion_ids[mask], mask, lm_head_spec(lm)
 
 
 def completion_logprobs(

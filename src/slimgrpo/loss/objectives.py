@@ -58,16 +58,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from slimgrpo.loss.policy_losses import (
-    cispo_term,
-    clipped_surrogate,
-    entropy_threshold,
-    high_entropy_mask,
-    off_policy_keep,
-    sapo_term,
-    vespo_term,
-    vespo_weights,
-)
+import slimgrpo.loss.policy_losses as terms
 from slimgrpo.types import LossStats
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo", "luspo")
@@ -311,14 +302,14 @@ def policy_term(logp: Tensor, old: Tensor, ratio: Tensor, advantages: Tensor, ma
                 s: LossSettings) -> tuple[Tensor, dict[str, Tensor]]:
     """The per-token policy loss of ``s.loss_type`` -> ([rows, T], per-type quantities for stats)."""
     if s.loss_type == "cispo":
-        return cispo_term(logp, ratio, advantages, s.upper_epsilon), {}
+        return terms.cispo_term(logp, ratio, advantages, s.upper_epsilon), {}
     if s.loss_type == "sapo":
-        return sapo_term(ratio, advantages, s.sapo_temperature_pos, s.sapo_temperature_neg), {}
+        return terms.sapo_term(ratio, advantages, s.sapo_temperature_pos, s.sapo_temperature_neg), {}
     if s.loss_type == "vespo":
-        phi = vespo_weights(logp, old, mask, advantages, s.vespo_k_pos, s.vespo_lambda_pos,
-                            s.vespo_k_neg, s.vespo_lambda_neg)
-        return vespo_term(logp, phi, advantages), {"phi": phi}
-    return clipped_surrogate(ratio, advantages, s.epsilon, s.upper_epsilon, s.delta), {}
+        phi = terms.vespo_weights(logp, old, mask, advantages, s.vespo_k_pos, s.vespo_lambda_pos,
+                                  s.vespo_k_neg, s.vespo_lambda_neg)
+        return terms.vespo_term(logp, phi, advantages), {"phi": phi}
+    return terms.clipped_surrogate(ratio, advantages, s.epsilon, s.upper_epsilon, s.delta), {}
 
 
 def grpo_loss(
@@ -365,15 +356,15 @@ def grpo_loss(
     ratio = torch.exp(_LOG_RATIO[s.importance_sampling_level](logp, old, mask))  # [rows, T]
     per_token, parts = policy_term(logp, old, ratio, advantages, mask, s)
     if s.off_policy_mask_threshold is not None:
-        keep = off_policy_keep(logp, old, mask, advantages, s.off_policy_mask_threshold)
+        keep = terms.off_policy_keep(logp, old, mask, advantages, s.off_policy_mask_threshold)
         per_token = per_token * keep[:, None].to(per_token.dtype)
     effective = mask  # the tokens the policy term acts on
     if (s.top_entropy_quantile < 1.0 or s.entropy_bonus) and entropy is None:
         raise ValueError("top_entropy_quantile < 1 and the entropy bonus need the per-token entropy")
     if s.top_entropy_quantile < 1.0:
-        cut = entropy_threshold(entropy, mask, s.top_entropy_quantile) if entropy_cut is None \
+        cut = terms.entropy_threshold(entropy, mask, s.top_entropy_quantile) if entropy_cut is None \
             else entropy_cut
-        effective = high_entropy_mask(entropy, mask, cut)
+        effective = terms.high_entropy_mask(entropy, mask, cut)
         per_token = per_token * effective.to(per_token.dtype)
     kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
     if s.use_bias_correction_kl and ref_logp is not None:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from slimgrpo.loss.gather import take_rows
-from slimgrpo.loss.logprobs import _check_completion_inputs, lm_head_spec, unwrap_causal_lm
+from slimgrpo.loss.logprobs import CompletionRows, HiddenOut, hidden_layout, lm_head_spec, unwrap_causal_lm
 
 MAX_TOKENS = 4096  # packed length limit: the [N, N] bool mask is at most 16 MiB
 _MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoders known to take a prepared 4D mask as-is
@@ -94,18 +94,11 @@ def cheaper(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, T: int,
     return packed < best_other
 
 
-def packed_completion_hidden(
-    model: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    num_completion_tokens: int,
-    completion_ids: Tensor,
-    completion_mask: Tensor | None = None,
-):
+@hidden_layout
+def packed_completion_hidden(model: nn.Module, x: CompletionRows) -> HiddenOut:
     """``logprobs.completion_hidden``'s contract (padded rows in; ``(hidden [n, H], targets [n], mask
     [rows, T], head)`` out), computed on the micro-batch packed into one sequence (module docstring)."""
-    T = num_completion_tokens
-    _check_completion_inputs(input_ids, attention_mask, T, completion_ids, completion_mask)
+    input_ids, attention_mask, T, completion_ids = x.input_ids, x.attention_mask, x.T, x.completion_ids
     lengths = _lengths(attention_mask, T)
     if lengths is None:
         raise ValueError("packing needs left-padded prompts and right-padded completions")
@@ -114,7 +107,7 @@ def packed_completion_hidden(
     device = input_ids.device
     rows, P = input_ids.shape[0], input_ids.shape[1] - T
     first_row, group_of_row = row_groups(input_ids[:, :P], attention_mask[:, :P])
-    mask = (attention_mask[:, P:] if completion_mask is None else completion_mask).bool()
+    mask = x.mask
     if bool((mask & ~attention_mask[:, P:].bool()).any()):
         raise ValueError("completion_mask marks tokens outside the completions")
 

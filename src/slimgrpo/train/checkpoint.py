@@ -60,6 +60,18 @@ class CheckpointError(ValueError):
 
 
 @dataclass
+class CheckpointParts:
+    """The live objects a checkpoint is written from, one process or many (``save_checkpoint`` of this module
+    and of ``dist_checkpoint``)."""
+
+    model: Any  # the policy (under torchrun with PPO: the module that holds policy and critic)
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    sampler_state: dict[str, int]  # the data position (``sampler.state_dict()``)
+    generator: torch.Generator | None  # the sampling generator, whose state is saved with the RNGs
+
+
+@dataclass
 class TrainState:
     step: int
     sampler: dict[str, int]
@@ -211,11 +223,7 @@ def checkpoint_dir(output_dir: str | Path) -> Path:
 def save_checkpoint(
     output_dir: str | Path,
     step: int,
-    model,
-    optimizer: torch.optim.Optimizer,
-    scheduler,
-    sampler_state: dict[str, int],
-    generator: torch.Generator | None,
+    parts: CheckpointParts,
     extra: dict[str, Any] | None = None,
     keep: int = 2,
     extra_tensors: dict[str, dict[str, torch.Tensor]] | None = None,
@@ -230,26 +238,24 @@ def save_checkpoint(
     # Into .tmp-checkpoint-<step> (TMP_PREFIX); disk full, quota, read-only: what this save took is freed,
     # earlier checkpoints stay, and the error names the checkpoint folder (storage.as_os_error).
     with write_folder_atomically(final, install=lambda tmp, dst: finish_save(tmp, dst, step, keep, protect)) as tmp:
-        _write_checkpoint(tmp, output_dir, step, model, optimizer, scheduler, sampler_state, generator, extra,
-                          extra_tensors)
+        _write_checkpoint(tmp, output_dir, step, parts, extra, extra_tensors)
     return final
 
 
-def _write_checkpoint(tmp: Path, output_dir, step, model, optimizer, scheduler, sampler_state, generator,
-                      extra, extra_tensors=None) -> None:
-    model.save_pretrained(str(tmp / "model"), safe_serialization=True)
+def _write_checkpoint(tmp: Path, output_dir, step, parts: CheckpointParts, extra, extra_tensors=None) -> None:
+    parts.model.save_pretrained(str(tmp / "model"), safe_serialization=True)
     for name, tensors in (extra_tensors or {}).items():
         save_file(tensors, str(tmp / f"{name}.safetensors"))
     _debug_kill("model", step)
-    opt_skel = save_nested(optimizer.state_dict(), tmp / "optimizer.safetensors")
+    opt_skel = save_nested(parts.optimizer.state_dict(), tmp / "optimizer.safetensors")
     _debug_kill("optimizer", step)
-    rng_tensors, rng_plain = rng_state(generator)
+    rng_tensors, rng_plain = rng_state(parts.generator)
     save_file(rng_tensors, str(tmp / "rng.safetensors"))
     _debug_kill("rng", step)
     state = {
         "step": step,
-        "sampler": sampler_state,
-        "scheduler": scheduler.state_dict(),
+        "sampler": parts.sampler_state,
+        "scheduler": parts.scheduler.state_dict(),
         "optimizer": opt_skel,
         "rng": rng_plain,
         "num_threads": torch.get_num_threads(),

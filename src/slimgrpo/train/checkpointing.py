@@ -130,21 +130,26 @@ class Checkpointer:
         p = self.parts
         if self.dist.enabled:  # DCP: every rank writes its part
             return dist_ckpt.save_checkpoint(
-                self.output_dir, step, self.saved_modules(), p.optimizer, p.scheduler,
-                p.sampler.state_dict(), p.generator, self.dist, self.cfg.distributed.strategy,
-                keep=self.cfg.run.save_total_limit, extra=self.extra(), protect=p.watch.stall.protected_step(),
+                self.output_dir, step, self.checkpoint_parts(self.saved_modules()), self.dist,
+                self.cfg.distributed.strategy, keep=self.cfg.run.save_total_limit, extra=self.extra(),
+                protect=p.watch.stall.protected_step(),
             )
         if not self.dist.is_main:
             self.dist.barrier()
             return None
         path = ckpt.save_checkpoint(
-            self.output_dir, step, p.policy.model, p.optimizer, p.scheduler,
-            p.sampler.state_dict(), p.generator, keep=self.cfg.run.save_total_limit,
+            self.output_dir, step, self.checkpoint_parts(p.policy.model), keep=self.cfg.run.save_total_limit,
             extra=self.extra(), extra_tensors={"critic": p.critic.state_dict()} if p.critic else None,
             protect=p.watch.stall.protected_step(),  # the last checkpoint before a stalled stretch survives pruning
         )
         self.dist.barrier()
         return path
+
+    def checkpoint_parts(self, model) -> ckpt.CheckpointParts:
+        """``model`` (the policy, or ``saved_modules()`` under torchrun) with the optimizer, scheduler, data
+        position and sampling generator, as a checkpoint saves them."""
+        p = self.parts
+        return ckpt.CheckpointParts(model, p.optimizer, p.scheduler, p.sampler.state_dict(), p.generator)
 
     def saved_modules(self):
         """What a distributed checkpoint holds with the optimizer: the policy, and PPO's critic beside it."""

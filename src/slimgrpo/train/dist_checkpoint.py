@@ -53,11 +53,7 @@ def _state_dict_options(loading: bool = False):
 def save_checkpoint(
     output_dir: str | Path,
     step: int,
-    model,
-    optimizer: torch.optim.Optimizer,
-    scheduler,
-    sampler_state: dict[str, int],
-    generator: torch.Generator | None,
+    parts: ckpt.CheckpointParts,
     dist: DistContext,
     strategy: str,
     keep: int = 2,
@@ -78,16 +74,17 @@ def save_checkpoint(
             shutil.rmtree(tmp)
         tmp.mkdir()
     dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_dict_options())
+    model_sd, optim_sd = get_state_dict(parts.model, parts.optimizer, options=_state_dict_options())
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
-    rng_tensors, rng_plain = ckpt.rng_state(generator)
+    rng_tensors, rng_plain = ckpt.rng_state(parts.generator)
     save_file(rng_tensors, str(tmp / f"rng-rank{dist.rank}.safetensors"))
     (tmp / f"rng-rank{dist.rank}.json").write_text(json.dumps(rng_plain))
     _fsync_files([tmp / f"rng-rank{dist.rank}.safetensors", tmp / f"rng-rank{dist.rank}.json",
                   *(tmp / DCP_DIR).glob(f"__{dist.rank}_*")])
     dist.barrier()
     if dist.is_main:
-        state = {"format": FORMAT, "step": step, "sampler": sampler_state, "scheduler": scheduler.state_dict(),
+        state = {"format": FORMAT, "step": step, "sampler": parts.sampler_state,
+                 "scheduler": parts.scheduler.state_dict(),
                  "world_size": dist.world_size, "strategy": strategy, "extra": extra or {}}
         (tmp / "trainer_state.json").write_text(json.dumps(state))
         ckpt.copy_history(output_dir, tmp)

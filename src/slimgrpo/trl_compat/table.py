@@ -13,6 +13,13 @@ _LOG = "slimgrpo writes every step to metrics.jsonl and the log.report_to backen
 _DDP = "slimgrpo's DDP wrapper chooses this itself"
 _LOSS_NEW = "same name and meaning as TRL"
 
+
+def _same_name(section: str, keys: str, note: str = "") -> list[r.Rule]:
+    """GRPOConfig keys that slimgrpo takes under the same name in ``section`` (``keys``: space-separated, in
+    table order), each with ``note``: one line for a run of plain renames instead of one ``M`` each."""
+    return [M(key, f"{section}.{key}", note) for key in keys.split()]
+
+
 RULES: list[r.Rule] = [
     # ------------------------------------------------------------- model (ModelConfig, model_init_kwargs)
     M("model_name_or_path", "model.path", "a local folder, or a hub name when online", source="ModelConfig"),
@@ -133,34 +140,16 @@ RULES: list[r.Rule] = [
       "Trainer(cfg, tools=...), see docs/agents.md"),
     I("pad_to_multiple_of", "padding is internal"),
     # ------------------------------------------------------------- objective
-    M("beta", "loss.beta"),
-    M("num_iterations", "loss.num_iterations"),
-    M("epsilon", "loss.epsilon"),
-    M("epsilon_high", "loss.epsilon_high"),
-    M("delta", "loss.delta"),
-    M("loss_type", "loss.loss_type"),
-    M("importance_sampling_level", "loss.importance_sampling_level"),
+    *_same_name("loss", "beta num_iterations epsilon epsilon_high delta loss_type importance_sampling_level"),
     M("scale_rewards", "loss.scale_rewards", "true = group, false = none", r._scale_rewards),
     M("mask_truncated_completions", "loss.mask_truncated_completions"),
-    M("use_bias_correction_kl", "loss.use_bias_correction_kl", _LOSS_NEW),
-    M("sapo_temperature_neg", "loss.sapo_temperature_neg", _LOSS_NEW),
-    M("sapo_temperature_pos", "loss.sapo_temperature_pos", _LOSS_NEW),
-    M("vespo_k_pos", "loss.vespo_k_pos", _LOSS_NEW),
-    M("vespo_lambda_pos", "loss.vespo_lambda_pos", _LOSS_NEW),
-    M("vespo_k_neg", "loss.vespo_k_neg", _LOSS_NEW),
-    M("vespo_lambda_neg", "loss.vespo_lambda_neg", _LOSS_NEW),
-    M("sync_ref_model", "loss.sync_ref_model", _LOSS_NEW),
-    M("ref_model_mixup_alpha", "loss.ref_model_mixup_alpha", _LOSS_NEW),
-    M("ref_model_sync_steps", "loss.ref_model_sync_steps", _LOSS_NEW),
-    M("top_entropy_quantile", "loss.top_entropy_quantile", _LOSS_NEW),
+    *_same_name("loss", "use_bias_correction_kl sapo_temperature_neg sapo_temperature_pos vespo_k_pos "
+                "vespo_lambda_pos vespo_k_neg vespo_lambda_neg sync_ref_model ref_model_mixup_alpha "
+                "ref_model_sync_steps top_entropy_quantile", _LOSS_NEW),
     M("entropy_coef", "loss.entropy_coef", "same meaning as TRL; the mean entropy runs over the whole batch "
       "(TRL: per micro-batch, averaged over accumulation steps; equal with one micro-batch)"),
-    M("use_adaptive_entropy", "loss.use_adaptive_entropy", _LOSS_NEW),
-    M("entropy_coef_min", "loss.entropy_coef_min", _LOSS_NEW),
-    M("entropy_coef_max", "loss.entropy_coef_max", _LOSS_NEW),
-    M("entropy_coef_delta", "loss.entropy_coef_delta", _LOSS_NEW),
-    M("entropy_target", "loss.entropy_target", _LOSS_NEW),
-    M("off_policy_mask_threshold", "loss.off_policy_mask_threshold", _LOSS_NEW),
+    *_same_name("loss", "use_adaptive_entropy entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target "
+                "off_policy_mask_threshold", _LOSS_NEW),
     I("use_liger_kernel", "always on in effect: log-probs go through the chunked LM head, full logits never "
       "exist (loss.token_chunk, loss.vocab_chunk)"),
     I("liger_kernel_config", "see use_liger_kernel"),

@@ -4,13 +4,13 @@ their optimizer-step slices, and the statistics that come back (``UpdateStats``)
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from slimgrpo.train.update.micro import micro_batches, row_lengths
-from slimgrpo.types import Rollout
+from slimgrpo.types import LossStats, Rollout
 
 
 @dataclass
@@ -116,18 +116,13 @@ def micro_batch(batch: UpdateBatch, sl: slice | torch.Tensor) -> MicroBatch:
 
 
 @dataclass
-class UpdateStats:
+class UpdateStats(LossStats):
+    """A loss evaluation's statistics (``LossStats``: token means, clip fractions over ``clip_count``, the
+    entropy bonus's sum and tokens on this rank) over micro-batches, steps or ranks, with the summed loss
+    and the completion tokens the means run over."""
+
     loss: float = 0.0
-    kl: float = 0.0
-    entropy: float = 0.0
-    clip_ratio_low: float = 0.0
-    clip_ratio_high: float = 0.0
-    clip_ratio_region: float = 0.0
     tokens: int = 0
-    clip_count: int = 0  # what the clip ratios average over: tokens, or sequences at sequence level
-    extra: dict[str, float] = field(default_factory=dict)
-    bonus_entropy_sum: float = 0.0  # entropy bonus: entropy summed over the tokens it acted on (this rank)
-    bonus_tokens: float = 0.0  # and their count
 
 
 def split_update(batch: UpdateBatch, parts: int) -> list[UpdateBatch]:

@@ -32,9 +32,10 @@ from transformers import DynamicCache
 from slimgrpo.loss.packed import row_groups  # noqa: F401  (also this module's name for it)
 from slimgrpo.loss.gather import select_cache_rows, take_rows
 from slimgrpo.loss.logprobs import (
-    HeadSpec,
-    _check_completion_inputs,
+    CompletionRows,
+    HiddenOut,
     completion_position_ids,
+    hidden_layout,
     lm_head_spec,
     unwrap_causal_lm,
 )
@@ -90,17 +91,10 @@ def saves_memory(lm: nn.Module, rows: int, groups: int, P: int, T: int, prompt_p
     return shared_prompt_saves(x, groups, shape, prompt_padded=prompt_padded)
 
 
-def shared_completion_hidden(
-    model: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    num_completion_tokens: int,
-    completion_ids: Tensor,
-    completion_mask: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, HeadSpec]:
+@hidden_layout
+def shared_completion_hidden(model: nn.Module, x: CompletionRows) -> HiddenOut:
     """Same contract as ``logprobs.completion_hidden``, with each group's prompt run once."""
-    T = num_completion_tokens
-    _check_completion_inputs(input_ids, attention_mask, T, completion_ids, completion_mask)
+    input_ids, attention_mask, T = x.input_ids, x.attention_mask, x.T
     lm = unwrap_causal_lm(model)
     decoder = lm.get_decoder()
     P = input_ids.shape[1] - T
@@ -118,8 +112,8 @@ def shared_completion_hidden(
                        position_ids=positions[:, P:], past_key_values=cache, use_cache=True)
     first = take_rows(last_prompt, group_of_row)[:, None]  # [rows, 1, H]: repeats summed in order in backward
     hidden = torch.cat([first, comp_out[0][:, :-1]], dim=1)  # [rows, T, H]
-    mask = (attention_mask[:, -T:] if completion_mask is None else completion_mask).bool()
-    return hidden[mask], completion_ids[mask], mask, lm_head_spec(lm)
+    mask = x.mask
+    return hidden[mask], x.completion_ids[mask], mask, lm_head_spec(lm)
 
 
 __all__ = ["applicable", "row_groups", "shared_completion_hidden"]
