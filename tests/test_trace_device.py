@@ -218,3 +218,33 @@ def test_live_bytes_counts_host_tags_apart():
     assert tracker.peak_bytes == 400 and tracker.host_peak_bytes == 600
     assert tracker.phases["update"].host_peak_bytes == 600
     assert "offloaded checkpoints" not in tracker.phases["update"].by_tag
+
+
+def test_decode_packing_auto_packs_every_projection_unless_it_raises_the_peak():
+    """CPU float32: the plan packs every projection for decoding (``decode weights`` = head + all projections)
+    where the update sets the peak, and the LM head only where the packed copies would make generation the
+    peak (a note says so); the trainer and the trace follow the plan's choice."""
+    from slimgrpo.memory.plan_types import PlanInputs
+    from slimgrpo.memory.planner import decode_packing
+
+    smollm2 = ModelShape.from_hf_config({
+        "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True})
+    w_real = PlanInputs(device="cpu", param_dtype_bytes=4, num_generations=8, prompts_per_step=2,
+                        micro_batch_rows=16, max_prompt_length=153, max_completion_length=128)
+    assert decode_packing(smollm2, w_real) == "all"
+    packed = plan_memory(smollm2, w_real).bytes_of("decode weights")
+    dims = smollm2.linear_dims()
+    assert packed >= (30 * sum(i * o for i, o in dims.values()) + 49152 * 576) * 4
+    # one row per update micro-batch, 64 rows generated at once: generation sets the peak
+    gen_heavy = dataclasses.replace(w_real, micro_batch_rows=1, generation_batch_rows=64, num_generations=64,
+                                    prompts_per_step=1, gradient_checkpointing=True)
+    assert decode_packing(smollm2, gen_heavy) == "head"
+    auto = plan_memory(smollm2, gen_heavy)
+    head = plan_memory(smollm2, dataclasses.replace(gen_heavy, decode_packing="head"))
+    every = plan_memory(smollm2, dataclasses.replace(gen_heavy, decode_packing="all"))
+    assert auto.peak_bytes == head.peak_bytes < every.peak_bytes
+    assert auto.bytes_of("decode weights") == 49152 * 576 * 4  # the packed LM head only
+    assert any("LM head only is packed" in n for n in auto.notes)
+    cuda = dataclasses.replace(gen_heavy, device="cuda")
+    assert not [c for c in plan_memory(smollm2, cuda).components if c.name == "decode weights"]

@@ -80,6 +80,10 @@ class PlanInputs:
     several rows of one prompt and checkpointing is off (train/update/shared_prompt.py)."""
     generation_batch_rows: int | None = None
     """Rows decoded together; None = all rows of the step at once."""
+    decode_packing: str = "auto"
+    """CPU float32 decoding (rollout/model_parts.py ``packed_weights``): "all" holds oneDNN-packed copies of
+    the LM head and every projection while generating, "head" of the LM head only; "auto" is "all" unless
+    that raises the plan's peak (``planner.decode_packing``). Not a config key: the trainer follows the plan."""
     tiled_mlp: str = "off"
     """memory.tiled_mlp: "on" runs each decoder MLP on ceil(tokens / H) shards of the micro-batch's tokens,
     each recomputed in backward (memory/tiled_mlp.py), so one shard's MLP intermediates are alive instead

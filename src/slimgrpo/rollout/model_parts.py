@@ -95,7 +95,8 @@ class CausalLMParts:
         fused; the LM head 1.9x). The packed copies live only inside this context (weights change after
         every optimizer step) and cost their size in memory:
 
-        * ``"auto"`` / ``"head"``: the LM head only (the largest matrix of small models);
+        * ``"head"`` (and ``"auto"``, which ``TorchRolloutEngine`` resolves before it gets here): the LM
+          head only (the largest matrix of small models);
         * ``"all"``: the LM head and every linear layer of the decoder, with the projections that read the
           same input stacked into one weight (q/k/v, gate/up: ``project``), so a decode step runs 4
           products per layer instead of 7 (one more copy of the decoder weights during generation; the
@@ -106,7 +107,7 @@ class CausalLMParts:
         through the module. The oneDNN ops are private PyTorch API: if they are missing or refuse a
         weight, that module is simply not packed.
 
-        With ``"auto"`` and ``"all"``, LoRA layers on CPU decode through a merged weight
+        Unless ``"none"``, LoRA layers on CPU decode through a merged weight
         ``W + scale B A`` of their active adapters (``_mergeable``): one product per layer instead of the
         base product plus two thin adapter products. With ``"all"`` the merged weight is packed (the packed
         copy replaces it); otherwise it is held in the base weight's dtype while generating (the plan's
@@ -127,11 +128,11 @@ class CausalLMParts:
                 inner = {sub for m in self.decoder.modules() if hasattr(m, "base_layer")
                          for sub in m.modules() if sub is not m}  # a LoRA layer's base and adapters
                 for module in self.decoder.modules():
-                    if module not in inner and not self._held(module):
+                    if module not in inner and module not in self.handled:
                         self._pack(module, rows)
-            if which in ("auto", "all"):  # LoRA layers not packed above decode through a merged weight
+            if which != "none":  # LoRA layers not packed above decode through a merged weight
                 for module in self.decoder.modules():
-                    if not self._held(module) and _mergeable(module):
+                    if module not in self.handled and _mergeable(module):
                         self.merged[module] = _merged_weight(module)
         try:
             yield
@@ -141,9 +142,6 @@ class CausalLMParts:
             self.merged.clear()
             self.standins.clear()
             self.handled.clear()
-
-    def _held(self, module: nn.Module) -> bool:
-        return module in self.handled
 
     def _weight_and_bias(self, module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """The weight a decode product uses (a LoRA layer's ``W + scale B A``, made here and dropped once

@@ -234,8 +234,14 @@ def _trace_generation(tracker: LiveBytes, model, cfg, shape: ModelShape, decode_
     from slimgrpo.rollout.engine import TorchRolloutEngine
     from slimgrpo.rollout.sampling import SamplingParams
 
+    from slimgrpo.memory.check import plan_inputs
+    from slimgrpo.memory.planner import decode_packing
+    from slimgrpo.memory.target import planned
+
     r = cfg.rollout
-    engine = TorchRolloutEngine(model, max_batch_rows=r.max_batch_rows, kv_cache_dtype=r.kv_cache_dtype)
+    packing = decode_packing(shape, plan_inputs(cfg, planned() or "cpu", vocab=shape.vocab))  # as the run (trainer)
+    engine = TorchRolloutEngine(model, max_batch_rows=r.max_batch_rows, kv_cache_dtype=r.kv_cache_dtype,
+                                pack_weights=packing)
     calls = {"n": 0, "kv": 0}
     logits = engine.parts.logits
 

@@ -26,6 +26,7 @@ from slimgrpo.data import PromptDataset, PromptSampler, check_enough_prompts, lo
 from slimgrpo.config.validate import loss_warnings
 from slimgrpo.memory.attention import cpu_gqa
 from slimgrpo.memory.malloc import pin_mmap_threshold
+from slimgrpo.memory.planner import decode_packing
 from slimgrpo.modeling import (Policy, build_policy, generation_eos_ids, looks_like_hub_name, max_positions,
                                read_model_config)
 from slimgrpo.rewards.loading import load_reward_functions
@@ -139,7 +140,9 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.run.seed + 7919 * self.dist.rank)
         self.engine = TorchRolloutEngine(self.policy.model, max_batch_rows=cfg.rollout.max_batch_rows,
-                                         kv_cache_dtype=cfg.rollout.kv_cache_dtype)
+                                         kv_cache_dtype=cfg.rollout.kv_cache_dtype,
+                                         pack_weights=decode_packing(memory_plan.shape, memory_plan.inputs)
+                                         if memory_plan is not None else "auto")
         if self.dist.enabled:  # FSDP2: generation gathers the sharded weights; DDP: a failure stops every rank
             self.engine = launch.wrap_engine(self.engine, self.model, cfg, self.dist)
         from slimgrpo.rollout.agent_setup import setup_agent
