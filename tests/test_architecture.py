@@ -234,7 +234,6 @@ LONG_PARAMETER_LISTS = {
     "slimgrpo.train.trainer:Trainer.__init__": 9,  # TRL's GRPOTrainer arguments (the Python API)
     "slimgrpo.rollout.agent:AgentRollout._decode_turn": 9,
     "slimgrpo.rollout.agent:AgentRollout.__init__": 9,
-    "slimgrpo.memory.check:fit_by_trace": 9,
     "slimgrpo.loss.unpadded:unpadded_completion_logprobs": 9,
     "slimgrpo.loss.fused:_FusedHeadLoss.forward": 9,
     "slimgrpo.loss.fused:_correct": 9,

@@ -233,12 +233,15 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
                             f"more than memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB); {advice}")
 
 
+FIT_BY_TRACE_ROUNDS = 4  # traces memory.fit=trace may run before it gives up
+
+
 def fit_by_trace(cfg: Config, shape: ModelShape, device: str, world_size: int, budget: int, console: Console,
-                 trace_step, show: bool = True, rounds: int = 4) -> tuple[Config, MemoryPlan]:
+                 trace_step, show: bool = True) -> tuple[Config, MemoryPlan]:
     """``memory.fit=trace``: the planner's fit, checked by a trace (``trace_step``: ``train/trace.py``).
     While the traced device peak is over ``budget``, fit the plan again to a budget smaller by the overshoot."""
     target, tried, host_budget = budget, cfg, host_budget_bytes(cfg, device)
-    for _ in range(rounds):
+    for _ in range(FIT_BY_TRACE_ROUNDS):
         _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), target,
                                              host_budget)
         if not fits:
