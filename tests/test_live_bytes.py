@@ -140,10 +140,15 @@ def test_trace_keeps_the_rollout_and_full_reference_copy():
     assert result.phases["update"].by_tag["reference policy"] == shape.num_params * 4 + rope
 
 
-def test_trace_of_eager_attention_sees_the_score_matrix():
+def test_trace_of_eager_attention_sees_the_score_matrix(monkeypatch):
     """eager keeps the [rows, heads, S, S] softmax for backward; sdpa (CPU flash, as CUDA flash) keeps the
-    output and a log-sum-exp per head and row instead. One layer, S = 5 + 37 = 42 (not a chunk multiple)."""
+    output and a log-sum-exp per head and row instead. One layer, S = 5 + 37 = 42 (not a chunk multiple).
+    Both with K/V repeated to query width under a mask (Hugging Face's rule off CPU; the CPU's grouped-query
+    sdpa, which keeps them narrower, has its own tests in test_cpu_gqa.py)."""
+    from slimgrpo.memory.attention import GQA_ENV
     from slimgrpo.train.trace import trace_step
+
+    monkeypatch.setenv(GQA_ENV, "0")
 
     shape = dataclasses.replace(_tiny_shape(), layers=1)
     sdpa = trace_step(_tiny_cfg(), shape, generation=False).phases["update"].by_tag["activations"]
