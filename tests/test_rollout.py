@@ -287,3 +287,17 @@ def test_lora_merged_for_decoding_matches_unmerged_and_leaves_weights_alone(pack
     torch.testing.assert_close(ro.sampler_logprobs, ref.sampler_logprobs, rtol=1e-4, atol=1e-4)
     for k, v in lora.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_auto_packing_packs_the_decoder_only_where_its_projections_are_large(monkeypatch) -> None:
+    """``pack_weights="auto"``: every projection where the lean stepper decodes and the projections hold at least
+    DECODE_PACK_MIN_BYTES (a tiny model's would cost more in oneDNN's kernel cache); else the LM head."""
+    from slimgrpo.rollout import engine as engine_mod
+
+    engine = TorchRolloutEngine(tiny_model())
+    params = greedy(4)
+    assert engine._packing(PROMPTS, params) == "head"
+    monkeypatch.setattr(engine_mod, "DECODE_PACK_MIN_BYTES", 0)
+    assert engine._packing(PROMPTS, params) == "all"
+    assert TorchRolloutEngine(tiny_model(), lean_decode=False)._packing(PROMPTS, params) == "head"
+    assert TorchRolloutEngine(tiny_model(), pack_weights="none")._packing(PROMPTS, params) == "none"

@@ -246,5 +246,9 @@ def test_decode_packing_auto_packs_every_projection_unless_it_raises_the_peak():
     assert auto.peak_bytes == head.peak_bytes < every.peak_bytes
     assert auto.bytes_of("decode weights") == 49152 * 576 * 4  # the packed LM head only
     assert any("LM head only is packed" in n for n in auto.notes)
+    tiny = ModelShape.from_hf_config({  # the demo model's size: 0.5 MB of projections, the LM head only
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 32, "tie_word_embeddings": True})
+    assert decode_packing(tiny, w_real) == "head"
     cuda = dataclasses.replace(gen_heavy, device="cuda")
     assert not [c for c in plan_memory(smollm2, cuda).components if c.name == "decode weights"]

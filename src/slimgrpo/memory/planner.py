@@ -330,6 +330,12 @@ def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     ]
 
 
+# Below this many bytes of decoder projections (float32) CPU decoding packs the LM head only: the bundled demo
+# model (0.5 MB of projections) decoded ~2-8% faster packed, but oneDNN's kernel cache took its peak RSS from
+# 451 to 584 MiB; SmolLM2-135M (425 MB) decodes ~1.5x faster packed, under its update's peak.
+DECODE_PACK_MIN_BYTES = 64 * 2**20
+
+
 def _decode_weight_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     """What CPU decoding holds beside the weights (rollout/model_parts.py ``packed_weights``), for one
     generate call. Float32: a oneDNN-packed copy of the LM head and of every decoder projection (LoRA
@@ -362,13 +368,16 @@ def _decode_weight_components(shape: ModelShape, x: PlanInputs) -> list[Componen
 
 def decode_packing(shape: ModelShape, x: PlanInputs) -> str:
     """``x.decode_packing`` resolved: ``auto`` packs every projection for CPU float32 decoding ("all",
-    ~1.5x decode throughput on SmolLM2) unless that raises the peak, i.e. unless the generation phase with
-    the packed copies outgrows the update phase (small models with large generation batches: the demo's
-    peak went 451 -> 585 MiB); then the LM head only ("head")."""
+    ~1.5x decode throughput on SmolLM2) unless the projections are small (under ``DECODE_PACK_MIN_BYTES``:
+    oneDNN's cache of one kernel per weight shape and batch width then outweighs them) or packing raises
+    the peak (the generation phase with the packed copies outgrows the update phase); then the LM head
+    only ("head")."""
     if x.decode_packing != "auto":
         return x.decode_packing
     if x.device != "cpu" or x.param_dtype_bytes != 4:
         return "all"
+    if shape.layers * sum(i * o for i, o in shape.linear_dims().values()) * 4 < DECODE_PACK_MIN_BYTES:
+        return "head"
     all_plan = plan_memory(shape, dataclasses.replace(x, decode_packing="all"))
     head_plan = plan_memory(shape, dataclasses.replace(x, decode_packing="head"))
     return "all" if all_plan.peak_bytes <= head_plan.peak_bytes else "head"

@@ -28,7 +28,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..memory.malloc import generation_heap
-from ..memory.planner import PREFILL_CHUNK_TOKENS
+from ..memory.planner import DECODE_PACK_MIN_BYTES, PREFILL_CHUNK_TOKENS
 from ..types import Rollout
 from .decode import make_stepper
 from .llama_stepper import LlamaStepper
@@ -152,12 +152,17 @@ class TorchRolloutEngine:
 
     def _packing(self, prompt_ids: list[list[int]], params: SamplingParams) -> str:
         """``pack_weights`` for this call: ``"auto"`` packs every decoder weight (``"all"``) where the lean
-        stepper decodes, whose products go through them; elsewhere the head only (the model's own forward
-        would not use packed decoder weights)."""
+        stepper decodes, whose products go through them, and the projections hold at least
+        ``DECODE_PACK_MIN_BYTES``; elsewhere the head only (the model's own forward would not use packed
+        decoder weights; a tiny model's would cost more in oneDNN's kernel cache than they hold)."""
+        if self.pack_weights != "auto":
+            return self.pack_weights
         total = max(len(p) for p in prompt_ids) + params.max_new_tokens
-        if self.pack_weights == "auto" and self.lean_decode is not False and LlamaStepper.supports(self.parts, total):
+        projections = sum(m.weight.numel() * 4 for m in self.parts.decoder.modules() if type(m) is nn.Linear)
+        if (self.lean_decode is not False and projections >= DECODE_PACK_MIN_BYTES
+                and LlamaStepper.supports(self.parts, total)):
             return "all"
-        return self.pack_weights
+        return "head"
 
     # ------------------------------------------------------------------ one chunk of rows
     def _generate_chunk(

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..memory.target import device_kind
-from .model_parts import CausalLMParts
+from .model_parts import CausalLMParts, stacked_product
 
 _LLAMA_LIKE = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -57,7 +57,11 @@ class LlamaStepper:
         self.head_dim = first.head_dim
         self.scaling = getattr(first, "scaling", self.head_dim**-0.5)
         self.has_qk_norm = hasattr(first, "q_norm") and hasattr(first, "k_norm")
-        self.qkv = [(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj) for l in self.layers]
+        # The stacked packed weights of this generate call (CausalLMParts.fused), looked up once, not per step.
+        self.qkv_stacked = [parts.fused.get((l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj))
+                            for l in self.layers]
+        self.gate_up_stacked = [parts.fused.get((getattr(l.mlp, "gate_proj", None), getattr(l.mlp, "up_proj", None)))
+                                for l in self.layers]
         self.next_pos = prompt_mask.sum(-1)  # [b]
         self.native_gqa = device_kind(prompt_mask) == "cpu"
 
@@ -89,7 +93,11 @@ class LlamaStepper:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q, k, v = self.parts.project(self.qkv[i], h)  # one product where packed_weights fused them
+            stacked = self.qkv_stacked[i]  # one packed product where packed_weights stacked q/k/v
+            if stacked is None:
+                q, k, v = linear(attn.q_proj, h), linear(attn.k_proj, h), linear(attn.v_proj, h)
+            else:
+                q, k, v = stacked_product(stacked, h)
             q, k, v = q.view(b, -1, d), k.view(b, -1, d), v.view(b, -1, d)  # [b, heads or kv_heads, d]
             if self.has_qk_norm:
                 q, k = attn.q_norm(q), attn.k_norm(k)
@@ -97,7 +105,7 @@ class LlamaStepper:
             keys, values = self._kv(i, col, k, v, end)  # [b, kv_heads, end, d] each
             out = self._attend(q, keys, values, mask)
             x = x + linear(attn.o_proj, out.reshape(b, -1))
-            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
+            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), self.gate_up_stacked[i])
         self.next_pos = self.next_pos + 1
         self.t += 1
         return self.parts.decoder.norm(x)  # [b, H]
@@ -115,12 +123,17 @@ class LlamaStepper:
         q = q.view(b, keys.shape[1], -1, d)  # [b, kv_heads, heads_per_kv, d]
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
 
-    def _mlp(self, mlp, h: torch.Tensor) -> torch.Tensor:
-        """Gated MLP ``down(act(gate(h)) * up(h))`` through ``parts`` (packed weights, gate/up fused)."""
+    def _mlp(self, mlp, h: torch.Tensor, stacked=None) -> torch.Tensor:
+        """Gated MLP ``down(act(gate(h)) * up(h))`` through ``parts`` (packed weights; gate/up one product
+        where ``stacked``)."""
         if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
             return mlp(h)
-        gate, up = self.parts.project((mlp.gate_proj, mlp.up_proj), h)
-        return self.parts.linear(mlp.down_proj, mlp.act_fn(gate) * up)
+        linear = self.parts.linear
+        if stacked is None:
+            gate, up = linear(mlp.gate_proj, h), linear(mlp.up_proj, h)
+        else:
+            gate, up = stacked_product(stacked, h)
+        return linear(mlp.down_proj, mlp.act_fn(gate) * up)
 
     def _init_kv(self, cache, n: int, P: int, max_new: int) -> None:
         """KV buffers [b, kv_heads, P + max_new, head_dim], prompt part copied from the prefill cache

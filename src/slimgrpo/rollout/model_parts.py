@@ -65,15 +65,6 @@ class CausalLMParts:
             return torch.nn.functional.linear(x, merged, module.base_layer.bias)
         return module(x)
 
-    def project(self, modules: tuple[nn.Module, ...], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``tuple(module(x) for module in modules)``: one product through their fused packed weight when
-        ``packed_weights("all")`` built one (split into views), else one ``linear`` each."""
-        fused = self.fused.get(modules)
-        if fused is None:
-            return tuple(self.linear(m, x) for m in modules)
-        weight, bias, rows = fused
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "").split(rows, dim=-1)
-
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head on last-position hidden states: ``[N, H] -> [N, V]`` in float32."""
         y = self.linear(self.lm_head, hidden).float()  # [N, V]
@@ -98,7 +89,7 @@ class CausalLMParts:
         * ``"head"`` (and ``"auto"``, which ``TorchRolloutEngine`` resolves before it gets here): the LM
           head only (the largest matrix of small models);
         * ``"all"``: the LM head and every linear layer of the decoder, with the projections that read the
-          same input stacked into one weight (q/k/v, gate/up: ``project``), so a decode step runs 4
+          same input stacked into one weight (q/k/v, gate/up: ``stacked_product``), so a decode step runs 4
           products per layer instead of 7 (one more copy of the decoder weights during generation; the
           lean Llama stepper uses them, ``TorchRolloutEngine`` picks it for that stepper on CPU);
         * ``"none"``: nothing.
@@ -191,6 +182,13 @@ class CausalLMParts:
             packed = None
         self.handled.update(modules)
         return packed
+
+
+def stacked_product(stacked: tuple[torch.Tensor, torch.Tensor | None, list[int]], x: torch.Tensor):
+    """The outputs of a group of projections (``CausalLMParts.fused``: q/k/v, gate/up) from one product
+    through their stacked packed weight, split into views."""
+    weight, bias, rows = stacked
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "").split(rows, dim=-1)
 
 
 def _projection_groups(decoder: nn.Module) -> list[tuple[nn.Module, ...]]:
