@@ -250,5 +250,6 @@ def test_decode_packing_auto_packs_every_projection_unless_it_raises_the_peak():
         "model_type": "llama", "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 32, "tie_word_embeddings": True})
     assert decode_packing(tiny, w_real) == "head"
+    assert not any("LM head only is packed" in n for n in plan_memory(tiny, w_real).notes)  # not the peak's doing
     cuda = dataclasses.replace(gen_heavy, device="cuda")
     assert not [c for c in plan_memory(smollm2, cuda).components if c.name == "decode weights"]

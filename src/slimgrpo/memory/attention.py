@@ -31,6 +31,7 @@ from collections.abc import Iterator
 
 KNOWN = ("sdpa", "flash_attention_2", "eager")
 GQA_ENV = "TRANSFORMERS_SDPA_FORCE_GQA"  # Hugging Face's switch: sdpa with enable_gqa even under a mask
+_OURS = "SLIMGRPO_SET_SDPA_FORCE_GQA"  # marks a GQA_ENV that cpu_gqa set (not the user)
 
 
 def kernel(name: str | None) -> tuple[str, str | None]:
@@ -93,9 +94,6 @@ def cpu_gqa(device: str) -> Iterator[None]:
             os.environ.pop(_OURS, None)
         else:
             os.environ[GQA_ENV] = before
-
-
-_OURS = "SLIMGRPO_SET_SDPA_FORCE_GQA"
 
 
 def quadratic_bytes(shape, name: str, pairs: int, B: int, padded: bool) -> tuple[int, int, str]:

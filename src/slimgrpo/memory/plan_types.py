@@ -83,7 +83,8 @@ class PlanInputs:
     decode_packing: str = "auto"
     """CPU float32 decoding (rollout/model_parts.py ``packed_weights``): "all" holds oneDNN-packed copies of
     the LM head and every projection while generating, "head" of the LM head only; "auto" is "all" unless
-    that raises the plan's peak (``planner.decode_packing``). Not a config key: the trainer follows the plan."""
+    the projections are under 64 MiB or packing raises the plan's peak (``planner.decode_packing``). Not a
+    config key: the trainer follows the plan."""
     tiled_mlp: str = "off"
     """memory.tiled_mlp: "on" runs each decoder MLP on ceil(tokens / H) shards of the micro-batch's tokens,
     each recomputed in backward (memory/tiled_mlp.py), so one shard's MLP intermediates are alive instead

@@ -347,7 +347,7 @@ def _decode_weight_components(shape: ModelShape, x: PlanInputs) -> list[Componen
     Bp = x.param_dtype_bytes
     head = shape.vocab * shape.hidden
     if Bp == 4 and x.decode_packing != "head":
-        per_layer = sum(i * o for i, o in dims.values())
+        per_layer = shape.layer_linear_params
         group = 2 * shape.hidden * shape.intermediate
         return [Component("decode weights", (shape.layers * per_layer + head + group) * 4, "generation",
                           f"cpu fp32 decode through oneDNN-packed copies: (L·Σ in·out + V·H + gate/up while "
@@ -366,6 +366,11 @@ def _decode_weight_components(shape: ModelShape, x: PlanInputs) -> list[Componen
                       + (f" + packed LM head {_n(head)}·4" if extra else ""))]
 
 
+def _small_projections(shape: ModelShape) -> bool:
+    """Float32 decoder projections under ``DECODE_PACK_MIN_BYTES``: not worth packing."""
+    return shape.layers * shape.layer_linear_params * 4 < DECODE_PACK_MIN_BYTES
+
+
 def decode_packing(shape: ModelShape, x: PlanInputs) -> str:
     """``x.decode_packing`` resolved: ``auto`` packs every projection for CPU float32 decoding ("all",
     ~1.5x decode throughput on SmolLM2) unless the projections are small (under ``DECODE_PACK_MIN_BYTES``:
@@ -376,7 +381,7 @@ def decode_packing(shape: ModelShape, x: PlanInputs) -> str:
         return x.decode_packing
     if x.device != "cpu" or x.param_dtype_bytes != 4:
         return "all"
-    if shape.layers * sum(i * o for i, o in shape.linear_dims().values()) * 4 < DECODE_PACK_MIN_BYTES:
+    if _small_projections(shape):
         return "head"
     all_plan = plan_memory(shape, dataclasses.replace(x, decode_packing="all"))
     head_plan = plan_memory(shape, dataclasses.replace(x, decode_packing="head"))
@@ -483,7 +488,8 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     peak = totals["always"] + totals[peak_phase]
     host = sum(c.bytes for c in components if c.location == "host")
     notes = _notes(shape, x)
-    if inputs.decode_packing == "auto" and x.decode_packing == "head" and x.device == "cpu":
+    if inputs.decode_packing == "auto" and x.decode_packing == "head" and x.device == "cpu" \
+            and not _small_projections(shape):
         notes.append("decode weights: the LM head only is packed for decoding (packing every projection, ~1.5x "
                      "faster decoding, would raise this plan's peak: generation sets it)")
     if inputs.tiled_mlp == "auto" and x.tiled_mlp == "on":

@@ -64,8 +64,9 @@ class TorchRolloutEngine:
         pack_weights: which float32 CPU weights to pack for oneDNN during each call: ``"head"`` the LM
             head, ``"all"`` also the decoder's linear layers, q/k/v and gate/up stacked (one more copy of
             the decoder weights while generating), ``"none"`` nothing (and no LoRA merge); ``"auto"`` is
-            ``"all"`` where the lean stepper decodes and ``"head"`` elsewhere. The trainer passes the
-            memory plan's choice (``memory.planner.decode_packing``).
+            ``"all"`` where the lean stepper decodes and the projections hold at least 64 MiB, ``"head"``
+            elsewhere (``_packing``). The trainer passes the memory plan's choice
+            (``memory.planner.decode_packing``).
             See ``CausalLMParts.packed_weights``.
         lean_decode: run decode steps through ``decode.LlamaStepper`` (Llama/Qwen2/Qwen3/Mistral
             without sliding windows) instead of the model's own forward. ``None`` = where supported,

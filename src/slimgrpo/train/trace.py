@@ -50,10 +50,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from slimgrpo.memory.attention import cpu_gqa
 from slimgrpo.memory.live_bytes import LiveBytes, PhasePeak
 from slimgrpo.memory.planner import CPU_FRAMEWORK_OVERHEAD_BYTES, CUDA_FRAMEWORK_OVERHEAD_BYTES, CUDA_TRACE_MARGIN
 from slimgrpo.memory.shapes import ModelShape
-from slimgrpo.memory.attention import cpu_gqa
 from slimgrpo.memory.target import planned_device
 
 # Tags of what a CUDA run holds in host memory, not on the GPU: counted apart (TraceResult.host_peak_bytes).
