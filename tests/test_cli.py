@@ -47,3 +47,20 @@ def test_missing_model_folder_error(tmp_path, arithmetic_prompts):
 def test_debug_shows_traceback(tmp_path):
     out = run_cli("--debug", "train", str(tmp_path / "missing.yaml"))
     assert out.returncode == 2 and "Traceback" in out.stderr
+
+
+def test_a_torchrun_rank_leaves_with_its_code_after_the_exit_handlers():
+    """``slimgrpo`` under torchrun ends its ranks with ``os._exit`` (no interpreter teardown, where gloo was
+    seen to abort a finished job): the exit code is the command's and ``atexit`` handlers still run."""
+    import subprocess
+    import sys
+
+    script = ("import atexit, sys\n"
+              "atexit.register(lambda: print('handler ran', flush=True))\n"
+              "from slimgrpo.cli import _leave_rank\n"
+              "print('buffered', end='')\n"
+              "_leave_rank(3)\n"
+              "print('not reached')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "bufferedhandler ran\n"
