@@ -179,7 +179,8 @@ def test_largest_tensor_of_a_4k_update_grows_linearly():
 def test_fsdp_micro_batches_split_to_the_count_every_rank_runs():
     """FSDP2: a token budget packs each rank's rows into a different number of micro-batches; plan_micro splits
     the largest until every rank has the largest count (batch.agree_count), keeping every row exactly once."""
-    from slimgrpo.train.update.batch import UpdateBatch, plan_micro, split_to_count
+    from slimgrpo.train.update.batch import UpdateBatch
+    from slimgrpo.train.update.micro import plan_micro, split_to_count
 
     rows, S = 7, 11
     lengths = torch.tensor([11, 3, 9, 2, 6, 5, 1])

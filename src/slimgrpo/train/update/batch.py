@@ -1,5 +1,5 @@
-"""What the update works on: the rows of one step (``UpdateBatch``), their micro-batches (``MicroBatch``),
-their optimizer-step slices, and the statistics that come back (``UpdateStats``)."""
+"""What the update works on: the rows of one step (``UpdateBatch``), their optimizer-step slices, and the
+statistics that come back (``UpdateStats``). Micro-batches: ``micro.py``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Callable
 
 import torch
 
-from slimgrpo.train.update.micro import micro_batches, row_lengths
 from slimgrpo.types import LossStats, Rollout
 
 
@@ -48,71 +47,6 @@ def make_update_batch(rollout: Rollout, advantages: torch.Tensor, mask_truncated
     if mask_truncated:
         loss_mask &= ~rollout.is_truncated.unsqueeze(1)
     return UpdateBatch(input_ids, attention_mask, rollout.completion_ids, loss_mask, advantages.float())
-
-
-def plan_micro(batch: UpdateBatch, micro: int | None, micro_tokens: int | None) -> list[torch.Tensor]:
-    """Row indices of the micro-batches: ``micro`` rows at a time in order, or packed by the token budget
-    ``micro_tokens`` (``micro.py``). With ``batch.agree_count`` (FSDP2) as many micro-batches as the rank
-    with the most (a token budget packs each rank's rows differently): the largest ones are halved."""
-    groups = micro_batches(row_lengths(batch.attention_mask).cpu(), micro, micro_tokens)
-    if batch.agree_count is not None:
-        groups = split_to_count(groups, batch.agree_count(len(groups)))
-    return [rows.to(batch.input_ids.device) for rows in groups]
-
-
-def split_to_count(groups: list[torch.Tensor], count: int) -> list[torch.Tensor]:
-    """``groups`` with the largest halved until there are ``count`` (each keeps at least one row)."""
-    groups = list(groups)
-    while len(groups) < count:
-        i = max(range(len(groups)), key=lambda j: len(groups[j]))
-        if len(groups[i]) < 2:
-            raise ValueError(f"cannot make {count} micro-batches of {sum(len(g) for g in groups)} rows")
-        g = groups.pop(i)
-        half = len(g) // 2
-        groups[i:i] = [g[:half], g[half:]]
-    return groups
-
-
-def trimmed(batch: UpdateBatch, sl: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, slice]:
-    """Inputs of one micro-batch (a slice or row indices) without columns that are padding in every row of it.
-
-    Returns (input_ids, attention_mask, completion_ids, tslice) where tslice selects the kept completion
-    columns of the [rows, T] tensors."""
-    ids, am = batch.input_ids[sl], batch.attention_mask[sl]
-    P = ids.shape[1] - batch.T
-    used_prompt = am[:, :P].any(dim=0).nonzero()
-    start = int(used_prompt[0]) if used_prompt.numel() else 0
-    comp_len = int(am[:, P:].sum(dim=1).max().item()) if batch.T else 0
-    comp_len = max(comp_len, 1)
-    end = P + comp_len
-    return ids[:, start:end], am[:, start:end], batch.completion_ids[sl, :comp_len], slice(0, comp_len)
-
-
-@dataclass
-class MicroBatch:
-    """The rows of one micro-batch (``trimmed``: no column that is padding in every row), as the loss takes them."""
-
-    input_ids: torch.Tensor  # [rows, P'+T']
-    attention_mask: torch.Tensor  # [rows, P'+T']
-    completion_ids: torch.Tensor  # [rows, T']
-    loss_mask: torch.Tensor  # [rows, T'] bool
-    advantages: torch.Tensor  # [rows], or [rows, T'] per token
-    old_logp: torch.Tensor | None = None  # [rows, T']
-    ref_logp: torch.Tensor | None = None  # [rows, T']
-    entropy_cut: torch.Tensor | float | None = None  # the whole batch's threshold (top_entropy_quantile < 1)
-
-    @property
-    def T(self) -> int:
-        return int(self.completion_ids.shape[1])
-
-
-def micro_batch(batch: UpdateBatch, sl: slice | torch.Tensor) -> MicroBatch:
-    """The micro-batch of ``batch`` at ``sl`` (a slice or row indices), trimmed of all-padding columns."""
-    ids, am, comp, ts = trimmed(batch, sl)
-    part = lambda t: None if t is None else t[sl, ts]  # noqa: E731
-    advantages = batch.advantages[sl, ts] if batch.advantages.dim() == 2 else batch.advantages[sl]
-    return MicroBatch(ids, am, comp, batch.loss_mask[sl, ts], advantages, part(batch.old_logp), part(batch.ref_logp),
-                      batch.entropy_cut)
 
 
 @dataclass

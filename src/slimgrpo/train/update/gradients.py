@@ -11,9 +11,9 @@ import torch
 
 from slimgrpo.loss.logprobs import completion_logprobs
 from slimgrpo.loss.objectives import Normaliser
-from slimgrpo.train.update.batch import (UpdateBatch, UpdateStats, add_sums, micro_batch, plan_micro, stat_sums,
-                                         token_means, trimmed)
-from slimgrpo.train.update.layout import forward, hidden_fn
+from slimgrpo.train.update.batch import UpdateBatch, UpdateStats, add_sums, stat_sums, token_means
+from slimgrpo.train.update.layout import run_layout
+from slimgrpo.train.update.micro import micro_batch, plan_micro, trimmed
 from slimgrpo.train.update.micro_loss import micro_batch_loss
 from slimgrpo.train.update.offload import offload_context
 from slimgrpo.train.update.settings import UpdateSettings
@@ -32,10 +32,8 @@ def batch_logprobs(model, batch: UpdateBatch, settings: UpdateSettings, want_ent
         for sl in plan_micro(batch, settings.micro_rows, settings.micro_tokens):
             ids, am, comp, ts = trimmed(batch, sl)
             ids, am, comp = ids.to(dev), am.to(dev), comp.to(dev)
-            layout = hidden_fn(model, ids, am, comp.shape[1], settings.share_prompt, with_grad=False)
-            logp, e = forward(model, completion_logprobs, ids, am, comp.shape[1], comp,
-                              temperature=settings.temperature, token_chunk=settings.token_chunk,
-                              vocab_chunk=settings.vocab_chunk, return_entropy=want_entropy, hidden_fn=layout)
+            logp, e = run_layout(model, completion_logprobs, ids, am, comp, settings, with_grad=False,
+                                 vocab_chunk=settings.vocab_chunk, return_entropy=want_entropy)
             out[sl, ts] = logp.float().to(out.device)
             if ent is not None:
                 ent[sl, ts] = e.float().to(out.device)

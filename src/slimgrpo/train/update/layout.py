@@ -24,6 +24,7 @@ from slimgrpo.loss.logprobs import HeadSpec
 from slimgrpo.loss.unpadded import unpadded_hidden
 from slimgrpo.train.distributed import is_wrapped
 from slimgrpo.train.update import shared_prompt
+from slimgrpo.train.update.settings import UpdateSettings
 
 
 class HiddenFn(Protocol):
@@ -61,3 +62,14 @@ def hidden_fn(model, input_ids: Tensor, attention_mask: Tensor, T: int, share_pr
     if packed.cheaper(model, input_ids, attention_mask, T, groups):
         return packed.packed_completion_hidden  # only real tokens, each prompt once, one sequence
     return shared_prompt.shared_completion_hidden if groups else unpadded_hidden
+
+
+def run_layout(model, head: Callable[..., Any], input_ids: Tensor, attention_mask: Tensor, completion_ids: Tensor,
+               settings: UpdateSettings, with_grad: bool, **kwargs):
+    """``head`` (``completion_logprobs`` or the fused ``completion_loss``) over one micro-batch, in the layout
+    ``hidden_fn`` picks, at the settings' temperature and token chunk, through the wrapper's ``forward``.
+    ``kwargs``: the rest of ``head``'s arguments."""
+    T = completion_ids.shape[1]
+    layout = hidden_fn(model, input_ids, attention_mask, T, settings.share_prompt, with_grad)
+    return forward(model, head, input_ids, attention_mask, T, completion_ids, temperature=settings.temperature,
+                   token_chunk=settings.token_chunk, hidden_fn=layout, **kwargs)
