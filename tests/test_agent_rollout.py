@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agent_helpers import TOOL_TEMPLATE, ScriptedSampler
 from slimgrpo.rollout import agent as agent_mod
-from slimgrpo.rollout.agent import AgentRollout
+from slimgrpo.rollout.agent import AgentRollout, AgentSettings
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.environments import Toolbox
 from slimgrpo.rollout.sampling import SamplingParams
@@ -56,7 +56,8 @@ def _scripts(tok, G):
 
 def _run(model, tok, monkeypatch, G=3, max_new=200, max_iterations=None):
     engine = TorchRolloutEngine(model)
-    agent = AgentRollout(engine, tok, Toolbox([add]), ToolRunner(timeout_s=5), max_iterations=max_iterations)
+    agent = AgentRollout(engine, tok, Toolbox([add]), ToolRunner(timeout_s=5),
+                         AgentSettings(max_iterations=max_iterations))
     scripts = _scripts(tok, G)
     if max_iterations is not None:  # the sampler must know which rows stop early
         scripts = [s[: max_iterations + 1] for s in scripts]

@@ -54,7 +54,7 @@ def test_eval_before_every_n_steps_and_at_the_end(tmp_path, tiny_model_dir):
 
 def test_step_zero_eval_matches_a_direct_evaluate_call(tmp_path, tiny_model_dir):
     from slimgrpo.data import load_prompt_dataset
-    from slimgrpo.evaluate import evaluate
+    from slimgrpo.evaluate import EvalSettings, evaluate
     from slimgrpo.train.trainer import Trainer
 
     cfg = load_config(str(_setup(tmp_path, tiny_model_dir, steps=0)), ["run.max_steps=1", "log.progress=false"])
@@ -63,11 +63,11 @@ def test_step_zero_eval_matches_a_direct_evaluate_call(tmp_path, tiny_model_dir)
     got = trainer.evaluator.run()
     ds = load_prompt_dataset(str(tmp_path / "heldout.jsonl"), trainer.policy.tokenizer, cfg.data)
     greedy = evaluate(trainer.policy.model, trainer.policy.tokenizer, ds, trainer.reward_runner,
-                      dataclasses.replace(trainer.sampling, temperature=0.0), num_samples=1, seed=cfg.run.seed,
-                      success_threshold=0.1)
-    sampled = evaluate(trainer.policy.model, trainer.policy.tokenizer, ds, trainer.reward_runner, trainer.sampling,
-                       num_samples=3, ks=(3,), seed=cfg.run.seed, success_threshold=0.1,
-                       prompts_per_batch=trainer.evaluator.prompts_per_batch)
+                      EvalSettings(dataclasses.replace(trainer.sampling, temperature=0.0), num_samples=1,
+                                   seed=cfg.run.seed, success_threshold=0.1))
+    sampled = evaluate(trainer.policy.model, trainer.policy.tokenizer, ds, trainer.reward_runner,
+                       EvalSettings(trainer.sampling, num_samples=3, ks=(3,), seed=cfg.run.seed, success_threshold=0.1,
+                                    prompts_per_batch=trainer.evaluator.prompts_per_batch))
     assert got["eval/accuracy_greedy"] == pytest.approx(greedy.accuracy)
     assert got["eval/accuracy_sampled"] == pytest.approx(sampled.accuracy)
     assert got["eval/pass@3"] == pytest.approx(sampled.pass_at[3])

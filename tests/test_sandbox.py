@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from slimgrpo.rewards.sandbox import SandboxResult, run_sandboxed
+from slimgrpo.rewards.sandbox import SandboxLimits, SandboxResult, run_sandboxed
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox relies on Linux rlimits and /proc")
 
@@ -40,14 +40,15 @@ def test_failing_program_reports_its_error():
 
 def test_infinite_loop_times_out():
     start = time.monotonic()
-    result = run_sandboxed("while True:\n    pass\n", timeout_s=1.0)
+    result = run_sandboxed("while True:\n    pass\n", limits=SandboxLimits(timeout_s=1.0))
     assert time.monotonic() - start < 2.0
     assert result.timed_out and result.killed_reason == "timeout" and not result.ok
 
 
 def test_memory_bomb_is_stopped_and_parent_unaffected():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    result = run_sandboxed("blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))\n", memory_mb=256)
+    result = run_sandboxed("blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))\n",
+                           limits=SandboxLimits(memory_mb=256))
     assert not result.ok and result.killed_reason == "memory"
     assert "MemoryError" in result.stderr
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024  # KiB: parent did not grow
@@ -71,7 +72,7 @@ def test_fork_loop_is_contained_and_leaves_no_processes():
         "while True:\n"
         "    os.fork()\n"
     )
-    result = run_sandboxed(program, timeout_s=2.0)
+    result = run_sandboxed(program, limits=SandboxLimits(timeout_s=2.0))
     lines = result.stdout.split()
     assert lines[:5] == ["refused"] * 5 and "escaped" not in result.stdout
     assert not result.ok and "os.fork is not allowed" in result.stderr
@@ -83,7 +84,8 @@ def test_fork_loop_is_contained_and_leaves_no_processes():
 
 
 def test_process_group_is_killed_even_when_the_program_is_still_running():
-    result = run_sandboxed("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(30)\n", timeout_s=0.5)
+    result = run_sandboxed("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(30)\n",
+                           limits=SandboxLimits(timeout_s=0.5))
     assert result.timed_out
     assert not _group_alive(int(result.stdout.split()[0]))
 
@@ -123,7 +125,8 @@ def test_environment_is_not_inherited(monkeypatch):
 
 def test_printing_gigabytes_is_capped_and_killed_quickly():
     start = time.monotonic()
-    result = run_sandboxed("while True:\n    print('x' * 1_000_000)\n", max_output_bytes=10_000, timeout_s=5.0)
+    result = run_sandboxed("while True:\n    print('x' * 1_000_000)\n",
+                           limits=SandboxLimits(max_output_bytes=10_000, timeout_s=5.0))
     assert time.monotonic() - start < 2.0
     assert result.killed_reason == "output_limit" and not result.ok
     assert len(result.stdout) == 10_000
@@ -137,7 +140,7 @@ def test_network_is_refused():
     port = server.getsockname()[1]
     try:
         program = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')\n"
-        result = run_sandboxed(program, timeout_s=3.0)
+        result = run_sandboxed(program, limits=SandboxLimits(timeout_s=3.0))
         assert not result.ok and "connected" not in result.stdout
         assert "socket" in result.stderr
         with pytest.raises(BlockingIOError):
@@ -164,6 +167,6 @@ def test_working_directory_is_fresh_and_removed():
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="timeout_s"):
-        run_sandboxed("print(1)", timeout_s=0)
+        run_sandboxed("print(1)", limits=SandboxLimits(timeout_s=0))
     with pytest.raises(ValueError, match="string"):
         run_sandboxed(b"print(1)")  # type: ignore[arg-type]

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from slimgrpo.memory.shapes import ModelShape
-from slimgrpo.train.synthetic import UpdateOnly, random_causal_lm, synthetic_advantages, synthetic_rollout, update_config
+from slimgrpo.train.synthetic import (RaggedLengths, UpdateOnly, random_causal_lm, synthetic_advantages, synthetic_rollout,
+                                     update_config)
 
 TINY = ModelShape(family="qwen2", hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2, vocab=97, tie=True,
                   max_positions=256)
@@ -17,13 +18,13 @@ def test_synthetic_rollout_pinned_and_ragged():
     assert r.prompt_ids.shape == (2, 7) and r.completion_ids.shape == (6, 11)
     assert bool(r.prompt_mask.all()) and bool(r.completion_mask.all()) and not bool(r.is_truncated.any())
     assert int(r.completion_ids.min()) >= 1 and int(r.completion_ids.max()) < 50  # never the pad id 0
-    r = synthetic_rollout(2, 2, 7, 11, vocab=50, prompt_lengths=[7, 3], completion_lengths=[11, 4, 1, 9])
+    r = synthetic_rollout(2, 2, 7, 11, vocab=50, lengths=RaggedLengths(prompts=[7, 3], completions=[11, 4, 1, 9]))
     assert r.prompt_mask[1].tolist() == [False] * 4 + [True] * 3  # left-padded
     assert r.completion_lengths.tolist() == [11, 4, 1, 9]
     assert r.is_truncated.tolist() == [True, False, False, False]
     assert (r.completion_ids[~r.completion_mask] == 0).all() and (r.prompt_ids[~r.prompt_mask] == 0).all()
     with pytest.raises(ValueError):
-        synthetic_rollout(2, 2, 7, 11, vocab=50, completion_lengths=[1, 2, 3])
+        synthetic_rollout(2, 2, 7, 11, vocab=50, lengths=RaggedLengths(completions=[1, 2, 3]))
 
 
 def _naive_grads(model, rollout, advantages):
@@ -46,8 +47,8 @@ def _naive_grads(model, rollout, advantages):
 def test_update_only_gradients_match_naive(micro):
     torch.manual_seed(0)
     model = random_causal_lm(TINY, torch.float32, "cpu", attn_implementation="eager")
-    rollout = synthetic_rollout(2, 3, 5, 9, TINY.vocab, seed=3, prompt_lengths=[5, 2],
-                                completion_lengths=[9, 4, 7, 1, 9, 6])
+    rollout = synthetic_rollout(2, 3, 5, 9, TINY.vocab, seed=3,
+                                lengths=RaggedLengths(prompts=[5, 2], completions=[9, 4, 7, 1, 9, 6]))
     adv = synthetic_advantages(rollout.rows, 3)
     expected = _naive_grads(model, rollout, adv)
     cfg = update_config({"memory": {"micro_batch_size": micro}, "optim": {"max_grad_norm": 0.0},

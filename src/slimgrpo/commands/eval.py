@@ -12,7 +12,7 @@ from rich.table import Table
 from slimgrpo.config import Config, ConfigError, from_dict, load_config, merge_overrides, resolve_path
 from slimgrpo.config.paths import RULE, check_inputs_exist, describe, shown
 from slimgrpo.data import load_prompt_dataset
-from slimgrpo.evaluate import EvalResult, evaluate
+from slimgrpo.evaluate import EvalResult, EvalSettings, evaluate
 from slimgrpo.modeling import ModelLoadError, load_model, load_tokenizer, resolve_device, resolve_dtype
 from slimgrpo.rewards.loading import load_reward_functions
 from slimgrpo.rewards.runner import RewardRunner
@@ -111,9 +111,9 @@ def run_eval(model_path: str, cfg: Config, args, origin: str | None = None) -> E
     params = SamplingParams(max_new_tokens=r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
                             top_k=r.top_k, min_p=r.min_p, repetition_penalty=r.repetition_penalty,
                             eos_token_ids=tuple(sorted(eos)), pad_token_id=tok.pad_token_id)
-    return evaluate(model, tok, dataset, runner, params, num_samples=args.num_samples, ks=tuple(args.k),
-                    seed=cfg.run.seed, success_threshold=args.threshold, agent=agent,
-                    keep_prompts=args.json_samples if args.json_out else 0)
+    settings = EvalSettings(params, num_samples=args.num_samples, ks=tuple(args.k), seed=cfg.run.seed,
+                            success_threshold=args.threshold, keep_prompts=args.json_samples if args.json_out else 0)
+    return evaluate(model, tok, dataset, runner, settings, agent=agent)
 
 
 def eval_command(args) -> int:

@@ -50,31 +50,36 @@ class EvalResult:
         }
 
 
-def evaluate(
-    model,
-    tokenizer,
-    dataset: PromptDataset,
-    reward_runner,
-    sampling: SamplingParams,
-    num_samples: int = 1,
-    ks: tuple[int, ...] = (1,),
-    prompts_per_batch: int = 32,
-    seed: int = 0,
-    success_threshold: float = 1.0,
-    keep_prompts: int = 0,
-    engine=None,
-    indices: list[int] | None = None,
-    agent=None,
-) -> EvalResult:
-    """Sample ``num_samples`` completions for every prompt (or the prompts at ``indices``) and score them.
-    ``engine``: a rollout engine to reuse (the trainer's, which knows how to gather sharded weights).
+@dataclass(frozen=True)
+class EvalSettings:
+    """How ``evaluate`` samples and scores: ``num_samples`` completions per prompt with ``sampling``, pass@k for
+    each k of ``ks`` (k <= num_samples), ``prompts_per_batch`` prompts per generate call, the sampling seed, the
+    first reward's score that counts as correct (``success_threshold``), the completions of the first
+    ``keep_prompts`` prompts kept in ``EvalResult.samples`` (so an accuracy can be read against what the model
+    wrote), and the prompts to evaluate (``indices``; None: all)."""
+
+    sampling: SamplingParams
+    num_samples: int = 1
+    ks: tuple[int, ...] = (1,)
+    prompts_per_batch: int = 32
+    seed: int = 0
+    success_threshold: float = 1.0
+    keep_prompts: int = 0
+    indices: tuple[int, ...] | None = None
+
+
+def evaluate(model, tokenizer, dataset: PromptDataset, reward_runner, settings: EvalSettings, engine=None,
+             agent=None) -> EvalResult:
+    """Sample ``settings.num_samples`` completions for every prompt (or the prompts at ``settings.indices``) and
+    score them. ``engine``: a rollout engine to reuse (the trainer's, which knows how to gather sharded weights).
     ``agent``: the multi-turn rollout of ``rollout.tools`` / ``rollout.environment`` (an ``AgentRollout``):
-    completions are then its conversations, scored as in training. ``keep_prompts``: keep the completions of
-    the first N prompts in ``EvalResult.samples``, so an accuracy can be read against what the model wrote."""
+    completions are then its conversations, scored as in training."""
+    num_samples, sampling, keep_prompts = settings.num_samples, settings.sampling, settings.keep_prompts
+    prompts_per_batch, indices = settings.prompts_per_batch, settings.indices
     engine = engine or TorchRolloutEngine(model)
     order = list(range(len(dataset))) if indices is None else list(indices)
     device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(settings.seed)
     correct_per_prompt: list[int] = []
     reward_per_prompt: list[float] = []
     totals: list[float] = []
@@ -99,7 +104,7 @@ def evaluate(
         ids = [r[: int(n)].tolist() for r, n in zip(rollout.completion_ids, lengths)]
         out = reward_runner.score(prompts, completions, ids, columns)
         first = torch.nan_to_num(out.per_function[:, 0], nan=0.0)
-        ok = (first >= success_threshold - 1e-6).view(-1, num_samples)
+        ok = (first >= settings.success_threshold - 1e-6).view(-1, num_samples)
         correct_per_prompt += ok.sum(dim=1).tolist()
         reward_per_prompt += torch.nan_to_num(out.total, nan=0.0).view(-1, num_samples).mean(dim=1).tolist()
         totals += torch.nan_to_num(out.total, nan=0.0).tolist()
@@ -114,7 +119,7 @@ def evaluate(
         accuracy=accuracy,
         mean_reward=sum(totals) / max(len(totals), 1),
         pass_at={k: sum(pass_at_k(num_samples, c, k) for c in correct_per_prompt) / max(n_prompts, 1)
-                 for k in ks if k <= num_samples},
+                 for k in settings.ks if k <= num_samples},
         per_function={n: (sum(v) / len(v) if v else float("nan")) for n, v in per_fn.items()},
         num_prompts=n_prompts,
         num_samples=num_samples,

@@ -28,7 +28,7 @@ from slimgrpo.rewards.loading import (
     load_reward_functions,
 )
 from slimgrpo.rewards.runner import FAULT_KINDS, RewardFunctionError, RewardRunner
-from slimgrpo.rewards.sandbox import SandboxResult, run_sandboxed
+from slimgrpo.rewards.sandbox import SandboxLimits, SandboxResult, run_sandboxed
 
 __all__ = [
     "BUILTIN_REWARDS",
@@ -37,6 +37,7 @@ __all__ = [
     "RewardFunctionError",
     "RewardRunner",
     "RewardSpecError",
+    "SandboxLimits",
     "SandboxResult",
     "boxed_accuracy",
     "code_execution_reward",

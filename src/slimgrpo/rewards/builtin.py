@@ -30,7 +30,7 @@ from slimgrpo.rewards.answers import (
     normalize_number,
     parse_number,
 )
-from slimgrpo.rewards.sandbox import run_sandboxed
+from slimgrpo.rewards.sandbox import SandboxLimits, run_sandboxed
 
 __all__ = [
     "BUILTIN_REWARDS",
@@ -259,7 +259,7 @@ def make_code_execution_reward(
         if isinstance(tests, (list, tuple)):
             tests = "\n".join(str(t) for t in tests)
         program = f"{code}\n\n{tests}\n"
-        result = run_sandboxed(program, timeout_s=timeout_s, memory_mb=memory_mb)
+        result = run_sandboxed(program, limits=SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb))
         return 1.0 if result.ok else 0.0
 
     def code_execution_reward(prompts: Sequence, completions: Sequence, **kwargs) -> list:

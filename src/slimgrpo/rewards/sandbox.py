@@ -211,43 +211,47 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def run_sandboxed(
-    code: str,
-    *,
-    stdin: str = "",
-    timeout_s: float = 5.0,
-    memory_mb: int = 512,
-    max_output_bytes: int = 64_000,
-    max_processes: int | None = 16,
-    max_file_bytes: int = 16 * 2**20,
-    max_open_files: int = 64,
-    allow_site_packages: bool = False,
-    network_namespace: bool | None = None,
-) -> SandboxResult:
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What a sandboxed program may use.
+
+    ``timeout_s``: wall-clock limit; the process group is killed when it runs out (CPU time is also limited
+    to about the same number of seconds). ``memory_mb``: address-space limit (``RLIMIT_AS``); allocations
+    beyond it raise ``MemoryError``. ``max_output_bytes``: most bytes kept of stdout and of stderr; printing
+    more kills the program. ``max_processes``: for non-root users, extra processes/threads allowed
+    (``RLIMIT_NPROC``); process creation is refused by the audit hook for every user anyway.
+    ``max_file_bytes``: largest file the program may write (``RLIMIT_FSIZE``). ``max_open_files``:
+    ``RLIMIT_NOFILE``."""
+
+    timeout_s: float = 5.0
+    memory_mb: int = 512
+    max_output_bytes: int = 64_000
+    max_processes: int | None = 16
+    max_file_bytes: int = 16 * 2**20
+    max_open_files: int = 64
+
+
+def run_sandboxed(code: str, *, stdin: str = "", limits: SandboxLimits | None = None,
+                  allow_site_packages: bool = False, network_namespace: bool | None = None) -> SandboxResult:
     """Run the Python program ``code`` in a limited child process and report what happened.
 
     Args:
         code: the whole program; it runs as ``__main__`` from ``main.py`` in a fresh temporary folder.
         stdin: text given to the program on standard input.
-        timeout_s: wall-clock limit; the process group is killed when it runs out (CPU time is
-            also limited to about the same number of seconds).
-        memory_mb: address-space limit (``RLIMIT_AS``); allocations beyond it raise ``MemoryError``.
-        max_output_bytes: most bytes kept of stdout and of stderr; printing more kills the program.
-        max_processes: for non-root users, extra processes/threads allowed (``RLIMIT_NPROC``);
-            process creation is refused by the audit hook for every user anyway.
-        max_file_bytes: largest file the program may write (``RLIMIT_FSIZE``).
-        max_open_files: ``RLIMIT_NOFILE``.
+        limits: time, memory, output, processes, files (``SandboxLimits``; None: its defaults).
         allow_site_packages: also let the program import installed packages (drops ``-S``).
         network_namespace: run under ``unshare --net``; ``None`` (default) uses it when available.
 
     Returns:
         a ``SandboxResult``; ``result.ok`` is True when the program exited 0 within every limit.
     """
+    limits = limits or SandboxLimits()
+    timeout_s, memory_mb, max_output_bytes = limits.timeout_s, limits.memory_mb, limits.max_output_bytes
     if not isinstance(code, str):
         raise ValueError(f"run_sandboxed: code must be a string, got {type(code).__name__}")
     if timeout_s <= 0 or memory_mb <= 0 or max_output_bytes <= 0:
         raise ValueError(
-            f"run_sandboxed: timeout_s, memory_mb and max_output_bytes must be positive, got "
+            f"run_sandboxed: limits.timeout_s, memory_mb and max_output_bytes must be positive, got "
             f"{timeout_s}, {memory_mb}, {max_output_bytes}"
         )
     work = tempfile.mkdtemp(prefix="slimgrpo-sandbox-")
@@ -261,9 +265,9 @@ def run_sandboxed(
             "work_dir": work,
             "memory_bytes": int(memory_mb * 2**20),
             "cpu_s": max(1, int(timeout_s + 1.999)),
-            "file_bytes": int(max_file_bytes),
-            "max_open_files": int(max_open_files),
-            "max_processes": max_processes,
+            "file_bytes": int(limits.max_file_bytes),
+            "max_open_files": int(limits.max_open_files),
+            "max_processes": limits.max_processes,
             "read_roots": _read_roots(),
             "preload_ctypes": bool(allow_site_packages),
         }

@@ -88,6 +88,36 @@ class RowState:
     dropped: bool = False  # the last tool results did not fit in the length limit
 
 
+@dataclass(frozen=True)
+class AgentSettings:
+    """How an agent's conversations are rendered and bounded.
+
+    ``max_iterations``: most tool-calling rounds per rollout (None = until the length limit);
+    ``tool_call_format``: ``auto`` / ``hermes`` / ``llama3`` (``tool_calls.parse_tool_calls``);
+    ``chat_template``: a template overriding the tokenizer's (``data.chat_template``); ``system_prompt``:
+    prepended as a system message when the prompt has none (``data.system_prompt``);
+    ``max_prompt_length``: the longest prompt rendered with its tools (``data.max_prompt_length``)."""
+
+    max_iterations: int | None = None
+    tool_call_format: str = "auto"
+    chat_template: str | None = None
+    system_prompt: str | None = None
+    max_prompt_length: int | None = None
+
+
+@dataclass
+class _Decoding:
+    """What every turn of one ``_run`` decodes with: the rows' KV cache, the sampling settings, the sampler's
+    generator and workspace, and the EOS / padding ids as tensors."""
+
+    session: KVSession
+    params: SamplingParams
+    generator: torch.Generator | None
+    workspace: SamplingWorkspace
+    eos: torch.Tensor
+    pad: torch.Tensor
+
+
 class AgentRollout:
     """Tool-calling rollouts over a ``TorchRolloutEngine``'s live model.
 
@@ -96,25 +126,21 @@ class AgentRollout:
         tokenizer: renders prompts and tool messages with its chat template.
         toolbox: tools and environments (``environments.Toolbox``).
         runner: runs the calls (time limit, output cap, sandbox).
-        max_iterations: most tool-calling rounds per rollout (None = until the length limit).
-        tool_call_format: ``auto`` / ``hermes`` / ``llama3`` (``tool_calls.parse_tool_calls``).
-        chat_template: a template overriding the tokenizer's (``data.chat_template``).
-        system_prompt: prepended as a system message when the prompt has none (``data.system_prompt``).
+        settings: rendering and bounds of the conversations (``AgentSettings``; None: its defaults).
     """
 
     def __init__(self, engine, tokenizer, toolbox: Toolbox, runner: ToolRunner | None = None,
-                 max_iterations: int | None = None, tool_call_format: str = "auto",
-                 chat_template: str | None = None, system_prompt: str | None = None,
-                 max_prompt_length: int | None = None) -> None:
+                 settings: AgentSettings | None = None) -> None:
         self.engine, self.parts, self.tok = engine, engine.parts, tokenizer
         self.toolbox = toolbox
         self.runner = runner or ToolRunner()
-        self.max_iterations = max_iterations
-        self.fmt = tool_call_format
-        self.chat_template = chat_template
-        self.system_prompt = system_prompt
-        self.max_prompt_length = max_prompt_length
-        parse_tool_calls("", tool_call_format)  # validates the format name
+        settings = settings or AgentSettings()
+        self.max_iterations = settings.max_iterations
+        self.fmt = settings.tool_call_format
+        self.chat_template = settings.chat_template
+        self.system_prompt = settings.system_prompt
+        self.max_prompt_length = settings.max_prompt_length
+        parse_tool_calls("", self.fmt)  # validates the format name
 
     # ------------------------------------------------------------------ rendering
     def _render(self, messages: list[dict[str, Any]], tools, add_generation_prompt: bool) -> list[int]:
@@ -189,11 +215,11 @@ class AgentRollout:
 
         states = [RowState() for _ in range(n)]
         alive = list(range(n))  # row held by each batch slot
-        eos = torch.tensor(params.eos_token_ids, dtype=torch.long, device=device)
-        pad = torch.tensor(params.pad_token_id, dtype=torch.long, device=device)
-        workspace = SamplingWorkspace()
+        dec = _Decoding(session, params, generator, SamplingWorkspace(),
+                        eos=torch.tensor(params.eos_token_ids, dtype=torch.long, device=device),
+                        pad=torch.tensor(params.pad_token_id, dtype=torch.long, device=device))
         while alive:
-            pending = self._decode_turn(session, logits, alive, states, params, generator, workspace, eos, pad)
+            pending = self._decode_turn(dec, logits, alive, states)
             calls = [self._end_turn(states[r], params) for r in alive]
             asking = [b for b, c in enumerate(calls) if c]
             # the tool calls of different rows run concurrently (rollout.max_concurrent_tool_calls); the
@@ -214,9 +240,10 @@ class AgentRollout:
             logits = self.parts.logits(session.feed(block, valid))
         return states
 
-    def _decode_turn(self, session, logits, alive, states, params, generator, workspace, eos, pad) -> list[int]:
+    def _decode_turn(self, dec: _Decoding, logits, alive: list[int], states: list[RowState]) -> list[int]:
         """Sample one assistant turn for every batch slot; returns each slot's last token (not yet in
         the cache). Rows whose turn ended are fed masked padding until all have ended."""
+        session, params, eos, pad = dec.session, dec.params, dec.eos, dec.pad
         b = len(alive)
         device = logits.device
         waiting = torch.zeros(b, dtype=torch.bool, device=device)
@@ -229,7 +256,7 @@ class AgentRollout:
                 early = torch.tensor([sum(states[r].model) < params.min_new_tokens for r in alive], device=device)
                 if bool(early.any()):
                     logits[early.nonzero().squeeze(1)[:, None], eos[None, :]] = float("-inf")
-            tokens, logprobs = sample_next(logits, params, generator, workspace=workspace)
+            tokens, logprobs = sample_next(logits, params, dec.generator, workspace=dec.workspace)
             tokens = torch.where(waiting, pad, tokens)
             hit = torch.isin(tokens, eos) & ~waiting
             tok_list, lp_list = tokens.tolist(), logprobs.tolist()

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from slimgrpo.config import ConfigError
-from slimgrpo.rollout.agent import AgentRollout
+from slimgrpo.rollout.agent import AgentRollout, AgentSettings
 from slimgrpo.rollout.environments import Toolbox
 from slimgrpo.rollout.tool_calls import ToolRunner
 from slimgrpo.types import PromptBatch, Rollout
@@ -38,7 +38,7 @@ def load_spec(spec: Any, base_dir: str | None, key: str) -> Callable:
 def sandboxed_call(fn: Callable, arguments: dict[str, Any], timeout_s: float | None) -> Any:
     """Run ``fn(**arguments)`` in the code sandbox: the source of ``fn``'s module is executed there, the
     arguments go in and the result comes back as JSON (a result that is not JSON comes back as its str)."""
-    from slimgrpo.rewards.sandbox import run_sandboxed
+    from slimgrpo.rewards.sandbox import SandboxLimits, run_sandboxed
 
     module = inspect.getmodule(fn)
     source = inspect.getsource(module) if module is not None else inspect.getsource(fn)
@@ -46,7 +46,7 @@ def sandboxed_call(fn: Callable, arguments: dict[str, Any], timeout_s: float | N
     code = (source + "\n\nimport json as _j, sys as _s\n_r = " + name + "(**_j.loads(_s.stdin.read()))\n"
             "try:\n    _out = _j.dumps({'ok': _r})\nexcept TypeError:\n    _out = _j.dumps({'ok': str(_r)})\n"
             "print('\\n' + _out)\n")
-    result = run_sandboxed(code, stdin=json.dumps(arguments), timeout_s=timeout_s or 30.0)
+    result = run_sandboxed(code, stdin=json.dumps(arguments), limits=SandboxLimits(timeout_s=timeout_s or 30.0))
     if result.timed_out:
         raise TimeoutError(f"timed out after {timeout_s} s")
     if not result.ok:
@@ -86,9 +86,10 @@ def build_agent(cfg, engine, tokenizer, tools: list[Callable] | None = None,
                               "state in this process; turn the sandbox off or use plain tools")
     runner = ToolRunner(timeout_s=r.tool_timeout_s, max_output_chars=r.max_tool_output_chars, sandbox=sandbox,
                         max_concurrent=r.max_concurrent_tool_calls)
-    return AgentRollout(engine, tokenizer, toolbox, runner, max_iterations=r.max_tool_calling_iterations,
-                        tool_call_format=r.tool_call_format, chat_template=cfg.data.chat_template,
-                        system_prompt=cfg.data.system_prompt, max_prompt_length=cfg.data.max_prompt_length)
+    settings = AgentSettings(max_iterations=r.max_tool_calling_iterations, tool_call_format=r.tool_call_format,
+                             chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt,
+                             max_prompt_length=cfg.data.max_prompt_length)
+    return AgentRollout(engine, tokenizer, toolbox, runner, settings)
 
 
 class CustomRollout:

@@ -19,7 +19,7 @@ import torch
 
 from slimgrpo.config import resolve_path
 from slimgrpo.data import load_prompt_dataset
-from slimgrpo.evaluate import EvalResult, evaluate
+from slimgrpo.evaluate import EvalResult, EvalSettings, evaluate
 from slimgrpo.train.console import print_eval
 from slimgrpo.train.metrics import EVAL_PREFIX
 
@@ -38,7 +38,7 @@ class DuringTrainingEval:
         if per_rank == 0:
             raise ValueError(f"eval.data={cfg.eval.data!r} has {len(self.dataset)} prompts, fewer than the "
                              f"{world} processes: give at least {world}")
-        self.indices = list(range(rank * per_rank, (rank + 1) * per_rank))
+        self.indices = tuple(range(rank * per_rank, (rank + 1) * per_rank))
         self.num_prompts = per_rank * world
         temperature = cfg.eval.temperature if cfg.eval.temperature is not None else cfg.rollout.temperature
         self.sampled = dataclasses.replace(trainer.sampling, temperature=temperature)
@@ -63,10 +63,11 @@ class DuringTrainingEval:
 
     def _evaluate(self, sampling, num_samples: int) -> EvalResult:
         t = self.trainer
-        return evaluate(t.policy.model, t.policy.tokenizer, self.dataset, t.reward_runner, sampling,
-                        num_samples=num_samples, ks=(num_samples,), prompts_per_batch=self.prompts_per_batch,
-                        seed=t.cfg.run.seed, success_threshold=self.cfg.threshold, engine=t.engine,
-                        indices=self.indices, agent=self.agent)
+        settings = EvalSettings(sampling, num_samples=num_samples, ks=(num_samples,),
+                                prompts_per_batch=self.prompts_per_batch, seed=t.cfg.run.seed,
+                                success_threshold=self.cfg.threshold, indices=self.indices)
+        return evaluate(t.policy.model, t.policy.tokenizer, self.dataset, t.reward_runner, settings, engine=t.engine,
+                        agent=self.agent)
 
     def run(self) -> dict[str, float]:
         """Evaluate now; ``eval/...`` metrics averaged over every rank's prompts."""

@@ -70,17 +70,30 @@ def random_causal_lm(shape: ModelShape, dtype: torch.dtype, device: str | torch.
     return model.to(dtype)
 
 
+PAD_ID = 0  # the padding id of synthetic rollouts; no real token takes it
+
+
+@dataclass(frozen=True)
+class RaggedLengths:
+    """Lengths of a ragged synthetic batch: ``prompts`` ([groups] tokens each) and ``completions`` ([rows]);
+    either may be None (every prompt ``prompt_length`` / every completion ``completion_length`` tokens)."""
+
+    prompts: list[int] | None = None
+    completions: list[int] | None = None
+
+
 def synthetic_rollout(groups: int, num_generations: int, prompt_length: int, completion_length: int, vocab: int,
-                      device: str | torch.device = "cpu", seed: int = 0, pad_token_id: int = 0,
-                      prompt_lengths: list[int] | None = None,
-                      completion_lengths: list[int] | None = None) -> Rollout:
-    """A Rollout of random token ids (never ``pad_token_id``).
+                      device: str | torch.device = "cpu", seed: int = 0,
+                      lengths: RaggedLengths | None = None) -> Rollout:
+    """A Rollout of random token ids (never the padding id ``PAD_ID``).
 
     By default every prompt has ``prompt_length`` tokens and every completion ``completion_length`` (the
     work is pinned, like ``min_completion_length = max_completion_length``), none truncated.
-    ``prompt_lengths`` ([groups]) and ``completion_lengths`` ([rows]) give ragged batches instead:
-    prompts are left-padded, completions right-padded, as the rollout engine returns them; a row whose
-    length equals ``completion_length`` counts as truncated (no EOS was sampled)."""
+    ``lengths`` gives ragged batches instead: prompts are left-padded, completions right-padded, as the
+    rollout engine returns them; a row whose length equals ``completion_length`` counts as truncated (no EOS
+    was sampled)."""
+    lengths = lengths or RaggedLengths()
+    prompt_lengths, completion_lengths, pad_token_id = lengths.prompts, lengths.completions, PAD_ID
     rows = groups * num_generations
     g = torch.Generator().manual_seed(seed)
     p_lens = list(prompt_lengths) if prompt_lengths is not None else [prompt_length] * groups
