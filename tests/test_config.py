@@ -86,6 +86,8 @@ def test_unknown_section_in_yaml(tmp_path):
     ("rollout.min_completion_length=999", "exceeds"),
     ("loss.loss_type=ppo", "not one of"),
     ("loss.delta=0.5", "delta"),
+    ("loss.epsilon=1.5", r"loss\.epsilon must be in \(0, 1\)"),  # once refused only when the trainer was built
+    ("loss.top_entropy_quantile=2", r"loss\.top_entropy_quantile must be in \[0, 1\]"),
     ("rewards.reward_weights=[1.0, 2.0]", "one weight per function"),
     ("memory.offload_activations=true", "gradient_checkpointing"),
     ("model.load_in_4bit=true", "lora.enabled"),
@@ -168,3 +170,33 @@ def test_auto_token_chunk_bounds_the_logits_chunk():
     for v in (1000, 32_000, 151_936, 262_144):
         c = auto_token_chunk(v)
         assert c & (c - 1) == 0 and (c * v * 4 <= 64 * 2**20 or c == 16)
+
+
+def test_the_objective_has_one_set_of_defaults_and_one_range_check():
+    """``loss.LossSettings`` takes its defaults from ``LossConfig`` and its range check from the config's
+    ``objective_problem``: a default or a bound changed in one place holds in the other."""
+    import dataclasses
+    import typing
+
+    from slimgrpo.config.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, LossConfig, objective_problem
+    from slimgrpo.loss.objectives import InvalidLossSetting, LossSettings
+    from slimgrpo.loss.settings import loss_settings
+
+    hints = typing.get_type_hints(LossConfig)
+    assert typing.get_args(hints["loss_type"]) == LOSS_TYPES
+    assert typing.get_args(hints["importance_sampling_level"]) == IMPORTANCE_SAMPLING_LEVELS
+    config_defaults = dataclasses.asdict(LossConfig())
+    for f in dataclasses.fields(LossSettings):
+        if f.name != "max_completion_length":  # the rollout section's
+            assert f.default == config_defaults[f.name], f.name
+    cfg = Config()
+    assert loss_settings(cfg) == LossSettings(max_completion_length=cfg.rollout.max_completion_length)
+    bad = dataclasses.replace(LossConfig(), epsilon=1.5)
+    assert objective_problem(bad, 16) == ("epsilon", "must be in (0, 1) (TRL: 0.2), got 1.5")
+    with pytest.raises(InvalidLossSetting, match=r"^epsilon must be in \(0, 1\)") as e:
+        LossSettings(epsilon=1.5)
+    assert e.value.key == "epsilon" and isinstance(e.value, ValueError)
+    from slimgrpo.config.validate import _validate_objective
+
+    with pytest.raises(ConfigError, match=r"rollout\.max_completion_length must be set for loss_type='dr_grpo'"):
+        _validate_objective(dataclasses.replace(LossConfig(), loss_type="dr_grpo"), None)

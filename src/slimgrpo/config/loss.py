@@ -123,3 +123,44 @@ def auto_token_chunk(vocab_size: int, vocab_chunk: int | None = None) -> int:
     width = vocab_size if vocab_chunk is None else min(vocab_chunk, vocab_size)
     tokens = max(LOGITS_CHUNK_BYTES // (4 * max(width, 1)), 1)
     return int(min(max(2 ** (tokens.bit_length() - 1), MIN_TOKEN_CHUNK), MAX_TOKEN_CHUNK))
+
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo", "luspo")  # LossConfig.loss_type's
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # LossConfig.importance_sampling_level's
+
+
+def objective_problem(x, max_completion_length: int | None) -> tuple[str, str] | None:
+    """The one range check of the objective's fields: ``(field, what is wrong)`` for the first one out of
+    range in ``x`` (a ``LossConfig``, or the loss's ``LossSettings``), or None. ``max_completion_length``:
+    dr_grpo's divisor (``rollout.max_completion_length`` in the config)."""
+    if x.loss_type not in LOSS_TYPES:
+        return "loss_type", f"must be one of {LOSS_TYPES}, got {x.loss_type!r}"
+    if x.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        return ("importance_sampling_level",
+                f"must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {x.importance_sampling_level!r}")
+    if not 0.0 < x.epsilon < 1.0:
+        return "epsilon", f"must be in (0, 1) (TRL: 0.2), got {x.epsilon}"
+    if x.epsilon_high is not None and not x.epsilon_high > 0.0:
+        return "epsilon_high", f"must be > 0 or null (= epsilon), got {x.epsilon_high}"
+    if x.delta is not None and not x.delta > 1.0:
+        return "delta", (f"caps the ratio from above and must be > 1 (INTELLECT-2 uses 4; keep it above "
+                         f"1 + epsilon_high), got {x.delta}")
+    if not x.beta >= 0.0:
+        return "beta", f"must be >= 0, got {x.beta}"
+    if max_completion_length is not None and max_completion_length < 1:
+        return "max_completion_length", f"must be >= 1, got {max_completion_length}"
+    if x.loss_type == "dr_grpo" and max_completion_length is None:
+        return "max_completion_length", "must be set for loss_type='dr_grpo', which divides by it"
+    for name in ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
+        if not getattr(x, name) > 0.0:
+            return name, f"must be > 0, got {getattr(x, name)}"
+    for name in ("vespo_k_pos", "vespo_k_neg"):
+        if not getattr(x, name) >= 0.0:
+            return name, f"must be >= 0, got {getattr(x, name)}"
+    if x.off_policy_mask_threshold is not None and not x.off_policy_mask_threshold > 0:
+        return ("off_policy_mask_threshold",
+                f"must be > 0 (DeepSeek-V3.2 uses e.g. 0.5) or null (off), got {x.off_policy_mask_threshold}")
+    if not 0.0 <= x.top_entropy_quantile <= 1.0:
+        return ("top_entropy_quantile",
+                f"must be in [0, 1] (1 = every token, 0.2 as in the paper), got {x.top_entropy_quantile}")
+    return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from slimgrpo.config.errors import ConfigError
+from slimgrpo.config.loss import objective_problem
 from slimgrpo.config.tree import Config
 
 
@@ -116,13 +117,7 @@ def validate_config(cfg: Config) -> None:
             f"rewards.reward_weights has {len(cfg.rewards.reward_weights)} values but rewards.functions "
             f"has {len(cfg.rewards.functions)}: give one weight per function"
         )
-    _positive(L.epsilon, "loss.epsilon")
-    if L.epsilon_high is not None and L.epsilon_high <= 0:
-        raise ConfigError(f"loss.epsilon_high must be > 0, got {L.epsilon_high}")
-    if L.delta is not None and L.delta <= 1:
-        raise ConfigError(f"loss.delta caps the ratio and must be > 1 (e.g. 2.0), got {L.delta}")
-    _positive(L.beta, "loss.beta", allow_zero=True)
-    _validate_objective(L)
+    _validate_objective(L, r.max_completion_length)
     _validate_critic(cfg)
     _positive(L.num_iterations, "loss.num_iterations")
     if L.token_chunk is not None:
@@ -181,23 +176,18 @@ def validate_config(cfg: Config) -> None:
     validate_eval(cfg)
 
 
-def _validate_objective(L) -> None:
-    """The TRL 1.16 objective options (loss types, masks, reward aggregation)."""
+def _validate_objective(L, max_completion_length: int) -> None:
+    """The TRL 1.16 objective options: the loss's own range check (``config.loss.objective_problem``, which
+    ``loss.LossSettings`` runs too), then what this tool asks beyond TRL."""
+    problem = objective_problem(L, max_completion_length)
+    if problem is not None:
+        key, what = problem
+        raise ConfigError(f"{'rollout' if key == 'max_completion_length' else 'loss'}.{key} {what}")
     if L.loss_type == "cispo" and L.epsilon_high is None:
         raise ConfigError(
             "loss.loss_type=cispo caps the importance ratio at loss.epsilon_high itself (not 1 + epsilon_high): "
             "set it, e.g. loss.epsilon_high=5.0 as in ScaleRL (TRL would silently cap at epsilon=0.2)"
         )
-    for key in ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
-        _positive(getattr(L, key), f"loss.{key}")
-    for key in ("vespo_k_pos", "vespo_k_neg"):
-        _positive(getattr(L, key), f"loss.{key}", allow_zero=True)
-    if L.off_policy_mask_threshold is not None and L.off_policy_mask_threshold <= 0:
-        raise ConfigError(f"loss.off_policy_mask_threshold must be > 0 (e.g. 0.5) or null (off), "
-                          f"got {L.off_policy_mask_threshold}")
-    if not 0 <= L.top_entropy_quantile <= 1:
-        raise ConfigError(f"loss.top_entropy_quantile must be in [0, 1] (1 = every token, 0.2 as in the paper), "
-                          f"got {L.top_entropy_quantile}")
     if L.steps_per_generation < 1:
         raise ConfigError(f"loss.steps_per_generation must be >= 1, got {L.steps_per_generation}")
     if L.use_adaptive_entropy:

@@ -59,72 +59,54 @@ import torch
 from torch import Tensor
 
 import slimgrpo.loss.policy_losses as terms
+from slimgrpo.config.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, LossConfig, objective_problem
 from slimgrpo.types import LossStats
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo", "luspo")
 CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the clipped surrogate
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+
+_D = LossConfig()  # the defaults of the config's loss section: the one place they are written
+
+
+class InvalidLossSetting(ValueError):
+    """A ``LossSettings`` field out of range; ``key`` names the field (the config says ``loss.<key>``)."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key} {problem}")
+        self.key, self.problem = key, problem
 
 
 @dataclass(frozen=True)
 class LossSettings:
-    """Which member of the GRPO family to optimise (names and defaults follow TRL 1.16's ``GRPOConfig``)."""
+    """Which member of the GRPO family to optimise (names and defaults follow TRL 1.16's ``GRPOConfig``).
 
-    loss_type: str = "dapo"  # how per-token losses are formed and averaged, see the module docstring
-    importance_sampling_level: str = "token"  # "token" (GRPO) or "sequence" (GSPO)
-    epsilon: float = 0.2  # lower clip: ratios below 1 - epsilon stop pushing down
-    epsilon_high: float | None = None  # upper clip 1 + epsilon_high; None: epsilon (DAPO: 0.28);
+    The defaults are the config's (``config.loss.LossConfig``) and the range check is the config's too
+    (``config.loss.objective_problem``, which ``config.validate`` runs on every config, naming the key)."""
+
+    loss_type: str = _D.loss_type  # how per-token losses are formed and averaged, see the module docstring
+    importance_sampling_level: str = _D.importance_sampling_level  # "token" (GRPO) or "sequence" (GSPO)
+    epsilon: float = _D.epsilon  # lower clip: ratios below 1 - epsilon stop pushing down
+    epsilon_high: float | None = _D.epsilon_high  # upper clip 1 + epsilon_high; None: epsilon (DAPO: 0.28);
     # for cispo the cap eps_max on the ratio itself (ScaleRL: 5.0)
-    delta: float | None = None  # cap on the unclipped ratio (INTELLECT-2); None means no cap
-    beta: float = 0.0  # weight of the k3 KL penalty to the reference policy; 0 needs no reference
+    delta: float | None = _D.delta  # cap on the unclipped ratio (INTELLECT-2); None means no cap
+    beta: float = _D.beta  # weight of the k3 KL penalty to the reference policy; 0 needs no reference
     max_completion_length: int | None = None  # fixed divisor of dr_grpo (required for it)
-    use_bias_correction_kl: bool = True  # KL term times the importance ratio (TRL 1.16 default)
-    sapo_temperature_pos: float = 1.0  # SAPO gate temperature for A > 0
-    sapo_temperature_neg: float = 1.05  # SAPO gate temperature for A <= 0
-    vespo_k_pos: float = 2.0  # VESPO exponent k for A >= 0
-    vespo_lambda_pos: float = 3.0  # VESPO decay lambda for A >= 0
-    vespo_k_neg: float = 3.0  # VESPO exponent k for A < 0
-    vespo_lambda_neg: float = 2.0  # VESPO decay lambda for A < 0
-    off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2 sequence mask; None = off
-    top_entropy_quantile: float = 1.0  # keep the policy term on this top fraction of tokens by entropy
-    entropy_coef: float = 0.0  # weight of the entropy bonus (initial value with use_adaptive_entropy)
-    use_adaptive_entropy: bool = False  # Skywork-OR1 adaptive coefficient (``loss.entropy_control``)
+    use_bias_correction_kl: bool = _D.use_bias_correction_kl  # KL term times the importance ratio (TRL 1.16)
+    sapo_temperature_pos: float = _D.sapo_temperature_pos  # SAPO gate temperature for A > 0
+    sapo_temperature_neg: float = _D.sapo_temperature_neg  # SAPO gate temperature for A <= 0
+    vespo_k_pos: float = _D.vespo_k_pos  # VESPO exponent k for A >= 0
+    vespo_lambda_pos: float = _D.vespo_lambda_pos  # VESPO decay lambda for A >= 0
+    vespo_k_neg: float = _D.vespo_k_neg  # VESPO exponent k for A < 0
+    vespo_lambda_neg: float = _D.vespo_lambda_neg  # VESPO decay lambda for A < 0
+    off_policy_mask_threshold: float | None = _D.off_policy_mask_threshold  # DeepSeek-V3.2 sequence mask; None = off
+    top_entropy_quantile: float = _D.top_entropy_quantile  # keep the policy term on this top fraction by entropy
+    entropy_coef: float = _D.entropy_coef  # weight of the entropy bonus (initial value with use_adaptive_entropy)
+    use_adaptive_entropy: bool = _D.use_adaptive_entropy  # Skywork-OR1 adaptive coefficient (``entropy_control``)
 
     def __post_init__(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-            raise ValueError(f"importance_sampling_level must be one of "
-                             f"{IMPORTANCE_SAMPLING_LEVELS}, "
-                             f"got {self.importance_sampling_level!r}")
-        if not 0.0 < self.epsilon < 1.0:
-            raise ValueError(f"epsilon must be in (0, 1), got {self.epsilon}")
-        if self.epsilon_high is not None and not self.epsilon_high > 0.0:
-            raise ValueError(f"epsilon_high must be > 0 or None, got {self.epsilon_high}")
-        if self.delta is not None and not self.delta > 1.0:
-            raise ValueError(f"delta caps the ratio from above and must be > 1 (INTELLECT-2 uses "
-                             f"4; keep it above 1 + epsilon_high), got {self.delta}")
-        if not self.beta >= 0.0:
-            raise ValueError(f"beta must be >= 0, got {self.beta}")
-        if self.max_completion_length is not None and self.max_completion_length < 1:
-            raise ValueError(f"max_completion_length must be >= 1, got "
-                             f"{self.max_completion_length}")
-        if self.loss_type == "dr_grpo" and self.max_completion_length is None:
-            raise ValueError("loss_type='dr_grpo' divides by a constant max_completion_length; "
-                             "set max_completion_length")
-        for name in ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos",
-                     "vespo_lambda_neg"):
-            if not getattr(self, name) > 0.0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("vespo_k_pos", "vespo_k_neg"):
-            if not getattr(self, name) >= 0.0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.off_policy_mask_threshold is not None and not self.off_policy_mask_threshold > 0:
-            raise ValueError(f"off_policy_mask_threshold must be > 0 or None (DeepSeek-V3.2 uses "
-                             f"e.g. 0.5), got {self.off_policy_mask_threshold}")
-        if not 0.0 <= self.top_entropy_quantile <= 1.0:
-            raise ValueError(f"top_entropy_quantile must be in [0, 1], got "
-                             f"{self.top_entropy_quantile}")
+        problem = objective_problem(self, self.max_completion_length)
+        if problem is not None:
+            raise InvalidLossSetting(*problem)
 
     @property
     def entropy_bonus(self) -> bool:
