@@ -54,7 +54,8 @@ def long_prompt_file(model: Path, path: Path, target: int = LONG_PROMPT_TOKENS) 
         candidate = body + f"Problem {i}: {q}\n\n"
         messages = [{"role": "system", "content": common.REASONING_SYSTEM_PROMPT},
                     {"role": "user", "content": head + candidate}]
-        length = len(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        length = len(tok(text, add_special_tokens=False)["input_ids"])  # (tokenize=True gives a dict in 5.x)
         if length > target:
             break
         body, n = candidate, length
