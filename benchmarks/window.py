@@ -12,7 +12,9 @@ completions, full fine-tuning, fp32 on CPU, gradient checkpointing on in both, c
 - ``long-prompt``: one chat prompt of about 7,000 tokens (GSM8K questions, one after another, with the
   reasoning system prompt) + 1,024 generated tokens.
 
-Each run is one optimizer step (``--steps``): memory, not speed, is the figure here. After the runs,
+Each run is two optimizer steps (``--steps``): memory, not speed, is the figure here, and AdamW creates its
+state at the first ``optimizer.step()``, so only from the second step on does backward run beside it (the
+steady state that the trace models; a one-step run peaks lower by the state, 2 x the trainable weights). After the runs,
 ``slimgrpo plan --trace --device cpu`` traces slimgrpo's config of each variant; its "device peak from
 the trace" (traced tensors + the measured CPU runtime) is printed beside the measured peak.
 Goals (issue 29): slimgrpo's peak RSS <= 1/3 of TRL's, the trace within +-10% of slimgrpo's peak.
@@ -104,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="the SmolLM2-135M-Instruct folder (default .bench/smollm2)")
     p.add_argument("--variants", default="long-completion,long-prompt")
     p.add_argument("--trainers", default="trl,slimgrpo")
-    p.add_argument("--steps", type=int, default=1, help="optimizer steps per run")
+    p.add_argument("--steps", type=int, default=2,
+                   help="optimizer steps per run (from the second on, the AdamW state is live during backward: the "
+                        "steady state the trace models; one step peaks lower by that state)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     p.add_argument("--mem-cap", help="memory cap per run, e.g. 20GiB (default: none)")
     p.add_argument("--out", help="also write the records to this JSON file")
