@@ -2,7 +2,7 @@
 (issue 29), peak RSS measured from outside each process, and slimgrpo's trace of the same config.
 
     python benchmarks/window.py [--model .bench/smollm2] [--variants long-completion,long-prompt]
-                                [--trainers trl,slimgrpo] [--steps 1] [--timeout 3600] [--out FILE.json]
+                                [--trainers trl,slimgrpo] [--steps 2] [--timeout 3600] [--out FILE.json]
 
 Both trainers get the same folder, prompts, reward and settings (vs_trl.py's children): 1 prompt x 2
 completions, full fine-tuning, fp32 on CPU, gradient checkpointing on in both, completions pinned (minimum
