@@ -222,21 +222,12 @@ MAX_PARAMETERS = 8  # a function that needs more takes its config section or one
 # them. The update stage (``train.update``) has none: it takes ``UpdateSettings``, derived from the config once.
 LONG_PARAMETER_LISTS = {
     "slimgrpo.evaluate:evaluate": 14,
-    "slimgrpo.loss.logprobs:completion_logprobs": 12,
-    "slimgrpo.loss.chunked_head:_backprop_slice": 12,
-    "slimgrpo.loss.fused:completion_loss": 11,
-    "slimgrpo.loss.chunked_head:chunked_token_logprobs": 11,
-    "slimgrpo.loss.chunked_head:_ChunkedHeadLogprob.forward": 11,
     "slimgrpo.train.synthetic:synthetic_rollout": 10,
     "slimgrpo.rewards.sandbox:run_sandboxed": 10,
     "slimgrpo.loss.objectives:grpo_loss": 10,
-    "slimgrpo.loss.fused:fused_token_loss": 10,
     "slimgrpo.train.trainer:Trainer.__init__": 9,  # TRL's GRPOTrainer arguments (the Python API)
     "slimgrpo.rollout.agent:AgentRollout._decode_turn": 9,
     "slimgrpo.rollout.agent:AgentRollout.__init__": 9,
-    "slimgrpo.loss.unpadded:unpadded_completion_logprobs": 9,
-    "slimgrpo.loss.fused:_FusedHeadLoss.forward": 9,
-    "slimgrpo.loss.fused:_correct": 9,
 }
 NO_LONG_LISTS_UNDER = ("slimgrpo.train.update",)  # rooms held to MAX_PARAMETERS without exceptions
 

@@ -128,7 +128,8 @@ def test_micro_batched_clip_stats_equal_whole_batch(monkeypatch, level):
     batch.entropy_cut = entropy_threshold(ent_all, mask, 0.5)
     calls = []
 
-    def fake_logprobs(model, ids, am, t, comp, **kw):  # rows are found by their all-ones prompt: use order
+    def fake_logprobs(model, rows, **kw):  # rows are found by their all-ones prompt: use order
+        ids, t = rows.input_ids, rows.T
         start = sum(calls)
         calls.append(ids.shape[0])
         return logp_all[start:start + ids.shape[0], :t], ent_all[start:start + ids.shape[0], :t]
