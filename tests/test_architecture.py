@@ -224,7 +224,6 @@ LONG_PARAMETER_LISTS = {
     "slimgrpo.evaluate:evaluate": 14,
     "slimgrpo.train.synthetic:synthetic_rollout": 10,
     "slimgrpo.rewards.sandbox:run_sandboxed": 10,
-    "slimgrpo.loss.objectives:grpo_loss": 10,
     "slimgrpo.train.trainer:Trainer.__init__": 9,  # TRL's GRPOTrainer arguments (the Python API)
     "slimgrpo.rollout.agent:AgentRollout._decode_turn": 9,
     "slimgrpo.rollout.agent:AgentRollout.__init__": 9,

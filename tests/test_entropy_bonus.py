@@ -58,7 +58,7 @@ def test_entropy_alone_and_without_flag_no_gradient():
 # --- the loss term ------------------------------------------------------------------------------
 
 from slimgrpo.loss.entropy_control import EntropyController  # noqa: E402
-from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss  # noqa: E402
+from slimgrpo.loss.objectives import LossSettings, Normaliser, TokenEntropy, grpo_loss  # noqa: E402
 
 ROWS, T = 5, 7
 
@@ -81,8 +81,9 @@ def test_bonus_equals_token_loop(kw):
     coef = 0.37
     logp, old, adv, mask, ent = _loss_case()
     with_bonus, stats = grpo_loss(logp, old, None, adv, mask, LossSettings(entropy_coef=coef, **kw),
-                                  Normaliser.of(mask), entropy=ent)
-    without, _ = grpo_loss(logp, old, None, adv, mask, LossSettings(**kw), Normaliser.of(mask), entropy=ent.detach())
+                                  Normaliser.of(mask), entropy=TokenEntropy(ent))
+    without, _ = grpo_loss(logp, old, None, adv, mask, LossSettings(**kw), Normaliser.of(mask),
+                           entropy=TokenEntropy(ent.detach()))
     kept = [(i, t) for i in range(ROWS) for t in range(T) if mask[i, t]]
     q = kw.get("top_entropy_quantile", 1.0)
     if q < 1.0:
@@ -101,7 +102,7 @@ def test_bonus_equals_token_loop(kw):
 def test_zero_applied_coef_leaves_policy_loss():
     logp, old, adv, mask, ent = _loss_case(1)
     s = LossSettings(entropy_coef=0.5, use_adaptive_entropy=True)
-    a, st = grpo_loss(logp, old, None, adv, mask, s, Normaliser.of(mask), entropy=ent, entropy_coef=0.0)
+    a, st = grpo_loss(logp, old, None, adv, mask, s, Normaliser.of(mask), entropy=TokenEntropy(ent, coef=0.0))
     b, _ = grpo_loss(logp, old, None, adv, mask, LossSettings(), Normaliser.of(mask))
     torch.testing.assert_close(a, b)
     assert st.bonus_tokens == int(mask.sum())  # still measured for the controller
@@ -155,8 +156,8 @@ def test_same_losses_gradients_and_coefficients_as_trl(adaptive, quantile):
         logp, old, adv, mask, ent = _loss_case(step)
         ent = (ent.detach() * scale).requires_grad_()
         theirs = _trl_step(fake, logp, old, adv, mask, ent)
-        ours, st = grpo_loss(logp, old, None, adv, mask, s, Normaliser.of(mask), entropy=ent,
-                             entropy_coef=ctrl.applied())
+        ours, st = grpo_loss(logp, old, None, adv, mask, s, Normaliser.of(mask),
+                             entropy=TokenEntropy(ent, coef=ctrl.applied()))
         ctrl.update(st.bonus_entropy_sum, st.bonus_tokens)
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
         g_ours = torch.autograd.grad(ours, (logp, ent), allow_unused=True)  # entropy unused while gated
