@@ -163,7 +163,7 @@ def loss_vs_naive(tokens: int, hidden: int, vocab: int, device: torch.device, dt
     import sys
     from pathlib import Path
 
-    from slimgrpo.loss.chunked_head import chunked_token_logprobs
+    from slimgrpo.loss.chunked_head import HeadSpec, chunked_token_logprobs
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from _reference import naive_token_logprobs  # the full-logits baseline lives with the tests
@@ -181,7 +181,7 @@ def loss_vs_naive(tokens: int, hidden: int, vocab: int, device: torch.device, dt
             fresh_memory(device)
             base = torch.cuda.memory_allocated(device) / MIB if device.type == "cuda" else None
             t = time.perf_counter()
-            logp, _ = fn(h, w, targets)
+            logp, _ = fn(h, HeadSpec(w), targets)
             logp.sum().backward()
             sync(device)
             times.append(time.perf_counter() - t)

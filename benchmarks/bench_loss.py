@@ -67,7 +67,7 @@ def _child(args: argparse.Namespace) -> None:
     import slimgrpo  # noqa: F401  (before torch: the OpenMP wait policy, as in training)
     import torch
 
-    from slimgrpo.loss.chunked_head import chunked_token_logprobs
+    from slimgrpo.loss.chunked_head import HeadSpec, chunked_token_logprobs
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
     from _reference import naive_token_logprobs  # the full-logits baseline lives with the tests
@@ -99,11 +99,11 @@ def _child(args: argparse.Namespace) -> None:
         if args.child == "chunked" and args.path == "fused":
             from slimgrpo.loss.fused import fused_token_loss
 
-            loss, _, _ = fused_token_loss(hidden, weight, targets, lambda lp: (lp * upstream).sum(),
+            loss, _, _ = fused_token_loss(hidden, HeadSpec(weight), targets, lambda lp: (lp * upstream).sum(),
                                           token_chunk=chunk, return_entropy=args.entropy)
             loss.backward()
         else:
-            logp, _ = fn(hidden, weight, targets, token_chunk=chunk, vocab_chunk=args.vocab_chunk,
+            logp, _ = fn(hidden, HeadSpec(weight), targets, token_chunk=chunk, vocab_chunk=args.vocab_chunk,
                          return_entropy=args.entropy)
             (logp * upstream).sum().backward()
         sync()

@@ -26,8 +26,9 @@ def naive_token_logprobs(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor | No
     call = _CONTRACT.bind(*args, **kwargs)
     call.apply_defaults()
     a = call.arguments
-    hidden, weight, targets, bias, softcap = a["hidden"], a["weight"], a["targets"], a["bias"], a["softcap"]
-    temperature, logit_scale = a["temperature"], a["logit_scale"]
+    hidden, head, targets = a["hidden"], a["head"], a["targets"]
+    weight, bias, softcap, logit_scale = head.weight, head.bias, head.softcap, head.logit_scale
+    temperature = a["temperature"]
     _check_inputs(hidden, weight, targets, bias, temperature, softcap, 1, None)
     logits = torch.nn.functional.linear(hidden, weight, bias).float()  # [N, V]
     # Each transform below allocates another [N, V] tensor, so it is applied only when not a no-op.

@@ -221,17 +221,7 @@ MAX_PARAMETERS = 8  # a function that needs more takes its config section or one
 # Functions over MAX_PARAMETERS today, with their count: each may shrink, none may grow, and no other joins
 # them. The update stage (``train.update``) has none: it takes ``UpdateSettings``, derived from the config once.
 LONG_PARAMETER_LISTS = {
-    "slimgrpo.loss.logprobs:completion_logprobs": 12,
-    "slimgrpo.loss.chunked_head:_backprop_slice": 12,
-    "slimgrpo.loss.fused:completion_loss": 11,
-    "slimgrpo.loss.chunked_head:chunked_token_logprobs": 11,
-    "slimgrpo.loss.chunked_head:_ChunkedHeadLogprob.forward": 11,
-    "slimgrpo.loss.objectives:grpo_loss": 10,
-    "slimgrpo.loss.fused:fused_token_loss": 10,
     "slimgrpo.train.trainer:Trainer.__init__": 9,  # TRL's GRPOTrainer arguments (the Python API)
-    "slimgrpo.loss.unpadded:unpadded_completion_logprobs": 9,
-    "slimgrpo.loss.fused:_FusedHeadLoss.forward": 9,
-    "slimgrpo.loss.fused:_correct": 9,
 }
 NO_LONG_LISTS_UNDER = ("slimgrpo.train.update",)  # rooms held to MAX_PARAMETERS without exceptions
 

@@ -19,20 +19,20 @@ SMALL = ModelShape(family="qwen2", hidden=256, intermediate=768, layers=4, heads
 def test_chunked_loss_bf16_weights_fp32_accumulation_matches_naive():
     from _reference import naive_token_logprobs
 
-    from slimgrpo.loss.chunked_head import chunked_token_logprobs
+    from slimgrpo.loss.chunked_head import HeadSpec, chunked_token_logprobs
 
     g = torch.Generator().manual_seed(0)
     N, H, V = 1037, 256, 50_003  # shapes that divide no chunk size
     h = (torch.randn(N, H, generator=g) * 0.5).cuda().bfloat16().requires_grad_(True)
     w = (torch.randn(V, H, generator=g) * 0.02).cuda().bfloat16().requires_grad_(True)
     y = torch.randint(0, V, (N,), generator=g).cuda()
-    logp, _ = chunked_token_logprobs(h, w, y, token_chunk=300, vocab_chunk=7000)
+    logp, _ = chunked_token_logprobs(h, HeadSpec(w), y, token_chunk=300, vocab_chunk=7000)
     assert logp.dtype == torch.float32
     (logp * torch.linspace(-1, 1, N, device="cuda")).sum().backward()
     # Reference: the same bf16 values, everything in fp32.
     h32 = h.detach().float().requires_grad_(True)
     w32 = w.detach().float().requires_grad_(True)
-    ref, _ = naive_token_logprobs(h32, w32, y)
+    ref, _ = naive_token_logprobs(h32, HeadSpec(w32), y)
     (ref * torch.linspace(-1, 1, N, device="cuda")).sum().backward()
     torch.testing.assert_close(logp, ref, rtol=0, atol=2e-2)
     torch.testing.assert_close(h.grad.float(), h32.grad, rtol=0.05, atol=2e-3)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from _reference import naive_token_logprobs
 
-from slimgrpo.loss.chunked_head import chunked_token_logprobs
+from slimgrpo.loss.chunked_head import HeadSpec, chunked_token_logprobs
 
 
 def _head_case(seed, n=37, H=11, V=53, bias=True, dtype=torch.float32):
@@ -33,7 +33,7 @@ def test_entropy_gradient_matches_autograd(frozen, vocab_chunk, softcap):
         h = hidden.clone().requires_grad_(True)
         w = weight.clone().requires_grad_(not frozen)
         b = bias.clone().requires_grad_(not frozen)
-        logp, ent = fn(h, w, targets, bias=b, temperature=0.7, logit_scale=1.3, softcap=softcap,
+        logp, ent = fn(h, HeadSpec(w, b, logit_scale=1.3, softcap=softcap), targets, temperature=0.7,
                        token_chunk=8, vocab_chunk=vocab_chunk, entropy_grad=True)
         ((logp * w_logp).sum() + (ent * w_ent).sum()).backward()
         grads.append([h.grad] + ([] if frozen else [w.grad, b.grad]))
@@ -44,13 +44,13 @@ def test_entropy_gradient_matches_autograd(frozen, vocab_chunk, softcap):
 def test_entropy_alone_and_without_flag_no_gradient():
     hidden, weight, bias, targets = _head_case(3, bias=False)
     h = hidden.clone().requires_grad_(True)
-    _, ent = chunked_token_logprobs(h, weight, targets, temperature=1.5, token_chunk=5, return_entropy=True)
+    _, ent = chunked_token_logprobs(h, HeadSpec(weight), targets, temperature=1.5, token_chunk=5, return_entropy=True)
     assert not ent.requires_grad  # without the bonus the entropy stays a statistic
     h2 = hidden.clone().requires_grad_(True)
-    _, ent = chunked_token_logprobs(h2, weight, targets, temperature=1.5, token_chunk=5, entropy_grad=True)
+    _, ent = chunked_token_logprobs(h2, HeadSpec(weight), targets, temperature=1.5, token_chunk=5, entropy_grad=True)
     ent.sum().backward()
     h3 = hidden.clone().requires_grad_(True)
-    _, ref = naive_token_logprobs(h3, weight, targets, temperature=1.5, entropy_grad=True)
+    _, ref = naive_token_logprobs(h3, HeadSpec(weight), targets, temperature=1.5, entropy_grad=True)
     ref.sum().backward()
     torch.testing.assert_close(h2.grad, h3.grad, rtol=1e-5, atol=1e-5)
 
@@ -58,7 +58,7 @@ def test_entropy_alone_and_without_flag_no_gradient():
 # --- the loss term ------------------------------------------------------------------------------
 
 from slimgrpo.loss.entropy_control import EntropyController  # noqa: E402
-from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss  # noqa: E402
+from slimgrpo.loss.objectives import LossSettings, Normaliser, TokenEntropy, grpo_loss  # noqa: E402
 
 ROWS, T = 5, 7
 
@@ -81,8 +81,9 @@ def test_bonus_equals_token_loop(kw):
     coef = 0.37
     logp, old, adv, mask, ent = _loss_case()
     with_bonus, stats = grpo_loss(logp, old, None, adv, mask, LossSettings(entropy_coef=coef, **kw),
-                                  Normaliser.of(mask), entropy=ent)
-    without, _ = grpo_loss(logp, old, None, adv, mask, LossSettings(**kw), Normaliser.of(mask), entropy=ent.detach())
+                                  Normaliser.of(mask), entropy=TokenEntropy(ent))
+    without, _ = grpo_loss(logp, old, None, adv, mask, LossSettings(**kw), Normaliser.of(mask),
+                           entropy=TokenEntropy(ent.detach()))
     kept = [(i, t) for i in range(ROWS) for t in range(T) if mask[i, t]]
     q = kw.get("top_entropy_quantile", 1.0)
     if q < 1.0:
@@ -101,7 +102,7 @@ def test_bonus_equals_token_loop(kw):
 def test_zero_applied_coef_leaves_policy_loss():
     logp, old, adv, mask, ent = _loss_case(1)
     s = LossSettings(entropy_coef=0.5, use_adaptive_entropy=True)
-    a, st = grpo_loss(logp, old, None, adv, mask, s, Normaliser.of(mask), entropy=ent, entropy_coef=0.0)
+    a, st = grpo_loss(logp, old, None, adv, mask, s, Normaliser.of(mask), entropy=TokenEntropy(ent, coef=0.0))
     b, _ = grpo_loss(logp, old, None, adv, mask, LossSettings(), Normaliser.of(mask))
     torch.testing.assert_close(a, b)
     assert st.bonus_tokens == int(mask.sum())  # still measured for the controller
@@ -155,8 +156,8 @@ def test_same_losses_gradients_and_coefficients_as_trl(adaptive, quantile):
         logp, old, adv, mask, ent = _loss_case(step)
         ent = (ent.detach() * scale).requires_grad_()
         theirs = _trl_step(fake, logp, old, adv, mask, ent)
-        ours, st = grpo_loss(logp, old, None, adv, mask, s, Normaliser.of(mask), entropy=ent,
-                             entropy_coef=ctrl.applied())
+        ours, st = grpo_loss(logp, old, None, adv, mask, s, Normaliser.of(mask),
+                             entropy=TokenEntropy(ent, coef=ctrl.applied()))
         ctrl.update(st.bonus_entropy_sum, st.bonus_tokens)
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
         g_ours = torch.autograd.grad(ours, (logp, ent), allow_unused=True)  # entropy unused while gated
@@ -266,7 +267,7 @@ def test_completion_entropy_gradient_through_a_model(tiny_model_dir, freeze_head
     entropies equal those through the model's full logits, with a trainable head and a frozen one (LoRA-like)."""
     from transformers import AutoModelForCausalLM
 
-    from slimgrpo.loss.logprobs import completion_logprobs
+    from slimgrpo.loss.logprobs import CompletionRows, completion_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     if freeze_head:
@@ -280,8 +281,8 @@ def test_completion_entropy_gradient_through_a_model(tiny_model_dir, freeze_head
     w1, w2 = torch.randn(rows, Tc, generator=g), torch.randn(rows, Tc, generator=g)
     params = [p for p in model.parameters() if p.requires_grad]
 
-    logp, ent = completion_logprobs(model, ids, am, Tc, ids[:, -Tc:], temperature=temp, token_chunk=4,
-                                    entropy_grad=True)
+    logp, ent = completion_logprobs(model, CompletionRows(ids, am, Tc, ids[:, -Tc:]), temperature=temp,
+                                    token_chunk=4, entropy_grad=True)
     got = torch.autograd.grad(((logp * w1 + ent * w2) * mask).sum(), params)
 
     pos = (am.cumsum(1) - 1).clamp(min=0)

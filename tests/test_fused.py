@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from slimgrpo.loss import fused
-from slimgrpo.loss.chunked_head import chunked_token_logprobs
+from slimgrpo.loss.chunked_head import HeadSpec, chunked_token_logprobs
 from slimgrpo.loss.fused import completion_loss, fused_applicable, fused_token_loss
-from slimgrpo.loss.logprobs import completion_logprobs
+from slimgrpo.loss.logprobs import CompletionRows, completion_logprobs
 from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss
 
 ROWS, T, H, V = 3, 13, 16, 211  # 3 x 13 with holes: the scored tokens divide no token_chunk below
@@ -52,7 +52,8 @@ def _leaves(*ts):
 
 
 def _separate(mask, hidden, weight, b, targets, objective, chunk, **tf):
-    lp, ent = chunked_token_logprobs(hidden, weight, targets, bias=b, token_chunk=chunk, return_entropy=True, **tf)
+    head = HeadSpec(weight, b, tf.pop("logit_scale", 1.0), tf.pop("softcap", None))
+    lp, ent = chunked_token_logprobs(hidden, head, targets, token_chunk=chunk, return_entropy=True, **tf)
     full = torch.zeros(mask.shape).masked_scatter(mask, lp)
     loss = objective(full)
     return loss, lp, ent, torch.autograd.grad(loss, _leaves(hidden, weight, b))
@@ -62,8 +63,8 @@ def _fused(mask, hidden, weight, b, targets, objective, chunk, **tf):
     def flat(x):
         return objective(torch.zeros(mask.shape).masked_scatter(mask, x))
 
-    loss, lp, ent = fused_token_loss(hidden, weight, targets, flat, bias=b, token_chunk=chunk, return_entropy=True,
-                                     **tf)
+    head = HeadSpec(weight, b, tf.pop("logit_scale", 1.0), tf.pop("softcap", None))
+    loss, lp, ent = fused_token_loss(hidden, head, targets, flat, token_chunk=chunk, return_entropy=True, **tf)
     return loss, lp, ent, torch.autograd.grad(loss, _leaves(hidden, weight, b))
 
 
@@ -160,9 +161,10 @@ def test_completion_loss_on_a_model(tiny_model_dir):
         return grpo_loss(logp, None, ref, adv, mask, settings, norm)[0]
 
     params = [p for p in model.parameters() if p.requires_grad]
-    loss, logp, ent = completion_loss(model, ids, am, Tc, comp, objective, token_chunk=4, return_entropy=True)
+    loss, logp, ent = completion_loss(model, CompletionRows(ids, am, Tc, comp), objective, token_chunk=4,
+                                      return_entropy=True)
     got = torch.autograd.grad(loss, params)
-    lp2, ent2 = completion_logprobs(model, ids, am, Tc, comp, token_chunk=4, return_entropy=True)
+    lp2, ent2 = completion_logprobs(model, CompletionRows(ids, am, Tc, comp), token_chunk=4, return_entropy=True)
     loss2 = objective(lp2)
     want = torch.autograd.grad(loss2, params)
     torch.testing.assert_close(loss, loss2, **TOL)

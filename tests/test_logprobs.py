@@ -7,6 +7,8 @@ import torch
 from _reference import naive_token_logprobs
 
 from slimgrpo.loss.logprobs import (
+    CompletionRows,
+    HeadSpec,
     auto_token_chunk,
     chunked_token_logprobs,
     completion_logprobs,
@@ -41,9 +43,9 @@ def _inputs(dtype=torch.float32, bias=True, weight_grad=True, seed=0):
     return hidden, weight, b, targets, upstream
 
 
-def _run(fn, hidden, weight, bias, targets, upstream, **kw):
+def _run(fn, hidden, weight, bias, targets, upstream, logit_scale=1.0, softcap=None, **kw):
     """Values, entropy and gradients of ``sum(upstream * logp)`` wrt inputs that need grad."""
-    logp, entropy = fn(hidden, weight, targets, bias=bias, return_entropy=True, **kw)
+    logp, entropy = fn(hidden, HeadSpec(weight, bias, logit_scale, softcap), targets, return_entropy=True, **kw)
     leaves = [t for t in (hidden, weight, bias) if t is not None and t.requires_grad]
     grads = torch.autograd.grad((logp * upstream).sum(), leaves)
     return logp, entropy, grads
@@ -102,7 +104,7 @@ def test_tied_head_gradient_sums_both_uses():
         with torch.no_grad():
             emb.weight.copy_(0.5 * torch.randn(V, H, generator=torch.Generator().manual_seed(2)))
         hidden = torch.tanh(emb(inputs) @ proj)  # [N, H]
-        logp, _ = fn(hidden, emb.weight, targets, token_chunk=TOKEN_CHUNK, vocab_chunk=100)
+        logp, _ = fn(hidden, HeadSpec(emb.weight), targets, token_chunk=TOKEN_CHUNK, vocab_chunk=100)
         (logp * upstream).sum().backward()
         grads.append(emb.weight.grad)
     torch.testing.assert_close(grads[0], grads[1], **FP32)
@@ -111,11 +113,12 @@ def test_tied_head_gradient_sums_both_uses():
 @pytest.mark.parametrize("vocab_chunk", [None, 100])
 def test_no_grad_path(vocab_chunk):
     hidden, weight, b, targets, _ = _inputs()
-    kw = dict(bias=b, temperature=1.2, softcap=5.0, return_entropy=True)
+    head = HeadSpec(weight, b, softcap=5.0)
+    kw = dict(temperature=1.2, return_entropy=True)
     with torch.no_grad():
-        logp, entropy = chunked_token_logprobs(hidden, weight, targets, token_chunk=TOKEN_CHUNK,
+        logp, entropy = chunked_token_logprobs(hidden, head, targets, token_chunk=TOKEN_CHUNK,
                                                vocab_chunk=vocab_chunk, **kw)
-        ref_logp, ref_entropy = naive_token_logprobs(hidden, weight, targets, **kw)
+        ref_logp, ref_entropy = naive_token_logprobs(hidden, head, targets, **kw)
     assert logp.grad_fn is None and entropy.grad_fn is None
     torch.testing.assert_close(logp, ref_logp, **FP32)
     torch.testing.assert_close(entropy, ref_entropy, **FP32)
@@ -152,25 +155,26 @@ def test_auto_token_chunk_bounds_the_block():
     assert auto_token_chunk(151_936, vocab_chunk=8192) == 2048  # the block is [tokens, vocab_chunk]
     hidden, weight, b, targets, _ = _inputs()
     with torch.no_grad():  # the default path (auto chunk) agrees with the naive one
-        logp, _ = chunked_token_logprobs(hidden, weight, targets, bias=b)
-        ref, _ = naive_token_logprobs(hidden, weight, targets, bias=b)
+        logp, _ = chunked_token_logprobs(hidden, HeadSpec(weight, b), targets)
+        ref, _ = naive_token_logprobs(hidden, HeadSpec(weight, b), targets)
     torch.testing.assert_close(logp, ref, **FP32)
 
 
 def test_bad_inputs_raise():
     hidden, weight, _, targets, _ = _inputs()
+    head = HeadSpec(weight)
     with pytest.raises(ValueError, match="targets"):
-        chunked_token_logprobs(hidden, weight, targets[:-1])
+        chunked_token_logprobs(hidden, head, targets[:-1])
     with pytest.raises(ValueError, match="hidden"):
-        chunked_token_logprobs(hidden[:, :-1], weight, targets)
+        chunked_token_logprobs(hidden[:, :-1], head, targets)
     with pytest.raises(ValueError, match="temperature"):
-        chunked_token_logprobs(hidden, weight, targets, temperature=0.0)
+        chunked_token_logprobs(hidden, head, targets, temperature=0.0)
     with pytest.raises(ValueError, match="chunk"):
-        chunked_token_logprobs(hidden, weight, targets, token_chunk=0)
+        chunked_token_logprobs(hidden, head, targets, token_chunk=0)
     with pytest.raises(ValueError, match="token ids"):
-        chunked_token_logprobs(hidden, weight, torch.full_like(targets, V))
+        chunked_token_logprobs(hidden, head, torch.full_like(targets, V))
     with pytest.raises(ValueError, match="dtype"):
-        chunked_token_logprobs(hidden.bfloat16(), weight, targets)
+        chunked_token_logprobs(hidden.bfloat16(), head, targets)
 
 
 # --- completion_logprobs on tiny Hugging Face models ---------------------------------------------
@@ -217,7 +221,7 @@ def test_completion_logprobs_qwen2_left_padded():
     model = _tiny(transformers.Qwen2Config, tie_word_embeddings=True)
     ids, mask = _batch()
     handle = _forbid_full_logits(model)
-    logp, entropy = completion_logprobs(model, ids, mask, T, ids[:, -T:], temperature=0.9,
+    logp, entropy = completion_logprobs(model, CompletionRows(ids, mask, T, ids[:, -T:]), temperature=0.9,
                                         token_chunk=5, return_entropy=True)
     handle.remove()
     ref_logp, ref_entropy = _naive_completion(model, ids, mask, temperature=0.9)
@@ -226,7 +230,7 @@ def test_completion_logprobs_qwen2_left_padded():
     torch.testing.assert_close(entropy[scored], ref_entropy[scored], **FP32)
     assert (logp[~scored] == 0).all()
     # Left padding does not shift positions: row 0 scored on its own, unpadded, agrees.
-    alone, _ = completion_logprobs(model, ids[:1, 3:], mask[:1, 3:], T, ids[:1, -T:],
+    alone, _ = completion_logprobs(model, CompletionRows(ids[:1, 3:], mask[:1, 3:], T, ids[:1, -T:]),
                                    temperature=0.9)
     torch.testing.assert_close(alone[0, :-1], logp[0, :-1], **FP32)
 
@@ -244,7 +248,7 @@ def test_head_transforms_of_model_families(family):
     assert (spec.softcap, spec.logit_scale) == {
         "gemma2": (2.0, 1.0), "cohere": (None, 0.25), "granite": (None, 1 / 3.0)}[family]
     ids, mask = _batch(seed=1)
-    logp, _ = completion_logprobs(model, ids, mask, T, ids[:, -T:], token_chunk=4)
+    logp, _ = completion_logprobs(model, CompletionRows(ids, mask, T, ids[:, -T:]), token_chunk=4)
     ref, _ = _naive_completion(model, ids, mask)
     scored = mask[:, -T:].bool()
     torch.testing.assert_close(logp[scored], ref[scored], **FP32)
@@ -263,7 +267,7 @@ def test_completion_logprobs_peft_lora_values_and_grads():
     upstream = torch.randn(ROWS, T, generator=torch.Generator().manual_seed(3)) * scored
     lora_params = [p for n, p in lora.named_parameters() if "lora_" in n]
 
-    logp, _ = completion_logprobs(lora, ids, mask, T, ids[:, -T:], token_chunk=5)
+    logp, _ = completion_logprobs(lora, CompletionRows(ids, mask, T, ids[:, -T:]), token_chunk=5)
     grads = torch.autograd.grad((logp * upstream).sum(), lora_params)
     ref, _ = _naive_completion(lora, ids, mask)
     ref_grads = torch.autograd.grad((ref * upstream).sum(), lora_params)
@@ -271,7 +275,7 @@ def test_completion_logprobs_peft_lora_values_and_grads():
     for g_got, g_ref in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g_got, g_ref, **FP32)
     with lora.disable_adapter(), torch.no_grad():
-        base, _ = completion_logprobs(lora, ids, mask, T, ids[:, -T:])
+        base, _ = completion_logprobs(lora, CompletionRows(ids, mask, T, ids[:, -T:]))
     assert (base - logp.detach())[scored].abs().max() > 1e-2  # the adapter was really applied
 
 
@@ -287,9 +291,9 @@ def test_completion_logprobs_bad_shapes():
     model = _tiny(transformers.Qwen2Config)
     ids, mask = _batch()
     with pytest.raises(ValueError, match="num_completion_tokens"):
-        completion_logprobs(model, ids, mask, P + T, ids)
+        completion_logprobs(model, CompletionRows(ids, mask, P + T, ids))
     with pytest.raises(ValueError, match="completion_ids"):
-        completion_logprobs(model, ids, mask, T, ids[:, -T + 1 :])
+        completion_logprobs(model, CompletionRows(ids, mask, T, ids[:, -T + 1 :]))
 
 
 def test_peft_modules_to_save_head_is_followed():
@@ -309,7 +313,7 @@ def test_peft_modules_to_save_head_is_followed():
         for disabled in (False, True):
             ctx = lora.disable_adapter() if disabled else torch.no_grad()
             with ctx:
-                logp, _ = completion_logprobs(lora, ids, mask, T, ids[:, -T:])
+                logp, _ = completion_logprobs(lora, CompletionRows(ids, mask, T, ids[:, -T:]))
                 ref, _ = _naive_completion(lora, ids, mask)
             torch.testing.assert_close(logp[scored], ref[scored], **FP32)
             results.append(logp)

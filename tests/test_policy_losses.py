@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss
+from slimgrpo.loss.objectives import LossSettings, Normaliser, TokenEntropy, grpo_loss
 from slimgrpo.loss.policy_losses import entropy_threshold
 
 from _loss_example import ROWS, T
@@ -101,7 +101,7 @@ def test_matches_token_loop(case):
     s = LossSettings(**CASES[case])
     logp, old, ref, adv, mask, ent = _example()
     norm = Normaliser.of(mask)
-    loss, _ = grpo_loss(logp, old, ref, adv, mask, s, norm, entropy=ent)
+    loss, _ = grpo_loss(logp, old, ref, adv, mask, s, norm, entropy=TokenEntropy(ent))
     (grad,) = torch.autograd.grad(loss, logp)
     want = _naive(logp, old, ref, adv, mask, ent, s, norm)
     (want_grad,) = torch.autograd.grad(want, logp)
@@ -116,7 +116,7 @@ def test_masks_and_caps_fire_on_the_example():
     norm = Normaliser.of(mask)
 
     def value(**kw):
-        return float(grpo_loss(logp, old, ref, adv, mask, LossSettings(**kw), norm, entropy=ent)[0].detach())
+        return float(grpo_loss(logp, old, ref, adv, mask, LossSettings(**kw), norm, entropy=TokenEntropy(ent))[0].detach())
 
     assert value(loss_type="cispo", epsilon_high=1.2) != value(loss_type="cispo", epsilon_high=50.0)
     assert value(off_policy_mask_threshold=0.05) != value()
@@ -139,10 +139,10 @@ def test_top_entropy_batch_threshold_makes_micro_batches_sum():
     logp, old, ref, adv, mask, ent = _example(seed=3)
     norm = Normaliser.of(mask)
     cut = entropy_threshold(ent, mask, 0.4)
-    full, _ = grpo_loss(logp, old, ref, adv, mask, s, norm, entropy=ent, entropy_cut=cut)
+    full, _ = grpo_loss(logp, old, ref, adv, mask, s, norm, entropy=TokenEntropy(ent, cut=cut))
     parts = [slice(0, 2), slice(2, ROWS)]
-    total = sum(grpo_loss(logp[p], old[p], ref[p], adv[p], mask[p], s, norm, entropy=ent[p],
-                          entropy_cut=cut)[0] for p in parts)
+    total = sum(grpo_loss(logp[p], old[p], ref[p], adv[p], mask[p], s, norm,
+                          entropy=TokenEntropy(ent[p], cut=cut))[0] for p in parts)
     torch.testing.assert_close(total, full)
     with pytest.raises(ValueError, match="entropy"):
         grpo_loss(logp, old, ref, adv, mask, s, norm)

@@ -109,7 +109,7 @@ def test_micro_batched_clip_stats_equal_whole_batch(monkeypatch, level):
     """accumulate_gradients weights each micro-batch's clip fractions by what they average over (tokens, or
     sequences at sequence level), so micro-batching leaves the logged values unchanged; the top-entropy cut
     of the whole batch is used in every micro-batch."""
-    from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss
+    from slimgrpo.loss.objectives import LossSettings, Normaliser, TokenEntropy, grpo_loss
     from slimgrpo.loss.policy_losses import entropy_threshold
     import _update_calls as update
 
@@ -128,7 +128,8 @@ def test_micro_batched_clip_stats_equal_whole_batch(monkeypatch, level):
     batch.entropy_cut = entropy_threshold(ent_all, mask, 0.5)
     calls = []
 
-    def fake_logprobs(model, ids, am, t, comp, **kw):  # rows are found by their all-ones prompt: use order
+    def fake_logprobs(model, rows, **kw):  # rows are found by their all-ones prompt: use order
+        ids, t = rows.input_ids, rows.T
         start = sum(calls)
         calls.append(ids.shape[0])
         return logp_all[start:start + ids.shape[0], :t], ent_all[start:start + ids.shape[0], :t]
@@ -140,7 +141,7 @@ def test_micro_batched_clip_stats_equal_whole_batch(monkeypatch, level):
     norm = Normaliser.of(mask)
     st = update.accumulate_gradients(None, batch, s, norm, micro=2, temperature=1.0, token_chunk=16,
                                      vocab_chunk=None)
-    _, whole = grpo_loss(logp_all, old, None, adv, mask, s, norm, entropy=ent_all, entropy_cut=batch.entropy_cut)
+    _, whole = grpo_loss(logp_all, old, None, adv, mask, s, norm, entropy=TokenEntropy(ent_all, cut=batch.entropy_cut))
     assert calls == [2, 2, 1]
     assert st.clip_count == whole.clip_count == (rows if level == "sequence" else int(mask.sum()))
     for key in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_region"):

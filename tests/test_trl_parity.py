@@ -15,7 +15,7 @@ import torch
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 
-from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss  # noqa: E402
+from slimgrpo.loss.objectives import LossSettings, Normaliser, TokenEntropy, grpo_loss  # noqa: E402
 
 from _loss_example import ROWS, T  # noqa: E402
 from _loss_example import example as _example  # noqa: E402
@@ -88,7 +88,7 @@ def test_same_loss_and_gradient_as_trl(case):
     kw.setdefault("max_completion_length", 8)
     s = LossSettings(**kw)
     logp, old, ref, adv, mask, ent = _example()
-    ours, _ = grpo_loss(logp, old, ref, adv, mask, s, Normaliser.of(mask), entropy=ent)
+    ours, _ = grpo_loss(logp, old, ref, adv, mask, s, Normaliser.of(mask), entropy=TokenEntropy(ent))
     (g_ours,) = torch.autograd.grad(ours, logp)
     theirs = _trl_loss(s, logp, old, ref, adv, mask, ent)
     (g_theirs,) = torch.autograd.grad(theirs, logp)

@@ -8,9 +8,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from slimgrpo.loss.logprobs import completion_logprobs
+from slimgrpo.loss.logprobs import CompletionRows, completion_logprobs
 from slimgrpo.loss.objectives import LossSettings, Normaliser
-from slimgrpo.loss.unpadded import unpad_rows, unpadded_completion_logprobs
+from slimgrpo.loss.unpadded import UnpaddedRows, unpad_rows, unpadded_completion_logprobs
 from slimgrpo.train.update.micro import micro_batches
 from _update_calls import UpdateBatch, accumulate_gradients, batch_logprobs
 
@@ -59,10 +59,10 @@ def test_unpadded_logprobs_equal_padded_path(token_chunk):
     b = ragged_batch(model.config.vocab_size)
     ids, p, _ = unpad_rows(b.input_ids, b.attention_mask, b.T)
     scored = b.attention_mask[:, -b.T:].bool()
-    ref, ref_ent = completion_logprobs(model, b.input_ids, b.attention_mask, b.T, b.completion_ids,
+    ref, ref_ent = completion_logprobs(model, CompletionRows(b.input_ids, b.attention_mask, b.T, b.completion_ids),
                                        token_chunk=token_chunk, return_entropy=True)
-    got, ent = unpadded_completion_logprobs(model, ids, p, b.completion_ids, scored, token_chunk=token_chunk,
-                                            return_entropy=True)
+    got, ent = unpadded_completion_logprobs(model, UnpaddedRows(ids, p, b.completion_ids, scored),
+                                            token_chunk=token_chunk, return_entropy=True)
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
     torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-6)
     assert (got[~scored] == 0).all()
@@ -87,8 +87,8 @@ def padded_reference_grads(model, batch, loss_type):
     model.train()
     settings = LossSettings(loss_type=loss_type, max_completion_length=batch.T, beta=0.04)
     norm = Normaliser(num_sequences=batch.rows, num_tokens=int(batch.loss_mask.sum()))
-    logp, _ = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.T, batch.completion_ids,
-                                  token_chunk=5)
+    logp, _ = completion_logprobs(model, CompletionRows(batch.input_ids, batch.attention_mask, batch.T,
+                                                        batch.completion_ids), token_chunk=5)
     loss, _ = grpo_loss(logp, None, batch.ref_logp, batch.advantages, batch.loss_mask, settings, norm)
     loss.backward()
     return {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
@@ -114,7 +114,7 @@ def test_token_budget_micro_batches_keep_the_update(loss_type):
 def test_reference_logprobs_with_a_token_budget_equal_the_padded_path():
     model = tiny()
     b = ragged_batch(model.config.vocab_size)
-    ref, _ = completion_logprobs(model, b.input_ids, b.attention_mask, b.T, b.completion_ids)
+    ref, _ = completion_logprobs(model, CompletionRows(b.input_ids, b.attention_mask, b.T, b.completion_ids))
     ref = ref * b.attention_mask[:, -b.T:]
     got = batch_logprobs(model, b, None, 1.0, 4, None, micro_tokens=25)
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
@@ -160,8 +160,8 @@ def largest_tensor_of_update(S, padded):
         if padded:
             from slimgrpo.loss.objectives import grpo_loss
 
-            logp, _ = completion_logprobs(model, batch.input_ids, batch.attention_mask, T, batch.completion_ids,
-                                          token_chunk=256)
+            logp, _ = completion_logprobs(model, CompletionRows(batch.input_ids, batch.attention_mask, T,
+                                                                batch.completion_ids), token_chunk=256)
             grpo_loss(logp, None, None, batch.advantages, batch.loss_mask, settings, norm)[0].backward()
         else:
             accumulate_gradients(model, batch, settings, norm, None, 1.0, 256, None)

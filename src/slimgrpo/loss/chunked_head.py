@@ -50,6 +50,16 @@ from torch import Tensor
 from slimgrpo.config.loss import auto_token_chunk  # the one default token_chunk (64 MiB blocks)
 
 
+@dataclass
+class HeadSpec:
+    """What the chunked head needs to reproduce a model's logits: ``z = T(h W^T + b)``."""
+
+    weight: Tensor  # [V, H] (the input embedding matrix itself when the head is tied)
+    bias: Tensor | None = None  # [V] or None
+    logit_scale: float = 1.0  # multiplies the head output (Cohere; 1 / logits_scaling for Granite)
+    softcap: float | None = None  # final logit soft-capping (Gemma 2/3)
+
+
 @dataclass(frozen=True)
 class _LogitTransform:
     """Maps raw head outputs ``a`` to tempered logits ``z`` (see module docstring)."""
@@ -212,21 +222,27 @@ class _Grads:
     bias: Tensor | None  # [V]
 
 
+@dataclass(frozen=True)
+class _SliceSoftmax:
+    """The softmax side of vocabulary slice ``a:b`` of one token chunk, as ``_backprop_slice`` takes it."""
+
+    q: Tensor  # [n, b - a] fp32 the softmax p on this slice (overwritten), or its scaled soft part
+    cap: Tensor | None  # [n, b - a] the softcap term 1 - tanh^2, or None without softcap
+    a: int
+    b: int
+    q_scaled: bool = False  # q holds p (g + ge (log p + H)) of the entropy bonus, not p
+
+
 def _backprop_slice(
     ws: _Workspace,
-    q: Tensor,
-    cap: Tensor | None,
+    sl: _SliceSoftmax,
     h: Tensor,
-    weight: Tensor,
+    head: _Head,
     targets: Tensor,
     g: Tensor,
-    tf: _LogitTransform,
-    a: int,
-    b: int,
     grads: _Grads,
-    q_scaled: bool = False,
 ) -> None:
-    """Adds vocabulary slice ``a:b``'s share of the gradients to ``grads``.
+    """Adds vocabulary slice ``sl.a:sl.b``'s share of the gradients to ``grads``.
 
     With ``k = dz/da`` (``k_v = linear_factor * cap_v``) and ``p = softmax(z)``::
 
@@ -239,11 +255,14 @@ def _backprop_slice(
     ``[n, v]`` block, and the one-hot part is a gather / index-add, so the only full-size work
     is the softmax itself, the optional softcap product and two matmuls.
 
-    ``q`` [n, b - a] fp32 the softmax ``p`` on this slice (overwritten); ``cap`` the softcap term
-    ``1 - tanh^2`` [n, b - a] or None; ``h`` [n, H]; ``g`` [n] fp32 upstream gradient of log p(y).
-    ``q_scaled``: ``q`` already holds the per-element soft part ``p (g + ge (log p + H))`` of the
-    entropy bonus (module docstring) instead of ``p``, so it is not scaled by ``g`` again.
+    ``sl.q`` [n, b - a] fp32 the softmax ``p`` on this slice (overwritten); ``sl.cap`` the softcap
+    term ``1 - tanh^2`` [n, b - a] or None; ``h`` [n, H]; ``head`` the weight [V, H] and the logit
+    transform; ``g`` [n] fp32 upstream gradient of log p(y).  ``sl.q_scaled``: ``q`` already holds
+    the per-element soft part ``p (g + ge (log p + H))`` of the entropy bonus (module docstring)
+    instead of ``p``, so it is not scaled by ``g`` again.
     """
+    q, cap, a, b, q_scaled = sl.q, sl.cap, sl.a, sl.b, sl.q_scaled
+    weight, tf = head.weight, head.tf
     if cap is not None:
         q.mul_(cap)
     g = g * tf.linear_factor  # [n]
@@ -294,17 +313,28 @@ def _chunk_forward_with_hidden_grad(
     p = z.div_(s[:, None])
     unit = _Grads(hidden=torch.zeros(h.shape, device=h.device, dtype=torch.float32),
                   weight=None, bias=None)
-    _backprop_slice(ws, p, cap, h, weight, targets, torch.ones_like(lse), tf, 0, vocab, unit)
+    _backprop_slice(ws, _SliceSoftmax(p, cap, 0, vocab), h, head, targets, torch.ones_like(lse), unit)
     return lse, z_target, entropy, unit.hidden
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """The non-tensor options of one ``_ChunkedHeadLogprob`` call (kept on ``ctx`` for backward)."""
+
+    tf: _LogitTransform
+    token_chunk: int
+    slices: list[tuple[int, int]]  # the vocabulary slices (``_vocab_slices``)
+    want_entropy: bool
+    precompute_hidden_grad: bool  # frozen head, one slice, no entropy gradient: dlogp/dh formed in forward
+    entropy_grad: bool = False
 
 
 class _ChunkedHeadLogprob(torch.autograd.Function):
     """Autograd wrapper; see ``chunked_token_logprobs`` for the contract."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, tf, token_chunk, vocab_chunk, want_entropy,
-                precompute_hidden_grad, entropy_grad=False):
-        slices = _vocab_slices(weight.shape[0], vocab_chunk)
+    def forward(ctx, hidden, weight, bias, targets, run: _Pass):
+        tf, token_chunk, slices, want_entropy = run.tf, run.token_chunk, run.slices, run.want_entropy
         n_tokens = hidden.shape[0]
         ws = _workspace(token_chunk, n_tokens, slices, weight)
         logp = torch.empty(n_tokens, device=hidden.device, dtype=torch.float32)
@@ -314,7 +344,7 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
         # on the upstream gradient (it only scales it), so it is formed here while the logits are
         # at hand: backward then needs no recomputation at all.
         unit_grad = torch.empty(hidden.shape, device=hidden.device, dtype=torch.float32) \
-            if precompute_hidden_grad else None  # [N, H]
+            if run.precompute_hidden_grad else None  # [N, H]
         head = _Head(weight, bias, tf)
         for s in range(0, n_tokens, token_chunk):
             e = min(s + token_chunk, n_tokens)
@@ -330,24 +360,25 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
             ctx.save_for_backward(unit_grad)
         else:
             ctx.save_for_backward(hidden, weight, bias, targets, lse,
-                                  entropy if entropy_grad else None)
+                                  entropy if run.entropy_grad else None)
         ctx.hidden_dtype = hidden.dtype
-        ctx.settings = (tf, token_chunk, slices, precompute_hidden_grad)
+        ctx.run = run
         if entropy is None:
             return logp, None
-        if not entropy_grad:
+        if not run.entropy_grad:
             ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
-        tf, token_chunk, slices, precomputed = ctx.settings
+        run = ctx.run
+        tf, token_chunk, slices, precomputed = run.tf, run.token_chunk, run.slices, run.precompute_hidden_grad
         needs = ctx.needs_input_grad
         g_all = grad_logp.float()  # [N]
         if precomputed:
             (unit_grad,) = ctx.saved_tensors
             grad_hidden = (unit_grad * g_all[:, None]).to(ctx.hidden_dtype)
-            return grad_hidden, None, None, None, None, None, None, None, None, None
+            return grad_hidden, None, None, None, None
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         ge_all = None if entropy is None or grad_entropy is None else grad_entropy.float()  # [N]
         ws = _workspace(token_chunk, hidden.shape[0], slices, weight)
@@ -356,6 +387,7 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
         grads = _Grads(hidden=None,
                        weight=torch.zeros(weight.shape, **f32) if needs[1] else None,  # [V, H]
                        bias=torch.zeros(weight.shape[0], **f32) if needs[2] else None)  # [V]
+        head = _Head(weight, bias, tf)
         for s in range(0, hidden.shape[0], token_chunk):
             e = min(s + token_chunk, hidden.shape[0])
             h = hidden[s:e]
@@ -365,16 +397,16 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
                 cap = tf.softcap_factor(z)
                 if ge_all is None:
                     p = z.sub_(lse[s:e, None]).exp_()  # softmax of the full vocabulary, on this slice
-                    _backprop_slice(ws, p, cap, h, weight, targets[s:e], g_all[s:e], tf, a, b, grads)
+                    _backprop_slice(ws, _SliceSoftmax(p, cap, a, b), h, head, targets[s:e], g_all[s:e], grads)
                     continue
                 q = _entropy_soft_part_(z, lse[s:e], entropy[s:e], g_all[s:e], ge_all[s:e])
-                _backprop_slice(ws, q, cap, h, weight, targets[s:e], g_all[s:e], tf, a, b, grads,
-                                q_scaled=True)
+                _backprop_slice(ws, _SliceSoftmax(q, cap, a, b, q_scaled=True), h, head, targets[s:e],
+                                g_all[s:e], grads)
         return (
             None if grad_hidden is None else grad_hidden.to(hidden.dtype),
             None if grads.weight is None else grads.weight.to(weight.dtype),
             None if grads.bias is None else grads.bias.to(bias.dtype),
-            None, None, None, None, None, None, None,
+            None, None,
         )
 
 
@@ -415,13 +447,10 @@ def _check_inputs(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor 
 
 def chunked_token_logprobs(
     hidden: Tensor,
-    weight: Tensor,
+    head: HeadSpec,
     targets: Tensor,
     *,
-    bias: Tensor | None = None,
     temperature: float = 1.0,
-    logit_scale: float = 1.0,
-    softcap: float | None = None,
     token_chunk: int | None = None,
     vocab_chunk: int | None = None,
     return_entropy: bool = False,
@@ -431,10 +460,11 @@ def chunked_token_logprobs(
 
     Args:
         hidden: ``[N, H]`` final hidden states (fp32 or bf16/fp16).
-        weight: ``[V, H]`` LM-head weight (possibly tied to the input embeddings, possibly frozen).
+        head: the LM head: ``weight`` ``[V, H]`` (possibly tied to the input embeddings, possibly
+            frozen), ``bias`` ``[V]`` if the model has one, ``logit_scale`` and ``softcap`` (the
+            logit transform, module docstring).
         targets: ``[N]`` long, the token whose log-prob is wanted.
-        bias: ``[V]`` head bias, if the model has one.
-        temperature, logit_scale, softcap: the logit transform (module docstring).
+        temperature: divides the logits (module docstring).
         token_chunk: tokens per chunk (None: ``auto_token_chunk``); the working set is two or
             three (with softcap) float32 ``[token_chunk, V]`` blocks, e.g. 1.2 GiB for 1024
             tokens and V = 151,936.
@@ -448,20 +478,21 @@ def chunked_token_logprobs(
         ``(logp [N] float32, entropy [N] float32 or None)``.  Peak memory never holds ``[N, V]``.
         Under ``torch.no_grad()`` (or when no input needs grad) nothing is saved for backward.
     """
+    weight, bias, softcap = head.weight, head.bias, head.softcap
     if token_chunk is None:
         token_chunk = auto_token_chunk(weight.shape[0], vocab_chunk)
     _check_inputs(hidden, weight, targets, bias, temperature, softcap, token_chunk, vocab_chunk)
-    tf = _LogitTransform(float(temperature), float(logit_scale), softcap)
+    tf = _LogitTransform(float(temperature), float(head.logit_scale), softcap)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (hidden, weight, bias))
     if not needs_grad:
         return _no_grad_logprobs(hidden, weight, bias, targets, tf, token_chunk, vocab_chunk,
                                  return_entropy or entropy_grad)
     head_frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
-    precompute = (head_frozen and not entropy_grad
-                  and len(_vocab_slices(weight.shape[0], vocab_chunk)) == 1)
-    return _ChunkedHeadLogprob.apply(hidden, weight, bias, targets, tf, token_chunk, vocab_chunk,
-                                     return_entropy or entropy_grad, precompute, entropy_grad)
+    slices = _vocab_slices(weight.shape[0], vocab_chunk)
+    precompute = head_frozen and not entropy_grad and len(slices) == 1
+    run = _Pass(tf, token_chunk, slices, return_entropy or entropy_grad, precompute, entropy_grad)
+    return _ChunkedHeadLogprob.apply(hidden, weight, bias, targets, run)
 
 
 @torch.no_grad()

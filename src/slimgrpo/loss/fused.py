@@ -30,19 +30,24 @@ cases where the fallback would always run.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from slimgrpo.config.loss import auto_token_chunk
 from slimgrpo.loss.chunked_head import (
+    HeadSpec,
     _backprop_slice,
     _Grads,
+    _Head,
     _LogitTransform,
+    _SliceSoftmax,
     _vocab_slices,
     _workspace,
     chunked_token_logprobs,
 )
+from slimgrpo.loss.logprobs import CompletionRows, layout_hidden
 
 FlatObjective = Callable[[Tensor], Tensor]  # logp [n] float32 (with grad) -> scalar loss
 
@@ -90,11 +95,22 @@ def _objective_grad(objective: FlatObjective, logp: Tensor) -> Tensor:
     return torch.zeros_like(logp) if g is None else g.float()
 
 
+@dataclass(frozen=True)
+class _FusedPass:
+    """The non-tensor arguments of one ``_FusedHeadLoss`` call."""
+
+    objective: FlatObjective
+    tf: _LogitTransform
+    token_chunk: int
+    want_entropy: bool
+
+
 class _FusedHeadLoss(torch.autograd.Function):
     """See ``fused_token_loss``."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, objective, tf, token_chunk, want_entropy):
+    def forward(ctx, hidden, weight, bias, targets, run: _FusedPass):
+        objective, tf, token_chunk, want_entropy = run.objective, run.tf, run.token_chunk, run.want_entropy
         n_tokens, vocab = hidden.shape[0], weight.shape[0]
         slices = _vocab_slices(vocab, None)
         ws = _workspace(token_chunk, n_tokens, slices, weight)
@@ -108,6 +124,7 @@ class _FusedHeadLoss(torch.autograd.Function):
         grads = _Grads(hidden=None,
                        weight=torch.zeros(weight.shape, **f32) if needs[1] else None,  # [V, H]
                        bias=torch.zeros(vocab, **f32) if (bias is not None and needs[2]) else None)
+        head = _Head(weight, bias, tf)
         for s in range(0, n_tokens, token_chunk):
             e = min(s + token_chunk, n_tokens)
             h, y = hidden[s:e], targets[s:e]
@@ -121,11 +138,11 @@ class _FusedHeadLoss(torch.autograd.Function):
             g = _objective_grad(objective, logp)[s:e]
             g_used[s:e] = g
             grads.hidden = None if grad_hidden is None else grad_hidden[s:e]
-            _backprop_slice(ws, p, cap, h, weight, y, g, tf, 0, vocab, grads)  # products 2 and 3
+            _backprop_slice(ws, _SliceSoftmax(p, cap, 0, vocab), h, head, y, g, grads)  # products 2 and 3
         g_true = _objective_grad(objective, logp)
         tol = _SEPARABLE_RTOL * max(float(g_true.abs().max()), 1e-30) if n_tokens else 0.0
         if n_tokens and float((g_true - g_used).abs().max()) > tol:
-            _correct(hidden, weight, bias, targets, g_true - g_used, tf, token_chunk, grad_hidden, grads)
+            _correct(hidden, head, targets, g_true - g_used, token_chunk, grad_hidden, grads)
         with torch.enable_grad():
             x = logp.detach().clone().requires_grad_()
             loss = objective(x).detach()
@@ -145,11 +162,13 @@ class _FusedHeadLoss(torch.autograd.Function):
         out = []
         for t, dtype, present in zip(saved, ctx.dtypes, ctx.present):
             out.append((t * grad_loss.float()).to(dtype) if present else None)
-        return out[0], out[1], out[2], None, None, None, None, None
+        return out[0], out[1], out[2], None, None
 
 
-def _correct(hidden, weight, bias, targets, dg, tf, token_chunk, grad_hidden, grads) -> None:
+def _correct(hidden: Tensor, head: _Head, targets: Tensor, dg: Tensor, token_chunk: int,
+             grad_hidden: Tensor | None, grads: _Grads) -> None:
     """Adds the gradients of ``sum(dg * logp)`` (the non-separable remainder) with the separate path."""
+    weight, bias, tf = head.weight, head.bias, head.tf
     leaves = {}
     with torch.enable_grad():
         h = hidden.detach().requires_grad_(grad_hidden is not None)
@@ -160,9 +179,8 @@ def _correct(hidden, weight, bias, targets, dg, tf, token_chunk, grad_hidden, gr
                 leaves[name] = t
         if not leaves:
             return
-        lp, _ = chunked_token_logprobs(h, w, targets, bias=b, temperature=tf.temperature,
-                                       logit_scale=tf.logit_scale, softcap=tf.softcap,
-                                       token_chunk=token_chunk)
+        lp, _ = chunked_token_logprobs(h, HeadSpec(w, b, tf.logit_scale, tf.softcap), targets,
+                                       temperature=tf.temperature, token_chunk=token_chunk)
         got = dict(zip(leaves, torch.autograd.grad((lp * dg).sum(), list(leaves.values()))))
     if "h" in got:
         grad_hidden += got["h"].float()
@@ -174,25 +192,23 @@ def _correct(hidden, weight, bias, targets, dg, tf, token_chunk, grad_hidden, gr
 
 def fused_token_loss(
     hidden: Tensor,
-    weight: Tensor,
+    head: HeadSpec,
     targets: Tensor,
     objective: FlatObjective,
     *,
-    bias: Tensor | None = None,
     temperature: float = 1.0,
-    logit_scale: float = 1.0,
-    softcap: float | None = None,
     token_chunk: int | None = None,
     return_entropy: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """``objective(log p(targets))`` and its gradients in one pass per token chunk.
 
     Args:
-        hidden: ``[N, H]`` final hidden states; weight ``[V, H]``; targets ``[N]`` long; bias ``[V]``.
+        hidden: ``[N, H]`` final hidden states; head: the LM head (weight ``[V, H]``, bias ``[V]``, logit
+            transform) as for ``chunked_token_logprobs``; targets ``[N]`` long.
         objective: maps the ``[N]`` float32 log-probs (a tensor with grad) to a scalar loss; it is
             called once per chunk and twice at the end, so it must be cheap and side-effect free.
-        temperature, logit_scale, softcap, token_chunk: as for ``chunked_token_logprobs`` (the whole
-            vocabulary is processed at once; use the separate path for vocabulary chunks).
+        temperature, token_chunk: as for ``chunked_token_logprobs`` (the whole vocabulary is
+            processed at once; use the separate path for vocabulary chunks).
         return_entropy: also return the per-token entropy.
 
     Returns:
@@ -201,45 +217,37 @@ def fused_token_loss(
         carry no gradient.  Gradients equal the separate path's (see the module docstring).
     """
     if token_chunk is None:
-        token_chunk = auto_token_chunk(weight.shape[0])
+        token_chunk = auto_token_chunk(head.weight.shape[0])
     if token_chunk < 1:
         raise ValueError(f"token_chunk must be >= 1, got {token_chunk}")
-    tf = _LogitTransform(float(temperature), float(logit_scale), softcap)
-    return _FusedHeadLoss.apply(hidden, weight, bias, targets, objective, tf, token_chunk,
-                                return_entropy)
+    tf = _LogitTransform(float(temperature), float(head.logit_scale), head.softcap)
+    return _FusedHeadLoss.apply(hidden, head.weight, head.bias, targets,
+                                _FusedPass(objective, tf, token_chunk, return_entropy))
 
 
 def completion_loss(
     model,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    num_completion_tokens: int,
-    completion_ids: Tensor,
+    rows: CompletionRows,
     objective: Callable[[Tensor], Tensor],
     *,
     temperature: float = 1.0,
     token_chunk: int | None = None,
     return_entropy: bool = False,
-    completion_mask: Tensor | None = None,
     hidden_fn=None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """``objective(logp)`` of a causal LM's completions through the fused head.
 
-    Arguments as for ``completion_logprobs`` (``hidden_fn`` included); ``objective`` maps ``logp [rows, T]`` float32 (zeros
-    off ``completion_mask``) to a scalar loss.  Returns ``(loss, logp [rows, T], entropy [rows, T] or
-    None)``; only ``loss`` carries gradient (into the model's parameters).
+    Arguments as for ``completion_logprobs`` (``rows`` and ``hidden_fn`` included); ``objective`` maps
+    ``logp [rows, T]`` float32 (zeros off ``rows.completion_mask``) to a scalar loss.  Returns ``(loss,
+    logp [rows, T], entropy [rows, T] or None)``; only ``loss`` carries gradient (into the model's parameters).
     """
-    from slimgrpo.loss.logprobs import completion_hidden
-
-    hidden, targets, mask, head = (hidden_fn or completion_hidden)(
-        model, input_ids, attention_mask, num_completion_tokens, completion_ids, completion_mask)
+    hidden, targets, mask, head = layout_hidden(model, rows, hidden_fn)
 
     def flat_objective(flat: Tensor) -> Tensor:
         return objective(torch.zeros(mask.shape, device=flat.device, dtype=flat.dtype).masked_scatter(mask, flat))
 
     loss, logp_flat, entropy_flat = fused_token_loss(
-        hidden, head.weight, targets, flat_objective, bias=head.bias, temperature=temperature,
-        logit_scale=head.logit_scale, softcap=head.softcap, token_chunk=token_chunk,
+        hidden, head, targets, flat_objective, temperature=temperature, token_chunk=token_chunk,
         return_entropy=return_entropy)
     zeros = torch.zeros(mask.shape, device=logp_flat.device, dtype=torch.float32)  # [rows, T]
     logp = zeros.masked_scatter(mask, logp_flat)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from slimgrpo.config.loss import auto_token_chunk
-from slimgrpo.loss.chunked_head import chunked_token_logprobs
+from slimgrpo.loss.chunked_head import HeadSpec, chunked_token_logprobs
 
 __all__ = [
     "CompletionRows",
@@ -40,19 +40,10 @@ __all__ = [
     "completion_logprobs",
     "completion_position_ids",
     "hidden_layout",
+    "layout_hidden",
     "lm_head_spec",
     "unwrap_causal_lm",
 ]
-
-
-@dataclass
-class HeadSpec:
-    """What the chunked head needs to reproduce a model's logits: ``z = T(h W^T + b)``."""
-
-    weight: Tensor  # [V, H] (the input embedding matrix itself when the head is tied)
-    bias: Tensor | None  # [V] or None
-    logit_scale: float = 1.0  # multiplies the head output (Cohere; 1 / logits_scaling for Granite)
-    softcap: float | None = None  # final logit soft-capping (Gemma 2/3)
 
 
 def unwrap_causal_lm(model: nn.Module) -> nn.Module:
@@ -145,8 +136,9 @@ def _check_completion_inputs(input_ids: Tensor, attention_mask: Tensor, num_toke
 
 @dataclass(frozen=True)
 class CompletionRows:
-    """What every forward layout takes (``completion_hidden``'s arguments, checked): padded rows whose last
-    ``T`` columns are the completions."""
+    """Padded rows whose last ``T`` columns are the completions: what ``completion_logprobs`` and the fused
+    ``completion_loss`` score, and what every forward layout takes (``completion_hidden``'s arguments,
+    checked by ``hidden_layout`` before a layout sees them)."""
 
     input_ids: Tensor  # [rows, P + T] left-padded prompt, then right-padded completion
     attention_mask: Tensor  # [rows, P + T]
@@ -195,20 +187,23 @@ def completion_hidden(model: nn.Module, x: CompletionRows) -> HiddenOut:
     return hidden[mask], x.completion_ids[mask], mask, lm_head_spec(lm)
 
 
+def layout_hidden(model: nn.Module, rows: CompletionRows, hidden_fn=None) -> HiddenOut:
+    """``hidden_fn`` (default ``completion_hidden``) of ``rows``, called with its fields in
+    ``completion_hidden``'s order: ``(hidden [n, H], targets [n], mask [rows, T] bool, head)``."""
+    return (hidden_fn or completion_hidden)(model, rows.input_ids, rows.attention_mask, rows.T,
+                                            rows.completion_ids, rows.completion_mask)
+
+
 def completion_logprobs(
     model: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    num_completion_tokens: int,
-    completion_ids: Tensor,
+    rows: CompletionRows,
     *,
     temperature: float = 1.0,
     token_chunk: int | None = None,
     vocab_chunk: int | None = None,
     return_entropy: bool = False,
-    completion_mask: Tensor | None = None,
-    hidden_fn=None,
     entropy_grad: bool = False,
+    hidden_fn=None,
 ) -> tuple[Tensor, Tensor | None]:
     """``log pi(o_t | q, o_<t)`` for every completion token, without full logits.
 
@@ -216,16 +211,17 @@ def completion_logprobs(
         model: a Hugging Face causal LM, optionally wrapped in a peft ``PeftModel``.  It must be
             callable module by module (not a DDP wrapper; FSDP2 ``fully_shard`` needs the caller
             to unshard the root-held parameters, embeddings and head).
-        input_ids: ``[rows, P + T]`` left-padded prompt followed by right-padded completion.
-        attention_mask: ``[rows, P + T]`` 1 on real tokens (prompt and completion), 0 on padding.
-        num_completion_tokens: ``T``; the completion is the last ``T`` columns of ``input_ids``.
-        completion_ids: ``[rows, T]`` the completion tokens (``input_ids[:, -T:]``), the targets.
+        rows: the padded rows (checked by ``hidden_layout``):
+            ``input_ids`` ``[rows, P + T]`` left-padded prompt followed by right-padded completion;
+            ``attention_mask`` ``[rows, P + T]`` 1 on real tokens (prompt and completion), 0 on padding;
+            ``T`` the completion length, the last ``T`` columns of ``input_ids``;
+            ``completion_ids`` ``[rows, T]`` the completion tokens (``input_ids[:, -T:]``), the targets;
+            ``completion_mask`` ``[rows, T]`` bool, the tokens to score (None:
+            ``attention_mask[:, -T:]``); other positions get 0 and are never sent through the head.
         temperature: divides the logits, as during sampling.
         token_chunk, vocab_chunk: passed to ``chunked_token_logprobs``.
         return_entropy: also return the per-token entropy (no gradient).
         entropy_grad: give the entropy a gradient (the entropy bonus, ``loss.entropy_coef``).
-        completion_mask: ``[rows, T]`` bool, the tokens to score (default:
-            ``attention_mask[:, -T:]``); other positions get 0 and are never sent through the head.
         hidden_fn: replaces ``completion_hidden`` (same signature), e.g.
             ``train.update.shared_prompt.shared_completion_hidden``.
 
@@ -236,16 +232,12 @@ def completion_logprobs(
     padding does not shift positions; the hidden state at position ``P + t - 1`` predicts
     completion token ``t``, i.e. columns ``-T-1 .. -2`` predict the last ``T`` tokens.
     """
-    hidden, targets, mask, head = (hidden_fn or completion_hidden)(
-        model, input_ids, attention_mask, num_completion_tokens, completion_ids, completion_mask)
+    hidden, targets, mask, head = layout_hidden(model, rows, hidden_fn)
     logp_flat, entropy_flat = chunked_token_logprobs(
         hidden,  # [n, H], only the scored tokens
-        head.weight,
+        head,
         targets,  # [n]
-        bias=head.bias,
         temperature=temperature,
-        logit_scale=head.logit_scale,
-        softcap=head.softcap,
         token_chunk=token_chunk,
         vocab_chunk=vocab_chunk,
         return_entropy=return_entropy,

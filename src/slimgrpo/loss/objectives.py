@@ -147,6 +147,19 @@ class Normaliser:
         return cls(num_sequences=int(mask.shape[0]), num_tokens=int(mask.sum()))
 
 
+@dataclass(frozen=True)
+class TokenEntropy:
+    """The policy's per-token entropy as ``grpo_loss`` takes it, with what the loss does with it: the
+    top-entropy mask (``top_entropy_quantile < 1``) and the entropy bonus (``LossSettings.entropy_bonus``)."""
+
+    values: Tensor  # [rows, T]; no grad for the mask, with grad for a bonus whose coefficient is not 0
+    # The entropy threshold of the whole batch (``policy_losses.entropy_threshold``); None computes it from
+    # this micro-batch's tokens (TRL's behaviour, where it is taken per micro-batch).
+    cut: Tensor | float | None = None
+    # The bonus coefficient applied at this optimizer step (adaptive control); None: ``settings.entropy_coef``.
+    coef: float | None = None
+
+
 # --- importance ratios --------------------------------------------------------------------------
 
 
@@ -302,9 +315,7 @@ def grpo_loss(
     mask: Tensor,
     settings: LossSettings,
     norm: Normaliser,
-    entropy: Tensor | None = None,
-    entropy_cut: Tensor | float | None = None,
-    entropy_coef: float | None = None,
+    entropy: TokenEntropy | None = None,
 ) -> tuple[Tensor, LossStats]:
     """The GRPO-family loss of one micro-batch (module docstring for the equations).
 
@@ -317,14 +328,10 @@ def grpo_loss(
         mask: ``[rows, T]`` bool, True on completion tokens that count.
         settings: the objective.
         norm: whole-batch totals, so that micro-batch losses sum to the batch loss.
-        entropy: ``[rows, T]`` per-token entropy of the policy; needed when ``top_entropy_quantile < 1``
-            (no grad) or with the entropy bonus (``settings.entropy_bonus``; with grad where the
-            coefficient is not 0).
-        entropy_cut: the entropy threshold of the whole batch (``policy_losses.entropy_threshold``);
-            None computes it from this micro-batch's tokens (TRL's behaviour, where it is taken per
-            micro-batch).
-        entropy_coef: the bonus coefficient applied at this optimizer step (adaptive control); None:
-            ``settings.entropy_coef``.
+        entropy: the per-token entropy of the policy (``TokenEntropy.values`` ``[rows, T]``), with the
+            batch's entropy threshold and this step's bonus coefficient; needed when
+            ``top_entropy_quantile < 1`` (no grad) or with the entropy bonus (``settings.entropy_bonus``;
+            with grad where the coefficient is not 0).
 
     Returns:
         ``(loss, stats)``: a scalar whose gradient flows to ``logp``, and detached ``LossStats``
@@ -333,6 +340,9 @@ def grpo_loss(
     """
     _check_shapes(logp, old_logp, ref_logp, advantages, mask, settings.beta)
     s = settings
+    h = None if entropy is None else entropy.values  # [rows, T]
+    entropy_cut = None if entropy is None else entropy.cut
+    entropy_coef = None if entropy is None else entropy.coef
     mask = mask.bool()
     old = logp.detach() if old_logp is None else old_logp
     ratio = torch.exp(_LOG_RATIO[s.importance_sampling_level](logp, old, mask))  # [rows, T]
@@ -341,12 +351,12 @@ def grpo_loss(
         keep = terms.off_policy_keep(logp, old, mask, advantages, s.off_policy_mask_threshold)
         per_token = per_token * keep[:, None].to(per_token.dtype)
     effective = mask  # the tokens the policy term acts on
-    if (s.top_entropy_quantile < 1.0 or s.entropy_bonus) and entropy is None:
+    if (s.top_entropy_quantile < 1.0 or s.entropy_bonus) and h is None:
         raise ValueError("top_entropy_quantile < 1 and the entropy bonus need the per-token entropy")
     if s.top_entropy_quantile < 1.0:
-        cut = terms.entropy_threshold(entropy, mask, s.top_entropy_quantile) if entropy_cut is None \
+        cut = terms.entropy_threshold(h, mask, s.top_entropy_quantile) if entropy_cut is None \
             else entropy_cut
-        effective = terms.high_entropy_mask(entropy, mask, cut)
+        effective = terms.high_entropy_mask(h, mask, cut)
         per_token = per_token * effective.to(per_token.dtype)
     kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
     if s.use_bias_correction_kl and ref_logp is not None:
@@ -358,9 +368,9 @@ def grpo_loss(
     if s.entropy_bonus:
         coef = s.entropy_coef if entropy_coef is None else entropy_coef
         if coef != 0.0:
-            loss = loss + entropy_bonus(entropy, effective, coef, norm)
+            loss = loss + entropy_bonus(h, effective, coef, norm)
         e = effective.to(torch.float32)
-        sums = torch.stack([(entropy.detach().float() * e).sum(), e.sum()]).tolist()
+        sums = torch.stack([(h.detach().float() * e).sum(), e.sum()]).tolist()
         stats.bonus_entropy_sum, stats.bonus_tokens = sums
     return loss, stats
 

@@ -22,6 +22,8 @@ up to floating-point summation order.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -59,28 +61,33 @@ def unpad_rows(input_ids: Tensor, attention_mask: Tensor, num_completion_tokens:
     return ids, p_len, c_len
 
 
+@dataclass(frozen=True)
+class UnpaddedRows:
+    """Rows laid out unpadded (``unpad_rows``) with the completion tokens they are scored on."""
+
+    ids: Tensor  # [m, L] prompt then completion per row, right-padded
+    prompt_lengths: Tensor  # [m] real prompt tokens per row (>= 1)
+    completion_ids: Tensor  # [m, T] completion tokens (targets), right-padded
+    completion_mask: Tensor  # [m, T] bool, the tokens to score (inside each row's completion)
+
+
 def unpadded_completion_logprobs(
     model: nn.Module,
-    ids: Tensor,
-    prompt_lengths: Tensor,
-    completion_ids: Tensor,
-    completion_mask: Tensor,
+    rows: UnpaddedRows,
     *,
     temperature: float = 1.0,
     token_chunk: int | None = None,
     vocab_chunk: int | None = None,
     return_entropy: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """``log pi(o_t | q, o_<t)`` of unpadded rows (see the module docstring and ``unpad_rows``).
-
-    Args:
-        ids: ``[m, L]`` prompt then completion per row, right-padded.
-        prompt_lengths: ``[m]`` real prompt tokens per row (>= 1).
-        completion_ids: ``[m, T]`` completion tokens (targets), right-padded.
-        completion_mask: ``[m, T]`` bool, the tokens to score (inside each row's completion).
+    """``log pi(o_t | q, o_<t)`` of unpadded rows (see the module docstring, ``unpad_rows`` and
+    ``UnpaddedRows``); ``temperature``, ``token_chunk``, ``vocab_chunk`` and ``return_entropy`` as for
+    ``chunked_token_logprobs``.
 
     Returns ``(logp [m, T] float32, entropy [m, T] float32 or None)``; unscored positions are 0.
     """
+    ids, prompt_lengths = rows.ids, rows.prompt_lengths
+    completion_ids, completion_mask = rows.completion_ids, rows.completion_mask
     if ids.dim() != 2 or completion_ids.dim() != 2 or completion_mask.shape != completion_ids.shape:
         raise ValueError(f"ids [m, L], completion_ids and completion_mask [m, T] expected, got "
                          f"{tuple(ids.shape)}, {tuple(completion_ids.shape)}, {tuple(completion_mask.shape)}")
@@ -91,8 +98,7 @@ def unpadded_completion_logprobs(
     picked = _scoring_hidden(lm, ids, prompt_lengths, completion_ids.shape[1], mask)  # [n, H]
     head = lm_head_spec(lm)
     logp_flat, entropy_flat = chunked_token_logprobs(
-        picked, head.weight, completion_ids[mask], bias=head.bias, temperature=temperature,
-        logit_scale=head.logit_scale, softcap=head.softcap, token_chunk=token_chunk,
+        picked, head, completion_ids[mask], temperature=temperature, token_chunk=token_chunk,
         vocab_chunk=vocab_chunk, return_entropy=return_entropy,
     )
     zeros = torch.zeros(mask.shape, device=logp_flat.device, dtype=torch.float32)

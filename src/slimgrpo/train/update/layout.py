@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol
 from torch import Tensor, nn
 
 from slimgrpo.loss import packed
-from slimgrpo.loss.logprobs import HeadSpec
+from slimgrpo.loss.logprobs import CompletionRows, HeadSpec
 from slimgrpo.loss.unpadded import unpadded_hidden
 from slimgrpo.train.distributed import is_wrapped
 from slimgrpo.train.update import shared_prompt
@@ -71,5 +71,6 @@ def run_layout(model, head: Callable[..., Any], input_ids: Tensor, attention_mas
     ``kwargs``: the rest of ``head``'s arguments."""
     T = completion_ids.shape[1]
     layout = hidden_fn(model, input_ids, attention_mask, T, settings.share_prompt, with_grad)
-    return forward(model, head, input_ids, attention_mask, T, completion_ids, temperature=settings.temperature,
-                   token_chunk=settings.token_chunk, hidden_fn=layout, **kwargs)
+    rows = CompletionRows(input_ids, attention_mask, T, completion_ids)
+    return forward(model, head, rows, temperature=settings.temperature, token_chunk=settings.token_chunk,
+                   hidden_fn=layout, **kwargs)

@@ -13,7 +13,7 @@ import torch
 
 from slimgrpo.loss.fused import completion_loss, fused_applicable
 from slimgrpo.loss.logprobs import completion_logprobs
-from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss
+from slimgrpo.loss.objectives import LossSettings, Normaliser, TokenEntropy, grpo_loss
 from slimgrpo.train.update.micro import MicroBatch
 from slimgrpo.train.update.layout import run_layout
 from slimgrpo.train.update.settings import UpdateSettings
@@ -54,8 +54,9 @@ def micro_batch_loss(model, micro: MicroBatch, settings: UpdateSettings, norm: N
 def _objective(logp: torch.Tensor, micro: MicroBatch, settings: LossSettings, norm: Normaliser,
                entropy: torch.Tensor | None = None, entropy_coef: float | None = None) -> tuple[torch.Tensor, LossStats]:
     """``grpo_loss`` of the micro-batch's log-probs: ``(loss, stats)``."""
+    ent = None if entropy is None else TokenEntropy(entropy, cut=micro.entropy_cut, coef=entropy_coef)
     return grpo_loss(logp, micro.old_logp, micro.ref_logp, micro.advantages, micro.loss_mask, settings, norm,
-                     entropy=entropy, entropy_cut=micro.entropy_cut, entropy_coef=entropy_coef)
+                     entropy=ent)
 
 
 def _policy_loss(logp: torch.Tensor, micro: MicroBatch, settings: LossSettings, norm: Normaliser) -> torch.Tensor:
