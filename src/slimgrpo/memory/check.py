@@ -204,8 +204,8 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
     budget = budget_bytes(cfg.memory.budget, device)
     if cfg.memory.fit == "trace":
         if trace_fn is None:
-            raise ConfigError("memory.fit=trace needs the tracer: run through `slimgrpo train` / run_training, or "
-                              "pass trace_fn=slimgrpo.train.trace.trace_step to Trainer")
+            raise ConfigError("memory.fit=trace needs the tracer: pass "
+                              "trace_fn=slimgrpo.train.trace.trace_step (the Trainer does)")
         return fit_by_trace(cfg, shape, device, world_size, budget, console, trace_fn, show)
     if plan.peak_bytes <= budget:
         check_host_memory(cfg, plan, host_budget)

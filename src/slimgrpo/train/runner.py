@@ -66,9 +66,7 @@ def run_training(cfg: Config, callbacks=None, train_dataset=None) -> dict[str, A
 
         init_process_group(cfg, dist_ctx)
         check_job(cfg, dist_ctx)  # the same config on every rank, a batch that splits: before any weight loads
-    from slimgrpo.train.trace import trace_step  # memory.fit=trace; trace drives the Trainer, so it is passed in
-
-    trainer = Trainer(cfg, callbacks=callbacks, dist=dist_ctx, train_dataset=train_dataset, trace_fn=trace_step)
+    trainer = Trainer(cfg, callbacks=callbacks, dist=dist_ctx, train_dataset=train_dataset)
     restore_handlers = install_preemption_handlers(trainer)
     try:
         summary = trainer.train()

@@ -68,13 +68,12 @@ class Trainer:
     def __init__(self, cfg: Config, callbacks: list[Callback] | None = None, dist: DistContext | None = None,
                  policy: Policy | None = None, train_dataset: Any = None, tools: list[Callable] | None = None,
                  environment_factory: Callable | dict[str, Callable] | None = None,
-                 rollout_func: Callable | None = None, trace_fn: Callable | None = None):
+                 rollout_func: Callable | None = None):
         if train_dataset is not None:  # TRL's name: a list of row dicts or a datasets.Dataset, instead of a file
             cfg.data.path = train_dataset
         self.cfg = cfg
         # TRL's GRPOTrainer arguments; callables in place of rollout.tools / environment / rollout_function.
         self.agent_args = {"tools": tools, "environment": environment_factory, "rollout_func": rollout_func}
-        self.trace_fn = trace_fn  # memory.fit=trace: train.trace.trace_step (run_training passes it; it imports us)
         self.callbacks = list(callbacks or [])
         self.dist = dist or from_environment()
         # Like TRL's output_dir: relative to the working directory, whether or not it exists yet.
@@ -103,10 +102,11 @@ class Trainer:
             mconf = {} if looks_like_hub_name(model_path) else read_model_config(model_path)
             check_context_length(cfg, max_positions(mconf), model_path)
             from slimgrpo.memory.check import check_before_training
+            from slimgrpo.train.trace import trace_step  # memory.fit=trace: the trace of this config's step
 
             # Before any weights load: print the plan; refuse (or fit) a run over memory.budget.
             self.cfg, memory_plan = check_before_training(cfg, self.dist.world_size, show=self.dist.is_main,
-                                                          trace_fn=self.trace_fn)
+                                                          trace_fn=trace_step)
             cfg = self.cfg
         else:
             memory_plan = None
