@@ -176,7 +176,7 @@ def validate_config(cfg: Config) -> None:
     validate_eval(cfg)
 
 
-def _validate_objective(L, max_completion_length: int) -> None:
+def _validate_objective(L, max_completion_length: int | None) -> None:
     """The TRL 1.16 objective options: the loss's own range check (``config.loss.objective_problem``, which
     ``loss.LossSettings`` runs too), then what this tool asks beyond TRL."""
     problem = objective_problem(L, max_completion_length)
