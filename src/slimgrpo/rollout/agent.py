@@ -134,24 +134,19 @@ class AgentRollout:
         self.engine, self.parts, self.tok = engine, engine.parts, tokenizer
         self.toolbox = toolbox
         self.runner = runner or ToolRunner()
-        settings = settings or AgentSettings()
-        self.max_iterations = settings.max_iterations
-        self.fmt = settings.tool_call_format
-        self.chat_template = settings.chat_template
-        self.system_prompt = settings.system_prompt
-        self.max_prompt_length = settings.max_prompt_length
-        parse_tool_calls("", self.fmt)  # validates the format name
+        self.settings = settings or AgentSettings()
+        parse_tool_calls("", self.settings.tool_call_format)  # validates the format name
 
     # ------------------------------------------------------------------ rendering
     def _render(self, messages: list[dict[str, Any]], tools, add_generation_prompt: bool) -> list[int]:
-        text = self.tok.apply_chat_template(messages, tools=tools or None, chat_template=self.chat_template,
+        text = self.tok.apply_chat_template(messages, tools=tools or None, chat_template=self.settings.chat_template,
                                             tokenize=False, add_generation_prompt=add_generation_prompt)
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
     def prompt_messages(self, prompt, observation) -> list[dict[str, Any]]:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
-        if self.system_prompt and not any(m["role"] == "system" for m in messages):
-            messages = [{"role": "system", "content": self.system_prompt}] + messages
+        if self.settings.system_prompt and not any(m["role"] == "system" for m in messages):
+            messages = [{"role": "system", "content": self.settings.system_prompt}] + messages
         if isinstance(observation, str) and observation:
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + observation}
         return messages
@@ -184,9 +179,10 @@ class AgentRollout:
         prompt_ids = [self._render(self.prompt_messages(row["prompt"], obs), t, add_generation_prompt=True)
                       for row, obs, t in zip(rows_in, observations, tools)]
         longest = max(len(p) for p in prompt_ids)
-        if self.max_prompt_length is not None and longest > self.max_prompt_length:
+        allowed = self.settings.max_prompt_length
+        if allowed is not None and longest > allowed:
             raise ValueError(f"a prompt rendered with its tools has {longest} tokens > data.max_prompt_length="
-                             f"{self.max_prompt_length}: raise data.max_prompt_length (the tool schemas count)")
+                             f"{allowed}: raise data.max_prompt_length (the tool schemas count)")
         device = self.parts.device
         n = len(rows_in)
         limit = getattr(self.engine, "max_batch_rows", None)
@@ -288,15 +284,16 @@ class AgentRollout:
             piece = self.tok.convert_ids_to_tokens(t)
             if isinstance(piece, str) and piece:
                 text = text.replace(piece, "")
-        calls = [] if st.truncated else parse_tool_calls(text, self.fmt)
+        calls = [] if st.truncated else parse_tool_calls(text, self.settings.tool_call_format)
         message: dict[str, Any] = {"role": "assistant", "content": _CALL_MARKUP.sub("", text) if calls
                                    else text}
         if calls:
             message["tool_calls"] = [c.as_message_call() for c in calls]
-            if self.fmt != "hermes" and "<tool_call>" not in text:
+            if self.settings.tool_call_format != "hermes" and "<tool_call>" not in text:
                 message["content"] = ""
         st.messages.append(message)
-        if not calls or (self.max_iterations is not None and st.iterations >= self.max_iterations):
+        rounds = self.settings.max_iterations
+        if not calls or (rounds is not None and st.iterations >= rounds):
             return None
         return calls
 
