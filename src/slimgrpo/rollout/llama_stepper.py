@@ -93,11 +93,7 @@ class LlamaStepper:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            stacked = self.qkv_stacked[i]  # one packed product where packed_weights stacked q/k/v
-            if stacked is None:
-                q, k, v = linear(attn.q_proj, h), linear(attn.k_proj, h), linear(attn.v_proj, h)
-            else:
-                q, k, v = stacked_product(stacked, h)
+            q, k, v = self._products((attn.q_proj, attn.k_proj, attn.v_proj), self.qkv_stacked[i], h)
             q, k, v = q.view(b, -1, d), k.view(b, -1, d), v.view(b, -1, d)  # [b, heads or kv_heads, d]
             if self.has_qk_norm:
                 q, k = attn.q_norm(q), attn.k_norm(k)
@@ -128,12 +124,15 @@ class LlamaStepper:
         where ``stacked``)."""
         if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
             return mlp(h)
-        linear = self.parts.linear
+        gate, up = self._products((mlp.gate_proj, mlp.up_proj), stacked, h)
+        return self.parts.linear(mlp.down_proj, mlp.act_fn(gate) * up)
+
+    def _products(self, modules: tuple, stacked, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``module(h)`` for each of ``modules`` (projections of one input): one product through their
+        stacked packed weight where this generate call built one (``CausalLMParts.fused``), else one each."""
         if stacked is None:
-            gate, up = linear(mlp.gate_proj, h), linear(mlp.up_proj, h)
-        else:
-            gate, up = stacked_product(stacked, h)
-        return linear(mlp.down_proj, mlp.act_fn(gate) * up)
+            return tuple(self.parts.linear(m, h) for m in modules)
+        return stacked_product(stacked, h)
 
     def _init_kv(self, cache, n: int, P: int, max_new: int) -> None:
         """KV buffers [b, kv_heads, P + max_new, head_dim], prompt part copied from the prefill cache
