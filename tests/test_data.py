@@ -7,7 +7,7 @@ from slimgrpo.config import DataConfig
 from slimgrpo.data import DataError, PromptSampler, build_dataset, load_prompt_dataset, read_rows
 from slimgrpo.modeling import load_tokenizer
 
-from conftest import GSM8K_TEST, write_jsonl
+from conftest import GSM8K_TEST, needs_gsm8k, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +85,7 @@ def test_empty_dataset(tmp_path, tok):
         load_prompt_dataset(str(tmp_path / "e.jsonl"), tok, DataConfig())
 
 
+@needs_gsm8k
 def test_gsm8k_with_prompt_template(tok):
     cfg = DataConfig(prompt_template="Question: {question}\nAnswer:", max_samples=5)
     ds = load_prompt_dataset(str(GSM8K_TEST), tok, cfg)

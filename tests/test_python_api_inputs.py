@@ -2,7 +2,6 @@
 build conversational GSM8K prompts for TRL-style rewards."""
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
@@ -11,10 +10,7 @@ from slimgrpo.config import DataConfig, dump_config, load_config
 from slimgrpo.data import DataError, build_dataset, read_rows
 from slimgrpo.modeling import load_tokenizer
 
-from conftest import GSM8K_TEST as _GSM8K
-
-# The shared data sits beside the main checkout; a worktree elsewhere reads it from /work/shared.
-GSM8K_TEST = _GSM8K if _GSM8K.is_file() else Path("/work/shared/data/gsm8k/test.jsonl")
+from conftest import GSM8K_TEST, needs_gsm8k
 
 
 def length_share(prompts, completions, **kwargs):  # importable: dumped as module:qualname
@@ -64,6 +60,7 @@ def test_datasets_objects_and_dump(tmp_path):
     assert "<in-memory dataset: 2 rows>" in (tmp_path / "c.yaml").read_text()
 
 
+@needs_gsm8k
 def test_gsm8k_conversational_with_extracted_answers(tiny_chat_model_dir):
     tok = load_tokenizer(str(tiny_chat_model_dir))
     rows = read_rows(str(GSM8K_TEST))[:3]
@@ -78,6 +75,7 @@ def test_gsm8k_conversational_with_extracted_answers(tiny_chat_model_dir):
         build_dataset([{"question": "q", "answer": "no marker"}], tok, cfg)
 
 
+@needs_gsm8k
 def test_trl_style_reward_on_gsm8k_conversational(tmp_path, tiny_chat_model_dir):
     from slimgrpo.train.trainer import Trainer
 

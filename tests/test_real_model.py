@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GSM8K_TEST
+from conftest import GSM8K_TEST, needs_gsm8k
 from run_helpers import cli, metrics, write_config
 
 pytestmark = pytest.mark.slow
@@ -55,6 +55,7 @@ def _config(tmp_path: Path, model: Path, **sections) -> Path:
     return write_config(tmp_path / "cfg.yaml", cfg, sections)
 
 
+@needs_gsm8k
 def test_real_model_trains_with_its_chat_template(tmp_path, smollm2):
     done = cli("train", str(_config(tmp_path, smollm2)), env={"OMP_NUM_THREADS": "2"}, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

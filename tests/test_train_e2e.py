@@ -7,9 +7,11 @@ import pytest
 import torch
 import yaml
 
-from conftest import GSM8K_TEST
+from conftest import GSM8K_TEST, needs_gsm8k
 from slimgrpo.config import load_config
 from slimgrpo.train.runner import run_training
+
+pytestmark = needs_gsm8k  # every test here trains on GSM8K's prompts
 
 
 REWARD_FILE = """
