@@ -68,6 +68,11 @@ class _LogitTransform:
     logit_scale: float
     softcap: float | None
 
+    @classmethod
+    def of(cls, head: HeadSpec, temperature: float) -> _LogitTransform:
+        """The transform of ``head`` (its logit scale and softcap) at ``temperature``."""
+        return cls(float(temperature), float(head.logit_scale), head.softcap)
+
     def apply_(self, z: Tensor) -> Tensor:
         """Raw head outputs ``a`` [n, v] float32 -> tempered logits ``z``, in place."""
         if self.logit_scale != 1.0:
@@ -482,7 +487,7 @@ def chunked_token_logprobs(
     if token_chunk is None:
         token_chunk = auto_token_chunk(weight.shape[0], vocab_chunk)
     _check_inputs(hidden, weight, targets, bias, temperature, softcap, token_chunk, vocab_chunk)
-    tf = _LogitTransform(float(temperature), float(head.logit_scale), softcap)
+    tf = _LogitTransform.of(head, temperature)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (hidden, weight, bias))
     if not needs_grad:

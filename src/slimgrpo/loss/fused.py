@@ -220,7 +220,7 @@ def fused_token_loss(
         token_chunk = auto_token_chunk(head.weight.shape[0])
     if token_chunk < 1:
         raise ValueError(f"token_chunk must be >= 1, got {token_chunk}")
-    tf = _LogitTransform(float(temperature), float(head.logit_scale), head.softcap)
+    tf = _LogitTransform.of(head, temperature)
     return _FusedHeadLoss.apply(hidden, head.weight, head.bias, targets,
                                 _FusedPass(objective, tf, token_chunk, return_entropy))
 
