@@ -125,8 +125,9 @@ def _gains(entry: dict, trainer: str, measure: str = "sampled") -> list[float]:
 def _mean_sd(values: list[float]) -> str:
     if not values:
         return "-"
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * statistics.mean(values):+.1f} ± {100 * sd:.1f} ({len(values)})"
+    if len(values) == 1:  # no spread to state from one seed
+        return f"{100 * values[0]:+.1f} (1)"
+    return f"{100 * statistics.mean(values):+.1f} ± {100 * statistics.stdev(values):.1f} ({len(values)})"
 
 
 def summary(results: dict) -> list[str]:

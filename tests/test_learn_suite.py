@@ -109,6 +109,8 @@ def test_summary_means_and_ratio():
     table = learn_suite.summary(results)
     assert "| sort | 20.0% / 20.0% | +40.0 ± 14.1 (2) | +10.0 ± 42.4 (2) | 0 / 1 | 410 / 205 | 0.50x |" in table
     assert "| sort | slimgrpo | 1 | 210 | 1,000 | 0.0% | -20.0 | 0.0% | -20.0 | yes |" in table
+    one_seed = {"sort": {k: v for k, v in results["sort"].items() if not k.endswith("s1")}}
+    assert "| sort | 20.0% / 20.0% | +30.0 (1) | +40.0 (1) | 0 / 0 | 400 / 200 | 0.50x |" in learn_suite.summary(one_seed)
 
 
 def test_trl_gets_the_recipe_keys_and_its_own_defaults(tmp_path):
