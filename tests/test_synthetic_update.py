@@ -70,6 +70,8 @@ def test_update_only_gradients_match_naive(micro):
     for n in expected:
         torch.testing.assert_close(seen[n], expected[n], rtol=1e-4, atol=1e-6, msg=n)
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())  # the step happened
+    # freed when the step returns, not kept through the next generation (a full fine-tune's are weight-sized)
+    assert all(p.grad is None for p in model.parameters())
 
 
 def test_update_only_lora_checkpointing_beta():

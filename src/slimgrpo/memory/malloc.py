@@ -22,8 +22,14 @@ Decoding is the opposite case: every step allocates and frees the same few tenso
 ``rows x V``, several MiB for a large vocabulary) around very little compute, and mmapping each one
 costs page faults every step (a W-cpu-sized head and softmax: 27 ms instead of 18 ms per step in a
 micro-benchmark on a loaded machine). ``generation_heap()`` therefore raises the threshold to glibc's maximum (32 MiB,
-where the dynamic threshold ends up anyway) while the rollout engine generates, then pins it again
-and hands the freed heap pages back (``malloc_trim``). ``SLIMGRPO_MALLOC_MMAP_THRESHOLD`` overrides the
+where the dynamic threshold ends up anyway) while the rollout engine runs its decode loop, then pins it again
+and hands the freed heap pages back (``malloc_trim``). Only the loop: what a generate call allocates once
+(packed weights, the prefill's activations, the KV buffers, and their re-selection when finished rows leave:
+``mapped()``) stays under the pinned threshold. Heap blocks of that size outlive the call as free space
+in glibc's bins, which ``malloc_trim`` unmaps but glibc hands out again to later requests of any size (the
+threshold only decides how the heap grows, not whether a free chunk is reused): the prepare and update that
+follow touched them again and the gradients and optimizer moments allocated among them pinned them (issue 29:
+-713 MiB at the peak of a full fine-tune with a 3,500-token prompt). ``SLIMGRPO_MALLOC_MMAP_THRESHOLD`` overrides the
 value (bytes; ``0`` or ``off`` leaves glibc alone); a ``MALLOC_MMAP_THRESHOLD_`` set by the user for
 glibc itself is respected. Other allocators (jemalloc or tcmalloc through ``LD_PRELOAD``) do not read
 glibc's setting and are not affected.
@@ -43,6 +49,7 @@ GENERATION_MMAP_THRESHOLD_BYTES = 32 * 1024**2  # glibc's DEFAULT_MMAP_THRESHOLD
 ENV = "SLIMGRPO_MALLOC_MMAP_THRESHOLD"
 
 _applied: int | None = None
+_generating = False  # inside generation_heap
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -93,6 +100,21 @@ def pin_mmap_threshold(threshold: int | None = -1) -> int | None:
 
 
 @contextlib.contextmanager
+def mapped() -> Iterator[None]:
+    """Inside ``generation_heap``: the pinned threshold again for the block (a long-lived allocation such as the
+    re-selected KV buffers); elsewhere nothing changes."""
+    pinned, libc = _applied, _glibc()
+    if pinned is None or libc is None or not _generating:
+        yield
+        return
+    libc.mallopt(M_MMAP_THRESHOLD, ctypes.c_int(pinned))
+    try:
+        yield
+    finally:
+        libc.mallopt(M_MMAP_THRESHOLD, ctypes.c_int(max(pinned, GENERATION_MMAP_THRESHOLD_BYTES)))
+
+
+@contextlib.contextmanager
 def generation_heap() -> Iterator[None]:
     """While generating: small-to-medium blocks from the heap (no page faults per decode step); on
     exit the pinned threshold again and the freed heap pages given back. Does nothing unless
@@ -101,9 +123,12 @@ def generation_heap() -> Iterator[None]:
     if pinned is None or libc is None:
         yield
         return
+    global _generating
     libc.mallopt(M_MMAP_THRESHOLD, ctypes.c_int(max(pinned, GENERATION_MMAP_THRESHOLD_BYTES)))
+    _generating = True
     try:
         yield
     finally:
+        _generating = False
         libc.mallopt(M_MMAP_THRESHOLD, ctypes.c_int(pinned))
         libc.malloc_trim(ctypes.c_size_t(0))

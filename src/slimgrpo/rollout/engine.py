@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from ..memory.malloc import generation_heap
+from ..memory.malloc import generation_heap, mapped
 from ..memory.planner import DECODE_PACK_MIN_BYTES, PREFILL_CHUNK_TOKENS
 from ..types import Rollout
 from .decode import make_stepper
@@ -127,7 +127,7 @@ class TorchRolloutEngine:
 
         pieces = []
         packed = self.parts.packed_weights(chunk_rows, self._packing(prompt_ids, params))
-        with torch.no_grad(), eval_mode(self.parts.root), generation_heap(), packed:
+        with torch.no_grad(), eval_mode(self.parts.root), packed:
             # no_grad rather than inference_mode: the returned ids feed the training forward later, and
             # inference tensors cannot be saved for backward.
             for start in range(0, rows, chunk_rows):
@@ -202,17 +202,29 @@ class TorchRolloutEngine:
         out_logprobs = torch.zeros(max_new, n, dtype=torch.float32, device=device)
         lengths = torch.full((n,), max_new, dtype=torch.long, device=device)
         ended = torch.zeros(n, dtype=torch.bool, device=device)  # [n] produced an EOS
-        alive = torch.arange(n, device=device)  # [b] chunk row held by each batch slot
-        done = torch.zeros(n, dtype=torch.bool, device=device)  # [b] finished, still in the batch
-        eos = torch.tensor(params.eos_token_ids, dtype=torch.long, device=device)
-        pad = torch.tensor(params.pad_token_id, dtype=torch.long, device=device)
-        workspace = SamplingWorkspace()
         seen = None  # [b, V] bool: tokens in each row so far (repetition_penalty only)
         if params.repetition_penalty != 1.0:
             seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)
             r, c = mask[row_slot].bool().nonzero(as_tuple=True)  # left padding is not a token of the row
             seen[r, ids[row_slot][r, c]] = True
 
+        # Everything above is allocated once per call, under the pinned mmap threshold; only the decode loop's
+        # per-step tensors come from glibc's heap (memory/malloc.py).
+        with generation_heap():
+            self._decode(stepper, logits, seen, params, generator, (out_tokens, out_logprobs, lengths, ended))
+        return out_tokens.t().contiguous(), out_logprobs.t().contiguous(), lengths, ~ended
+
+    def _decode(self, stepper, logits: torch.Tensor, seen: torch.Tensor | None, params: SamplingParams,
+                generator: torch.Generator | None, outputs: tuple[torch.Tensor, ...]) -> None:
+        """Sample up to ``max_new_tokens`` per row from the prefill's ``logits`` [n, V] on, writing ``outputs``
+        (step-major tokens and log-probs, lengths, ended) in place; rows leave the batch as they finish."""
+        out_tokens, out_logprobs, lengths, ended = outputs
+        device, n, max_new = logits.device, logits.shape[0], params.max_new_tokens
+        workspace = SamplingWorkspace()
+        alive = torch.arange(n, device=device)  # [b] chunk row held by each batch slot
+        done = torch.zeros(n, dtype=torch.bool, device=device)  # [b] finished, still in the batch
+        eos = torch.tensor(params.eos_token_ids, dtype=torch.long, device=device)
+        pad = torch.tensor(params.pad_token_id, dtype=torch.long, device=device)
         for t in range(max_new):
             if seen is not None:
                 logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
@@ -237,13 +249,11 @@ class TorchRolloutEngine:
             n_done = int(done.sum())
             if 0 < n_done < done.numel() and n_done >= self.drop_finished_fraction * done.numel():
                 keep = (~done).nonzero().squeeze(1)  # [b'] slots still generating
-                stepper.select(keep)
+                with mapped():  # the re-selected KV buffers live to the end of the call
+                    stepper.select(keep)
                 alive, tokens, done = alive[keep], tokens[keep], done[keep]
                 seen = seen[keep] if seen is not None else None
             logits = self.parts.logits(stepper.step(tokens))  # [b, V]
-
-        return out_tokens.t().contiguous(), out_logprobs.t().contiguous(), lengths, ~ended
-
 
     def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         """Run the left-padded prompts ``ids`` [p, P] into ``cache``, ``prefill_chunk`` positions at a time;

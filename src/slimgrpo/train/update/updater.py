@@ -103,7 +103,7 @@ class Updater:
         """``num_iterations`` passes over the batch, each one optimizer step per ``steps_per_generation`` slice,
         then one scheduler step. ``step_idx``: steps before this one (the reference sync counts optimizer steps).
         Returns ``(stats, grad_norm, skipped)``: skipped when a loss or the gradient norm was not finite (the
-        gradients are dropped and the passes stop there)."""
+        gradients are dropped and the passes stop there). Every ``.grad`` is None when it returns."""
         cfg = self.cfg
         slices = split_update(batch, cfg.loss.steps_per_generation)
         norms = [self.normaliser(part) for part in slices]
@@ -134,6 +134,9 @@ class Updater:
             stats = merge_stats(step_stats)
             if skipped:
                 break
+        # Freed now rather than at the next step's first backward: a full fine-tune's gradients are as large as
+        # the trained weights and would otherwise sit through the next generation and prepare.
+        self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return stats, grad_norm, skipped
 
