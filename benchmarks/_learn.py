@@ -105,7 +105,8 @@ def train_slimgrpo(recipe: Path, seed: int, model: Path, steps: int, threads: in
     outside; the reward curve from metrics.jsonl."""
     cmd = slimgrpo_cmd("train", str(recipe), f"model.path={model}", f"data.path={train}",
                        f"run.output_dir={run_dir}", f"run.seed={seed}", f"run.max_steps={steps}",
-                       f"run.num_threads={threads}", "log.progress=false", "log.log_completions_steps=0")
+                       f"run.num_threads={threads}", "log.progress=false", "log.log_completions_steps=0",
+                       "run.save_checkpoints=false")  # only the final model is scored (a checkpoint: 1.6 GB)
     run = common.run_measured(cmd, log, common.choose_memory_cap(None), "slimgrpo")
     if run.returncode != 0:
         raise SystemExit(f"slimgrpo seed {seed} failed ({run.error}); log: {run.log_path}")

@@ -39,7 +39,12 @@ import floor as floor_mod  # noqa: E402
 
 from slimgrpo.rollout import SamplingParams, SamplingWorkspace, TorchRolloutEngine, sample_next
 
-PAD_ID, EOS_ID = 151643, 151645
+PAD_ID, EOS_ID = 151643, 151645  # Qwen2's; a smaller vocabulary's last two ids (special_ids)
+
+
+def special_ids(vocab: int) -> tuple[int, int]:
+    """(pad, eos) for a model of ``vocab`` tokens."""
+    return min(PAD_ID, vocab - 2), min(EOS_ID, vocab - 1)
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,8 @@ WORKLOADS = {
     # W-cpu's model (the same shape as benchmarks/common.py W_CPU_SHAPE).
     "w-cpu": Workload("w-cpu", hidden=128, intermediate=512, layers=2, heads=4, kv_heads=2),
     "deep": Workload("deep", hidden=512, intermediate=2048, layers=8, heads=8, kv_heads=2),
+    # SmolLM2-135M's shape (random weights: the same work per token as the real model).
+    "smollm2": Workload("smollm2", hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3, vocab=49152),
 }
 
 
@@ -65,7 +72,8 @@ def build_model(w: Workload, device: str, seed: int = 0) -> torch.nn.Module:
     config = Qwen2Config(
         vocab_size=w.vocab, hidden_size=w.hidden, intermediate_size=w.intermediate,
         num_hidden_layers=w.layers, num_attention_heads=w.heads, num_key_value_heads=w.kv_heads,
-        tie_word_embeddings=w.tie, max_position_embeddings=32768, pad_token_id=PAD_ID, eos_token_id=EOS_ID,
+        tie_word_embeddings=w.tie, max_position_embeddings=32768,
+        pad_token_id=special_ids(w.vocab)[0], eos_token_id=special_ids(w.vocab)[1],
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).to(device).eval()
@@ -133,7 +141,7 @@ def run_hf(model, prompt: torch.Tensor, rows: int, L: int) -> float:
     out = model.generate(
         input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0,
         top_p=1.0, top_k=0, min_new_tokens=L, max_new_tokens=L, num_return_sequences=rows,
-        pad_token_id=PAD_ID, eos_token_id=EOS_ID,
+        pad_token_id=model.config.pad_token_id, eos_token_id=model.config.eos_token_id,
     )
     _sync(prompt.device.type)
     elapsed = time.perf_counter() - t
@@ -144,7 +152,7 @@ def run_hf(model, prompt: torch.Tensor, rows: int, L: int) -> float:
 def run_ours(engine: TorchRolloutEngine, prompt: list[int], rows: int, L: int) -> float:
     params = SamplingParams(
         max_new_tokens=L, min_new_tokens=L, temperature=1.0, top_p=1.0, top_k=0,
-        eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID,
+        eos_token_ids=(engine.parts.config.eos_token_id,), pad_token_id=engine.parts.config.pad_token_id,
     )
     t = time.perf_counter()
     ro = engine.generate([prompt], rows, params)
@@ -158,7 +166,8 @@ def component_times(engine: TorchRolloutEngine, rows: int, device: str, iters: i
     """Median seconds of the big per-step pieces, each timed alone on the model's real shapes."""
     parts = engine.parts
     hidden = torch.randn(rows, parts.lm_head.in_features, device=device)
-    params = SamplingParams(max_new_tokens=1, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID)
+    params = SamplingParams(max_new_tokens=1, eos_token_ids=(parts.config.eos_token_id,),
+                            pad_token_id=parts.config.pad_token_id)
     workspace = SamplingWorkspace()
 
     def median(fn) -> float:
@@ -205,7 +214,14 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true", help="also time LM head and sampler alone")
     ap.add_argument("--pack", default="auto", choices=["auto", "head", "all", "none"],
                     help="TorchRolloutEngine(pack_weights=...): which weights to pack for oneDNN on CPU")
+    ap.add_argument("--pin-malloc", action="store_true",
+                    help="pin glibc's mmap threshold as `slimgrpo train` does (memory/malloc.py), so that the "
+                         "engine's decode-loop heap setting applies as in training")
     args = ap.parse_args()
+    if args.pin_malloc:
+        from slimgrpo.memory.malloc import pin_mmap_threshold
+
+        print(f"glibc mmap threshold pinned: {pin_mmap_threshold()} bytes")
     if args.threads:
         torch.set_num_threads(args.threads)
     rows, L = args.rows, args.new_tokens
@@ -221,7 +237,7 @@ def main() -> None:
         model = build_model(w, args.device)
         engine = TorchRolloutEngine(model, pack_weights=args.pack)
         g = torch.Generator().manual_seed(1)
-        prompt = torch.randint(1000, 100000, (args.prompt_len,), generator=g).tolist()
+        prompt = torch.randint(1000, min(100000, w.vocab - 2), (args.prompt_len,), generator=g).tolist()
         prompt_t = torch.tensor([prompt], device=args.device)
         with torch.no_grad():  # warm up both paths (allocator, oneDNN primitives)
             run_ours(engine, prompt, rows, 4)
