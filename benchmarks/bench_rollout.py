@@ -69,11 +69,11 @@ WORKLOADS = {
 
 
 def build_model(w: Workload, device: str, seed: int = 0) -> torch.nn.Module:
+    pad, eos = special_ids(w.vocab)
     config = Qwen2Config(
         vocab_size=w.vocab, hidden_size=w.hidden, intermediate_size=w.intermediate,
         num_hidden_layers=w.layers, num_attention_heads=w.heads, num_key_value_heads=w.kv_heads,
-        tie_word_embeddings=w.tie, max_position_embeddings=32768,
-        pad_token_id=special_ids(w.vocab)[0], eos_token_id=special_ids(w.vocab)[1],
+        tie_word_embeddings=w.tie, max_position_embeddings=32768, pad_token_id=pad, eos_token_id=eos,
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).to(device).eval()

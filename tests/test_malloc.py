@@ -20,17 +20,19 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 # The allocation pattern of an update on CPU: one large block freed first (glibc raises its dynamic
 # threshold to that size), then ~1 MiB per-row activations interleaved with small long-lived blocks
 # (gradients, optimizer moments), then the activations die. Prints the RSS growth that stays, MiB.
-SCRIPT = r"""
+RSS_MIB = r"""
+def rss_mib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+"""
+
+SCRIPT = RSS_MIB + r"""
 import sys, torch
 from slimgrpo.memory import malloc
 mode = sys.argv[1]
 if mode != "default":
     assert malloc.pin_mmap_threshold() == malloc.DEFAULT_MMAP_THRESHOLD_BYTES
-
-def rss_mib():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
 
 big = torch.ones(6 * 2**20)  # 24 MiB
 del big
@@ -58,13 +60,19 @@ print(rss_mib() - base)
 """
 
 
-def retained_mib(mode: str) -> float:
+def last_line(script: str, *args: str, timeout: float = 120) -> str:
+    """Run ``script`` in a fresh interpreter with glibc's malloc settings unset; its last line of output."""
     env = {**os.environ, "PYTHONPATH": SRC}
     env.pop(malloc.ENV, None)
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
-    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True,
+                         timeout=timeout)
     assert out.returncode == 0, out.stderr[-2000:]
-    return float(out.stdout.strip().splitlines()[-1])
+    return out.stdout.strip().splitlines()[-1]
+
+
+def retained_mib(mode: str) -> float:
+    return float(last_line(SCRIPT, mode))
 
 
 needs_glibc = pytest.mark.skipif(malloc._glibc() is None, reason="glibc malloc only")
@@ -111,7 +119,7 @@ def test_mapped_blocks_inside_generation_are_not_heap():
 # The rollout engine's generate on a tiny Llama with a 1,500-token prompt (prefill activations of 1-6 MiB),
 # then a prepare-like churn of 1 MiB blocks (above the pinned threshold) with small long-lived blocks between
 # them. Prints the heap's free bytes after generate and the RSS the churn leaves behind, MiB.
-ENGINE_SCRIPT = r"""
+ENGINE_SCRIPT = RSS_MIB + r"""
 import ctypes, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from slimgrpo.memory import malloc
@@ -123,11 +131,6 @@ class MallInfo2(ctypes.Structure):
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
-
-def rss_mib():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
 
 assert malloc.pin_mmap_threshold() == malloc.DEFAULT_MMAP_THRESHOLD_BYTES
 torch.manual_seed(0)
@@ -154,11 +157,6 @@ def test_generate_leaves_no_heap_pool_for_the_update_to_retouch():
     # Issue 29: with the whole generate call on the raised threshold, the prefill left 35-75 MiB of free heap
     # here (more with more threads), and the churn after it (the update's prepare) took those chunks from
     # glibc's bins and kept up to ~72 MiB of them; only the decode loop on the heap: < 1 MiB free, ~2 MiB kept.
-    env = {**os.environ, "PYTHONPATH": SRC}
-    env.pop(malloc.ENV, None)
-    env.pop("MALLOC_MMAP_THRESHOLD_", None)
-    out = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    heap_free, retained = map(float, out.stdout.strip().splitlines()[-1].split())
+    heap_free, retained = map(float, last_line(ENGINE_SCRIPT, timeout=300).split())
     assert heap_free < 16, heap_free
     assert retained < 24, retained

@@ -124,8 +124,7 @@ class Updater:
                 max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
                 grad_norm = launch.clip_grad_norm(params, max_norm)
                 if not math.isfinite(grad_norm) or not math.isfinite(step_stats[-1].loss):
-                    skipped = True
-                    self.optimizer.zero_grad(set_to_none=True)
+                    skipped = True  # its gradients are dropped below, with every step's
                     break
                 self.optimizer.step()
                 opt_step += 1
