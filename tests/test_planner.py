@@ -88,13 +88,19 @@ def _saved_bytes_per_token(dtype, lora: bool, m: int = 2, S: int = 64, padded: b
     if lora:
         from peft import LoraConfig, get_peft_model
 
+        from slimgrpo.modeling import adapters_in_input_dtype
+
         model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.0))
+        adapters_in_input_dtype(model)  # as modeling.apply_lora leaves a run's model
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    cast_shapes = {s for p in model.parameters() if p.dtype != dtype  # fp32 adapters, as saved or transposed
+                   for s in (tuple(p.shape), tuple(p.shape)[::-1])}
     seen: dict[int, int] = {}
 
     def pack(t):
         storage = t.untyped_storage()
-        if storage.data_ptr() not in params and t.shape[0] != 1:  # cos/sin are [1, S, d], shared
+        # cos/sin are [1, S, d], shared; an adapter weight cast to bf16 per call is not per token
+        if storage.data_ptr() not in params and t.shape[0] != 1 and tuple(t.shape) not in cast_shapes:
             seen[storage.data_ptr()] = storage.nbytes()
         return t
 

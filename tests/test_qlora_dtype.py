@@ -52,6 +52,28 @@ def _dtypes_through_a_step(model, device):
     return seen
 
 
+def _fp32_mlp_inputs_kept(model, device) -> int:
+    """fp32 tensors of the MLP's width that autograd keeps in a forward without checkpointing: peft's input
+    cast makes one per layer for down_proj's adapter; adapters computing in the input's dtype make none."""
+    from slimgrpo.modeling import base_causal_lm
+
+    kept = []
+
+    def pack(t):
+        if t.dtype == torch.float32 and t.shape[-1] == SHAPE.intermediate and t.numel() >= 2 * 17 * SHAPE.intermediate:
+            kept.append(t.shape)
+        return t
+
+    base_causal_lm(model).gradient_checkpointing_disable()
+    ids = torch.randint(2, SHAPE.vocab, (2, 17), generator=torch.Generator().manual_seed(0)).to(device)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids)
+    finally:
+        base_causal_lm(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return len(kept)
+
+
 def _check(model, device):
     from slimgrpo.modeling import base_causal_lm
 
@@ -65,6 +87,7 @@ def _check(model, device):
     seen = _dtypes_through_a_step(model, device)
     assert seen == {k: {torch.bfloat16} for k in seen}, seen
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in trainable.values())
+    assert _fp32_mlp_inputs_kept(model, device) == 0  # the adapters compute in bf16 (modeling.InputDtypeLinear)
 
 
 def test_nf4_standin_base_keeps_the_compute_dtype():
@@ -105,3 +128,14 @@ def test_the_old_cast_would_be_caught():
     with pytest.raises(AssertionError):
         _check(model, "cpu")
     assert torch.float32 in _dtypes_through_a_step(model, "cpu")["layer inputs"]  # fp32 checkpoints
+
+
+def test_peft_input_cast_would_be_caught():
+    """The adapters' check fails on peft's own forward, which casts each adapter's input to fp32."""
+    from slimgrpo.memory.standins import quantize_standin
+
+    model = _prepared(quantize_standin(random_causal_lm(SHAPE, torch.bfloat16, "cpu")))
+    for m in model.modules():
+        if hasattr(m, "cast_input_dtype_enabled"):
+            m.cast_input_dtype_enabled = True
+    assert _fp32_mlp_inputs_kept(model, "cpu") == SHAPE.layers

@@ -188,8 +188,9 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype):
 
 
 def apply_lora(model, cfg: LoraConfig, quantized: bool = False):
-    """peft LoRA adapters on ``model`` (fp32 adapters: peft's default). A 4-bit base (``quantized``) is
-    frozen first and otherwise left as loaded: see :func:`prepare_quantized_base`."""
+    """peft LoRA adapters on ``model`` (fp32 adapters: peft's default), computed in the activations' dtype
+    (:func:`adapters_in_input_dtype`). A 4-bit base (``quantized``) is frozen first and otherwise left as
+    loaded: see :func:`prepare_quantized_base`."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
@@ -199,7 +200,46 @@ def apply_lora(model, cfg: LoraConfig, quantized: bool = False):
         r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
         target_modules=cfg.target_modules, task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, peft_cfg)
+    model = get_peft_model(model, peft_cfg)
+    adapters_in_input_dtype(model)
+    return model
+
+
+class InputDtypeLinear(torch.nn.Linear):
+    """A LoRA factor (``lora_A`` / ``lora_B``) that keeps its fp32 weight and multiplies in its input's dtype.
+
+    peft casts a layer's input to the adapter's dtype before ``lora_A``: with a bf16 model and fp32 adapters
+    that is a new fp32 copy of the input per adapted projection (q, k and v each make one of the same
+    hidden states), and autograd keeps every copy for ``lora_A``'s weight gradient, 2x the bytes of the
+    bf16 tensor the layer already holds. Here the input is left alone and the (small) weight is cast per call
+    instead, as autocast would: the product runs in the compute dtype, the gradient reaches the fp32 weight
+    through the cast, and q / k / v's adapters keep one shared input. With an fp32 input nothing changes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.weight, self.bias
+        if weight.dtype != x.dtype:
+            weight = weight.to(x.dtype)
+            bias = None if bias is None else bias.to(x.dtype)
+        return torch.nn.functional.linear(x, weight, bias)
+
+
+def adapters_in_input_dtype(model) -> int:
+    """Every plain LoRA factor of ``model`` becomes an :class:`InputDtypeLinear` (the same parameters, so
+    state dicts, saving and merging are unchanged) and peft's input cast is turned off on its layer. Call it
+    again after ``add_adapter``. Returns how many factors were switched."""
+    from peft.tuners.lora import LoraLayer
+
+    switched = 0
+    for module in model.modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        module.cast_input_dtype_enabled = False
+        for factors in (module.lora_A, module.lora_B):
+            for factor in factors.values():
+                if type(factor) is torch.nn.Linear:
+                    factor.__class__ = InputDtypeLinear
+                    switched += 1
+    return switched
 
 
 def prepare_quantized_base(model):

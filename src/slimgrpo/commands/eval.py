@@ -13,7 +13,8 @@ from slimgrpo.config import Config, ConfigError, from_dict, load_config, merge_o
 from slimgrpo.config.paths import RULE, check_inputs_exist, describe, shown
 from slimgrpo.data import load_prompt_dataset
 from slimgrpo.evaluate import EvalResult, EvalSettings, evaluate
-from slimgrpo.modeling import ModelLoadError, load_model, load_tokenizer, resolve_device, resolve_dtype
+from slimgrpo.modeling import (ModelLoadError, adapters_in_input_dtype, load_model, load_tokenizer, resolve_device,
+                               resolve_dtype)
 from slimgrpo.rewards.loading import load_reward_functions
 from slimgrpo.rewards.runner import RewardRunner
 from slimgrpo.rollout.sampling import SamplingParams
@@ -50,6 +51,7 @@ def load_for_eval(path: str, cfg: Config, origin: str | None = None):
         tok_dir = p if (p / "tokenizer.json").is_file() else Path(base_path)
         base = load_model(cfg.model.__class__(**{**cfg.model.__dict__, "path": base_path}), device, dtype)
         model = PeftModel.from_pretrained(base, str(p)).to(device)
+        adapters_in_input_dtype(model)  # the adapters compute as they did in training
         return model.eval(), load_tokenizer(str(tok_dir))
     model = load_model(cfg.model.__class__(**{**cfg.model.__dict__, "path": str(p)}), device, dtype)
     return model.eval(), load_tokenizer(str(find_tokenizer(p, given, cfg)))

@@ -502,7 +502,8 @@ TRL_KEY_HINTS: dict[str, str] = {
         "'use_liger_kernel' is TRL's and has no slimgrpo key: always on in effect: log-probs go through the chunked "
         'LM head, full logits never exist (loss.token_chunk, loss.vocab_chunk).',
     'use_peft':
-        "'use_peft' is TRL's name: in slimgrpo use lora.enabled.",
+        "'use_peft' is TRL's name: in slimgrpo use lora.enabled (fp32 adapters that multiply in the model's dtype, as"
+        " under TRL's bf16 autocast (peft alone casts each adapter's input to fp32: docs/memory.md)).",
     'use_rslora':
         "'use_rslora' is TRL's and has no slimgrpo key: rank-stabilised LoRA is not supported.",
     'use_transformers_continuous_batching':

@@ -128,21 +128,25 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padd
     """Bytes autograd keeps per token and per decoder layer without checkpointing (mask excluded).
 
     A tensor is kept only if a backward formula needs it, and a matmul with a frozen weight does
-    not keep its input. With B the compute bytes, A = LORA_ADAPTER_BYTES, kv' = q when the kernel
+    not keep its input. With B the compute bytes, kv' = q when the kernel
     repeats keys/values to query width (eager; sdpa with a mask, ``padded``, except on CPU), else kv
     (the update's unpadded rows under sdpa / flash_attention_2; sdpa on CPU: ``attention.native_gqa``):
 
         RMSNorm ×2      4·H + 4        fp32 upcast and rsqrt, kept for the variance backward
         normed input    2·B·H          full fine-tuning: normalised x (norm-weight grad) and the
                                        weighted output (projection-weight grads)
-                        A·H per adapter  LoRA: peft casts the input to the adapter dtype, one copy
-                                       per adapted projection (one shared B·H tensor when A == B)
+                        B·H             LoRA: the adapters' input, one tensor shared by the projections
+                                       that read it (adapters compute in the input's dtype:
+                                       modeling.InputDtypeLinear; none of peft's fp32 input copies)
         attention       B·(2·q + 2·kv') + 4·heads    SDPA keeps q, k, v, output and fp32 logsumexp;
-                                       o_proj's input is SDPA's output (same storage) unless a
-                                       LoRA adapter on o_proj casts it (A·q)
+                                       o_proj's input (and its adapter's) is SDPA's output (same
+                                       storage)
         MLP             3·B·I          SiLU input, SiLU output, up output
-        down_proj input B·I            full fine-tuning; A·I for a LoRA adapter on down_proj
-        LoRA            A·r per adapted projection (lora_A output, kept by lora_B)
+        down_proj input B·I            full fine-tuning, or a LoRA adapter on down_proj
+        LoRA            B·r per adapted projection (lora_A output, kept by lora_B)
+
+    Not counted: each adapter's weight cast to the compute dtype (r·(in + out)·B per projection and call,
+    not per token; 0.08 GiB for all of Qwen3-8B's rank-16 adapters when nothing is checkpointed).
 
     Tiled MLP (``inputs.tiled_mlp == "on"`` and a call of ``tokens`` > H tokens): the MLP's part
     (:func:`mlp_bytes_per_token`) is not kept; the tiler keeps the MLP's input instead, which full
@@ -152,12 +156,10 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padd
     """
     H, I, q = shape.hidden, shape.intermediate, shape.q_dim
     B = _compute_bytes(inputs)
-    A = LORA_ADAPTER_BYTES
     adapted = set(lora_targets(inputs.lora_target_modules)) if inputs.lora else set()
 
-    def lora_copies(width: int, consumers: tuple[str, ...]) -> int:
-        n = sum(1 for m in consumers if m in adapted)
-        return 0 if n == 0 else width * (B if A == B else n * A)
+    def lora_input(width: int, consumers: tuple[str, ...]) -> int:
+        return width * B if any(m in adapted for m in consumers) else 0
 
     kv_saved = attn_kernels.kv_width(shape, attn_kernels.kernel(inputs.attn_implementation)[0], padded,
                                      inputs.device)
@@ -167,13 +169,9 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padd
     if not inputs.lora:
         kept = 2 * (2 * B * H) + B * I
     else:
-        kept = (
-            lora_copies(H, ("q_proj", "k_proj", "v_proj"))
-            + (lora_copies(q, ("o_proj",)) if A != B else 0)
-            + lora_copies(H, ("gate_proj", "up_proj"))
-            + lora_copies(I, ("down_proj",))
-        )
-    lora_mid = A * inputs.lora_rank * len(adapted)
+        kept = (lora_input(H, ("q_proj", "k_proj", "v_proj")) + lora_input(H, ("gate_proj", "up_proj"))
+                + lora_input(I, ("down_proj",)))
+    lora_mid = B * inputs.lora_rank * len(adapted)
     total = norms + attention + mlp + kept + lora_mid
     if _tiles(shape, inputs, tokens):
         total += -mlp_bytes_per_token(shape, inputs) + (B * H if inputs.lora else 0)
@@ -182,18 +180,17 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padd
 
 def mlp_bytes_per_token(shape: ModelShape, inputs: PlanInputs) -> int:
     """The MLP's share of :func:`activation_bytes_per_token_layer`, per token: SiLU input and output and up
-    output 3·B·I, down_proj's input (B·I full; A·I for a LoRA adapter on it), the adapters' input copies on
-    gate / up and their lora_A outputs. What a tiled MLP keeps for one shard instead of the whole call."""
+    output 3·B·I, down_proj's input (B·I, full fine-tuning or a LoRA adapter on it), the adapters' shared
+    input on gate / up and their lora_A outputs. What a tiled MLP keeps for one shard instead of the whole call."""
     H, I = shape.hidden, shape.intermediate
-    B, A = _compute_bytes(inputs), LORA_ADAPTER_BYTES
+    B = _compute_bytes(inputs)
     if not inputs.lora:
         return 4 * B * I
     adapted = set(lora_targets(inputs.lora_target_modules))
-    up = sum(1 for m in ("gate_proj", "up_proj") if m in adapted)
-    copies = 0 if up == 0 else H * (B if A == B else up * A)
-    down = 0 if "down_proj" not in adapted else I * (B if A == B else A)
-    mids = A * inputs.lora_rank * sum(1 for m in ("gate_proj", "up_proj", "down_proj") if m in adapted)
-    return 3 * B * I + down + copies + mids
+    shared = H * B if any(m in adapted for m in ("gate_proj", "up_proj")) else 0
+    down = I * B if "down_proj" in adapted else 0
+    mids = B * inputs.lora_rank * sum(1 for m in ("gate_proj", "up_proj", "down_proj") if m in adapted)
+    return 3 * B * I + down + shared + mids
 
 
 def tiled_shard_tokens(tokens: int, hidden: int) -> int:

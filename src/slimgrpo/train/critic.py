@@ -38,7 +38,7 @@ from torch import nn
 from slimgrpo import advantages as adv
 from slimgrpo.loss.objectives import Normaliser, value_loss
 from slimgrpo.loss.unpadded import unpadded_hidden
-from slimgrpo.modeling import CRITIC_ADAPTER, base_causal_lm, is_peft
+from slimgrpo.modeling import CRITIC_ADAPTER, adapters_in_input_dtype, base_causal_lm, is_peft
 from slimgrpo.train.distributed import DistContext
 
 
@@ -238,6 +238,7 @@ def build_critic(cfg, policy, dist: DistContext | None = None) -> Critic:
         policy.model.add_adapter(CRITIC_ADAPTER, PeftLoraConfig(
             r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=lc.target_modules,
             task_type="CAUSAL_LM"))
+        adapters_in_input_dtype(policy.model)
         policy.model.set_adapter("default")  # the policy's adapter is the active one outside critic passes
         critic = Critic(policy.model, hidden, policy.device, adapter=CRITIC_ADAPTER, dist=dist)
         for p in critic.parameters():

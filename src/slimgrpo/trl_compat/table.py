@@ -30,7 +30,8 @@ RULES: list[r.Rule] = [
     M("torch_dtype", "model.dtype", "older name of dtype", r._dtype, source="legacy"),
     M("attn_implementation", "model.attn_implementation", "TRL default None (transformers picks); slimgrpo "
       "sdpa. flash_attention_2 needs the flash-attn package (checked before loading)", source="ModelConfig"),
-    M("use_peft", "lora.enabled", source="ModelConfig"),
+    M("use_peft", "lora.enabled", "fp32 adapters that multiply in the model's dtype, as under TRL's bf16 "
+      "autocast (peft alone casts each adapter's input to fp32: docs/memory.md)", source="ModelConfig"),
     M("lora_r", "lora.r", source="ModelConfig"),
     M("lora_alpha", "lora.alpha", source="ModelConfig"),
     M("lora_dropout", "lora.dropout", "TRL default 0.05, slimgrpo 0.0", source="ModelConfig"),
