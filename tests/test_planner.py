@@ -77,14 +77,16 @@ def test_lora_num_params_equals_peft():
         assert lora_num_params(shape, 4, targets) == trainable
 
 
-def _saved_bytes_per_token(dtype, lora: bool, m: int = 2, S: int = 64, padded: bool = True) -> float:
+def _saved_bytes_per_token(dtype, lora: bool, m: int = 2, S: int = 64, padded: bool = True,
+                           family: str = "qwen2") -> float:
     """Bytes autograd keeps for the second decoder layer (parameters and shared cos/sin excluded)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=8,
-                         num_key_value_heads=2, vocab_size=128, attn_implementation="sdpa")
-    model = Qwen2ForCausalLM(config).to(dtype).train()
+    config_cls, model_cls = (Qwen3Config, Qwen3ForCausalLM) if family == "qwen3" else (Qwen2Config, Qwen2ForCausalLM)
+    config = config_cls(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=8,
+                        num_key_value_heads=2, vocab_size=128, attn_implementation="sdpa", head_dim=8)
+    model = model_cls(config).to(dtype).train()
     if lora:
         from peft import LoraConfig, get_peft_model
 
@@ -132,6 +134,24 @@ def test_activation_formula_matches_autograd(dtype, lora, padded, device):
         assert _saved_bytes_per_token(dtype, lora, S=S, padded=padded) == predicted
     if not padded:
         assert mask_per_layer == 0
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("lora", [False, True])
+def test_activation_formula_matches_autograd_with_qk_norm(lora):
+    """Qwen3's RMSNorm on every head of q and k keeps its fp32 upcast and rsqrt (and, full fine-tuning, the
+    normalised q / k for the norm weights' gradient): the formula's qk_norm term, byte for byte."""
+    from slimgrpo.memory.attention import cpu_gqa
+
+    config = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 128, "head_dim": 8}
+    shape = ModelShape.from_hf_config(config)
+    inputs = PlanInputs(device="cuda", param_dtype_bytes=2, lora=lora, lora_rank=4)
+    predicted = activation_bytes_per_token_layer(shape, inputs, padded=False)
+    plain = activation_bytes_per_token_layer(dataclasses.replace(shape, family="llama"), inputs, padded=False)
+    assert predicted - plain == 4 * (64 + 16) + 4 * (8 + 2) + (0 if lora else 2 * (64 + 16))
+    with cpu_gqa("cuda"):
+        assert _saved_bytes_per_token(torch.bfloat16, lora, padded=False, family="qwen3") == predicted
 
 
 def test_load_shape_presets_ids_and_typos():
@@ -222,7 +242,9 @@ def test_checkpointing_and_offload_reduce_device_activations():
     offload = plan_memory(LLAMA_8B, dataclasses.replace(ckpt_inputs, offload_activations=True))
     assert ckpt < plain / 5
     assert offload.bytes_of("activations") < ckpt
-    assert offload.host_bytes == 32 * 4 * (512 + 4096) * 4096 * 2  # L·m·S·H·B
+    tokens = 4 * (512 + 4096)
+    # L·m·S·H·B checkpoints and the final norm's saved tensors, m·S·((4 + 2B)·H + 4), offloaded with them
+    assert offload.host_bytes == 32 * tokens * 4096 * 2 + tokens * ((4 + 2 * 2) * 4096 + 4)
     with pytest.raises(ValueError, match="gradient_checkpointing"):
         dataclasses.replace(base, offload_activations=True)
 
@@ -300,8 +322,9 @@ def test_explains_unsloth_and_trl_rows():
     # "Training 42 GB": the checkpointed layer inputs of 8 rows × 20K in bf16 (which Unsloth
     # offloads), L·m·S·H·B = 42.9e9 B.
     offloaded = plan_memory(LLAMA_8B, dataclasses.replace(trl_like, offload_activations=True))
-    assert offloaded.bytes_of("offloaded checkpoints") == 32 * 8 * (UNSLOTH_TOKENS + 1) * 4096 * 2
-    assert round(offloaded.host_bytes / 1e9) == 43
+    tokens = 8 * (UNSLOTH_TOKENS + 1)
+    assert offloaded.bytes_of("offloaded checkpoints") == 32 * tokens * 4096 * 2 + tokens * (8 * 4096 + 4)
+    assert round(offloaded.host_bytes / 1e9) == 48
 
 
 # ---------------------------------------------------------------------------------------------

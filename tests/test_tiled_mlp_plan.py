@@ -13,8 +13,9 @@ from test_trace_device import BASE, SHAPE  # its scaled-down Llama (hidden 256, 
 from slimgrpo.config import from_dict, merge_overrides
 from slimgrpo.memory.advice import fit_to_budget
 from slimgrpo.memory.check import MemoryBudgetError, apply_tiled_mlp, overrides_for, plan_inputs
-from slimgrpo.memory.planner import (TILED_MLP_AUTO_TOKENS, PlanInputs, mlp_bytes_per_token, plan_memory,
-                                     tiled_mlp_on, tiled_shard_tokens)
+from slimgrpo.memory.planner import (TILED_MLP_AUTO_TOKENS, PlanInputs, mlp_bytes_per_token,
+                                     norm_backward_bytes_per_token, plan_memory, tiled_mlp_on, tiled_shard_tokens,
+                                     update_layer_bytes)
 from slimgrpo.memory.shapes import ModelShape
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,7 +45,7 @@ def test_trace_of_the_tiled_update_agrees_with_the_plan(setting):
         assert any("tiled MLP" in n for n in trace.notes) == (tiled == "on")
     (plan_off, trace_off), (plan_on, trace_on) = peaks["off"], peaks["on"]
     assert 0.9 <= trace_on / plan_on <= 1.1, (trace_on, plan_on)
-    assert trace_on < 0.85 * trace_off and plan_on < 0.8 * plan_off, peaks
+    assert trace_on < 0.85 * trace_off and plan_on < 0.85 * plan_off, peaks
 
 
 def test_plan_counts_one_shard():
@@ -53,13 +54,22 @@ def test_plan_counts_one_shard():
                    max_completion_length=100_000)
     off = plan_memory(QWEN3_8B, dataclasses.replace(x, tiled_mlp="off"))
     on = plan_memory(QWEN3_8B, dataclasses.replace(x, tiled_mlp="on"))
-    shard = on.bytes_of("tiled MLP shard")
     k = tiled_shard_tokens(100_256, 4096)
     buffers = 3 * 100_256 * 4096 * 2  # the whole call's H-wide gradient buffers (TILED_MLP_BACKWARD_BUFFERS)
-    assert k == 4011 and shard == math.ceil(1.5 * k * mlp_bytes_per_token(QWEN3_8B, x)) + buffers  # 25 shards
+    shard = math.ceil(1.5 * k * mlp_bytes_per_token(QWEN3_8B, x)) + buffers
+    # The shard runs at another moment of the layer's backward than the RMSNorm's fp32 workspace; the plan
+    # adds only what exceeds that workspace, and for QLoRA (a small layer) the norm's is the larger.
+    x_on, x_off = dataclasses.replace(x, tiled_mlp="on"), dataclasses.replace(x, tiled_mlp="off")
+    layer_on = update_layer_bytes(QWEN3_8B, x_on)[0]
+    workspace = max(math.ceil(0.5 * layer_on), 100_256 * norm_backward_bytes_per_token(QWEN3_8B, x_on, 100_256))
+    assert k == 4011 and on.bytes_of("tiled MLP shard") == max(0, shard - workspace) == 0  # 25 shards
+    assert workspace > shard
     saved = off.bytes_of("recompute working set") - on.bytes_of("recompute working set")
-    assert saved >= 1.5 * 100_256 * (mlp_bytes_per_token(QWEN3_8B, x) - 2 * 4096) * 0.99
-    assert on.peak_bytes < 0.85 * off.peak_bytes  # 0.81: the MLP is most of the recompute's working set
+    layer_off = update_layer_bytes(QWEN3_8B, x_off)[0]
+    workspace_off = max(math.ceil(0.5 * layer_off), 100_256 * norm_backward_bytes_per_token(QWEN3_8B, x_off, 100_256))
+    assert layer_off - layer_on == 100_256 * (mlp_bytes_per_token(QWEN3_8B, x) - 2 * 4096)  # the MLP's, less its input
+    assert saved == (layer_off + workspace_off) - (layer_on + workspace) > 8 * 2**30
+    assert on.peak_bytes < 0.9 * off.peak_bytes  # 0.85: the MLP is most of the untiled recompute working set
     assert "tiled MLP shard" not in [c.name for c in off.components]
 
 

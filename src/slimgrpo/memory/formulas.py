@@ -12,7 +12,7 @@ import math
 
 from . import attention as attn_kernels
 from .plan_types import LORA_MODULES, PlanInputs
-from .shapes import ModelShape
+from .shapes import FAMILIES, ModelShape
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
@@ -54,6 +54,13 @@ GRAD_ACCUMULATION_TEMPORARIES = 1
 # Backward holds gradient tensors of the layer it is in next to the saved activations: measured
 # 0.21-0.41 of one layer's saved activations (ru_maxrss, tiny Qwen2 on CPU, bf16/fp32, full/LoRA).
 BACKWARD_WORKSPACE_LAYERS = 0.5
+# A decoder layer's RMSNorm runs backward through its decomposed fp32 ops (upcast, square, mean, rsqrt, scale):
+# up to this many fp32 H-wide gradient temporaries are alive at once, beside this many compute-dtype H-wide
+# gradients of the residual stream (traced on Qwen3-8B / Llama-3.1-8B widths, LoRA, bf16). Where a layer's
+# activations are small (LoRA with the MLP tiled) this, not BACKWARD_WORKSPACE_LAYERS of a layer, is the
+# workspace beside the recomputed layer.
+NORM_BACKWARD_FP32_TENSORS = 5
+NORM_BACKWARD_RESIDUAL_GRADS = 3
 # With checkpointing, backward re-runs one layer's forward and holds its activations (recompute
 # plus workspace measured at 1.19 layers for a tiny fp32 Qwen2 on CPU; we model 1 + 0.5). This working
 # set comes after the LM head and loss have freed theirs (plan_memory overlaps the two).
@@ -133,6 +140,8 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padd
     (the update's unpadded rows under sdpa / flash_attention_2; sdpa on CPU: ``attention.native_gqa``):
 
         RMSNorm ×2      4·H + 4        fp32 upcast and rsqrt, kept for the variance backward
+        q/k RMSNorm     4·(q + kv) + 4·(heads + kv_heads)   Qwen3 (``qk_norm``): the same per head of q and k;
+                        + B·(q + kv)   full fine-tuning: the normalised q / k for the norm weights' gradient
         normed input    2·B·H          full fine-tuning: normalised x (norm-weight grad) and the
                                        weighted output (projection-weight grads)
                         B·H             LoRA: the adapters' input, one tensor shared by the projections
@@ -164,6 +173,9 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padd
     kv_saved = attn_kernels.kv_width(shape, attn_kernels.kernel(inputs.attn_implementation)[0], padded,
                                      inputs.device)
     norms = 2 * (4 * H + 4)
+    if FAMILIES[shape.family]["qk_norm"]:
+        kv = shape.kv_dim
+        norms += 4 * (q + kv) + 4 * (shape.heads + shape.kv_heads) + (0 if inputs.lora else B * (q + kv))
     attention = B * (2 * q + 2 * kv_saved) + 4 * shape.heads
     mlp = 3 * B * I
     if not inputs.lora:
@@ -176,6 +188,19 @@ def activation_bytes_per_token_layer(shape: ModelShape, inputs: PlanInputs, padd
     if _tiles(shape, inputs, tokens):
         total += -mlp_bytes_per_token(shape, inputs) + (B * H if inputs.lora else 0)
     return total
+
+
+def norm_backward_bytes_per_token(shape: ModelShape, inputs: PlanInputs, tokens: int | None = None) -> int:
+    """Per token, what the post-attention RMSNorm's backward adds to the layer's recomputed activations:
+    NORM_BACKWARD_FP32_TENSORS fp32 H-wide temporaries and NORM_BACKWARD_RESIDUAL_GRADS H-wide gradients of the
+    residual stream in the compute dtype, less the MLP's saved tensors, which its backward has freed by then
+    (the MLP's share of :func:`activation_bytes_per_token_layer`; a tiled MLP's is its kept input). Can be < 0."""
+    B = _compute_bytes(inputs)
+    if _tiles(shape, inputs, tokens):
+        mlp = B * shape.hidden if inputs.lora else 0
+    else:
+        mlp = mlp_bytes_per_token(shape, inputs)
+    return (4 * NORM_BACKWARD_FP32_TENSORS + B * NORM_BACKWARD_RESIDUAL_GRADS) * shape.hidden - mlp
 
 
 def mlp_bytes_per_token(shape: ModelShape, inputs: PlanInputs) -> int:

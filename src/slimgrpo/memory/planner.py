@@ -33,11 +33,13 @@ from .formulas import (ADAMW_8BIT_BYTES_PER_PARAM, ADAMW_STATES, BACKWARD_WORKSP
                        CHECKPOINT_RECOMPUTE_LAYERS, CPU_ADAMW_STEP_TEMPORARIES, CPU_FRAMEWORK_OVERHEAD_BYTES,
                        CUDA_FRAMEWORK_OVERHEAD_BYTES, CUDA_TRACE_MARGIN, FULL_LOGITS_COPIES, GEN_LOGITS_COPIES,
                        GRAD_ACCUMULATION_TEMPORARIES, GiB, KiB, LORA_ADAPTER_BYTES, LOSS_CHUNK_COPIES,
-                       LOSS_PER_TOKEN_TENSORS, MiB, NF4_BYTES_PER_PARAM, OFFLOAD_RESIDENT_LAYERS,
+                       LOSS_PER_TOKEN_TENSORS, NORM_BACKWARD_FP32_TENSORS, NORM_BACKWARD_RESIDUAL_GRADS, MiB,
+                       NF4_BYTES_PER_PARAM, OFFLOAD_RESIDENT_LAYERS,
                        PREFILL_CHUNK_TOKENS, QLORA_COMPUTE_BYTES, TILED_MLP_AUTO_TOKENS, TILED_MLP_BACKWARD_BUFFERS,
                        TILED_MLP_MIN_GAIN, _compute_bytes, _n, _tiles, activation_bytes_per_token_layer,
                        attention_mask_bytes, inference_bytes_per_token_layer, kv_cache_bytes, logits_bytes,
-                       lora_num_params, lora_targets, mlp_bytes_per_token, tiled_shard_tokens)
+                       lora_num_params, lora_targets, mlp_bytes_per_token, norm_backward_bytes_per_token,
+                       tiled_shard_tokens)
 from .plan_types import PHASES, Component, MemoryPlan, PlanInputs
 from .shapes import ModelShape
 from .sharding import shard_components
@@ -188,29 +190,42 @@ def _activation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     on_host = x.offload_activations and x.device == "cuda"
     kname = attn_kernels.kernel(x.attn_implementation)[0]
     what = f"{what}, {kname}"
+    # Backward's workspace beside the layer it is in: a share of that layer's activations, or an RMSNorm's
+    # fp32 backward where the layer keeps little (formulas.norm_backward_bytes_per_token)
+    norm_ws = norm_backward_bytes_per_token(shape, x, tokens) * tokens
+    workspace = max(math.ceil(BACKWARD_WORKSPACE_LAYERS * layer_bytes), norm_ws)
+    ws_what = (f"max({BACKWARD_WORKSPACE_LAYERS:g}·(one layer), tokens·((4·{NORM_BACKWARD_FP32_TENSORS} + "
+               f"B·{NORM_BACKWARD_RESIDUAL_GRADS})·H - MLP's saved bytes) at the norm's backward)")
     out: list[Component] = []
     if not x.gradient_checkpointing:
-        layers = L + BACKWARD_WORKSPACE_LAYERS
-        b = math.ceil(layers * layer_bytes) + final_norm
+        b = L * layer_bytes + workspace + final_norm
         out.append(Component("activations", b, "update",
-                             f"(L + {BACKWARD_WORKSPACE_LAYERS:g})·(one layer) + tokens·(4+2B)·H; {what}"))
+                             f"L·(one layer) + {ws_what} + tokens·(4+2B)·H; {what}"))
     else:
         inputs_per_layer = tokens * H * B
-        work = CHECKPOINT_RECOMPUTE_LAYERS + BACKWARD_WORKSPACE_LAYERS
         resident = min(OFFLOAD_RESIDENT_LAYERS, L) if on_host else L
-        b = resident * inputs_per_layer + final_norm
         kind = "offloaded" if on_host else "checkpointed"
-        out.append(Component("activations", b, "update",
-                             f"{kind} layer inputs {resident}·m·S·H·B + final norm m·S·(4+2B)·H; {what}"))
-        out.append(Component("recompute working set", math.ceil(work * layer_bytes), "update",
-                             f"backward re-runs one layer: {work:g}·(one layer); {what}"))
+        if on_host:  # the final norm's saved tensors are offloaded with the checkpoints (train/update/offload.py)
+            out.append(Component("activations", resident * inputs_per_layer, "update",
+                                 f"{kind} layer inputs {resident}·m·S·H·B on the device; {what}"))
+        else:
+            out.append(Component("activations", resident * inputs_per_layer + final_norm, "update",
+                                 f"{kind} layer inputs {resident}·m·S·H·B + final norm m·S·(4+2B)·H; {what}"))
+        out.append(Component("recompute working set",
+                             math.ceil(CHECKPOINT_RECOMPUTE_LAYERS * layer_bytes) + workspace, "update",
+                             f"backward re-runs one layer: {CHECKPOINT_RECOMPUTE_LAYERS:g}·(one layer) + "
+                             f"{ws_what}; {what}"))
         if on_host:
-            out.append(Component("offloaded checkpoints", L * inputs_per_layer, "update",
-                                 f"L·m·S·H·B = {L}·{m}·{_n(S)}·{H}·{B} in host RAM", location="host"))
+            out.append(Component("offloaded checkpoints", L * inputs_per_layer + final_norm, "update",
+                                 f"L·m·S·H·B + final norm m·S·(4+2B)·H = {L}·{m}·{_n(S)}·{H}·{B} + "
+                                 f"{_n(final_norm)} in host RAM", location="host"))
     out.append(Component("attention mask", mask_shared, "update",
                          f"S² mask shared by the layers: {_n(mask_shared)} B" if mask_shared else
                          f"unpadded rows, {kname} causal kernel: no mask"))
-    out.extend(_tiled_mlp_components(shape, x))
+    # A tiled MLP's shard runs backward at another moment of the layer's backward than the norm's workspace:
+    # only what exceeds that workspace adds to the peak.
+    out.extend(_after_freed(_tiled_mlp_components(shape, x), "tiled MLP shard", workspace,
+                            "the layer's backward workspace (alive at another moment)"))
     return out
 
 
@@ -415,12 +430,16 @@ def _after_freed(components: list[Component], name: str, freed: int, what: str) 
     return out
 
 
-def _overlap_recompute(activations: list[Component], loss: Component, final_norm: int) -> list[Component]:
+def _overlap_recompute(activations: list[Component], loss: Component, final_norm: int,
+                       offloaded: bool = False) -> list[Component]:
     """With checkpointing the LM head and loss run (and free their chunks), and the final norm runs
     backward (freeing what it saved), before backward reaches the decoder, where each layer is
     recomputed: these working sets are alive one after the other, so the recompute line only holds
     what exceeds the loss working set plus the final norm's saved tensors (the trace showed the
-    final-norm part: docs/benchmarks.md#trace-check)."""
+    final-norm part: docs/benchmarks.md#trace-check). ``offloaded``: those saved tensors wait in host memory,
+    so freeing them frees nothing on the device."""
+    if offloaded:
+        return _after_freed(activations, "recompute working set", loss.bytes, "the loss working set")
     return _after_freed(activations, "recompute working set", loss.bytes + final_norm,
                         "the loss working set and the final norm's saved tensors")
 
@@ -470,7 +489,8 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     loss = _loss_component(shape, x)
     tokens = update_layer_bytes(shape, x)[1]
     final_norm = tokens * ((4 + 2 * _compute_bytes(x)) * shape.hidden + 4)
-    activations = _overlap_recompute(_activation_components(shape, x), loss, final_norm)
+    offloaded = x.offload_activations and x.device == "cuda" and x.gradient_checkpointing
+    activations = _overlap_recompute(_activation_components(shape, x), loss, final_norm, offloaded)
     optimizer = _overlap_step_workspace(_optimizer_components(shape, x), activations + [loss])
     components = shard_components(shape, x, [
         *_weight_components(shape, x),
