@@ -301,11 +301,12 @@ def quantized_step(shape: ModelShape, device: torch.device, which: str, rows: in
 
 
 def long_context_step(shape: ModelShape, device: torch.device, P: int, L: int, folder, quantized: bool,
-                      offload: bool = False) -> dict[str, Any]:
+                      offload: bool = False, optimizer: str = "adamw") -> dict[str, Any]:
     """One update-only step of 2 rows x (P + L) tokens on Qwen3-8B-style QLoRA (4-bit NF4 base loaded from
     ``folder`` when ``quantized``, else a LoRA on a random base), gradient checkpointing, one row per
-    micro-batch, the MLP tiled (``memory.tiled_mlp=on``), checkpoints offloaded when ``offload``: the
-    settings of docs/benchmarks.md#anchors-simulated, measured. Peak CUDA memory against the plan."""
+    micro-batch, the MLP tiled (``memory.tiled_mlp=on``), checkpoints offloaded when ``offload``, the given
+    ``memory.optimizer``: the settings of docs/benchmarks.md#anchors-simulated, measured. Peak CUDA memory
+    against the plan."""
     from slimgrpo.config import ModelConfig
     from slimgrpo.memory.tiled_mlp import tile_mlps
     from slimgrpo.modeling import load_model
@@ -313,7 +314,8 @@ def long_context_step(shape: ModelShape, device: torch.device, P: int, L: int, f
 
     G = 2
     dtype = "bfloat16" if device.type == "cuda" else "float32"
-    overrides = step_config(True, True, G, P, L, dtype, micro=1, offload=offload, load_in_4bit=quantized)
+    overrides = step_config(True, True, G, P, L, dtype, optimizer=optimizer, micro=1, offload=offload,
+                            load_in_4bit=quantized)
     overrides["memory"]["tiled_mlp"] = "on"
     cfg = run_config(overrides)
     plan = plan_for(shape, overrides, device.type)
@@ -331,7 +333,8 @@ def long_context_step(shape: ModelShape, device: torch.device, P: int, L: int, f
     fresh_memory(device)
     planned = update_plan_mib(plan)
     finite = res.loss == res.loss and abs(res.loss) != float("inf")
-    return {"tokens": G * (P + L), "quantized": quantized, "offload": offload, "tiled_mlps": tiled.tiled,
+    return {"tokens": G * (P + L), "quantized": quantized, "offload": offload, "optimizer": optimizer,
+            "tiled_mlps": tiled.tiled,
             "finite": finite, "plan_mib": planned, "plan_host_mib": plan.host_bytes / MIB,
             "peak_alloc_mib": alloc, "peak_reserved_mib": reserved,
             "ratio": planned / alloc if alloc else None, "s_per_update": res.seconds}

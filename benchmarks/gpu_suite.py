@@ -23,8 +23,9 @@ reported as "skipped: budget"):
   vs_trl            TRL 1.16 GRPOTrainer on the same settings in a child process (peak CUDA memory and
                     s/step), next to slimgrpo's from the planner section; "not installed" without trl
   long_context      issue 29's rows, measured: Qwen3-8B QLoRA (random weights, 4-bit NF4), 2 rows of
-                    prompt 256 + the completion lengths the trace says fit 24 GB and 80 GB, tiled MLP,
-                    checkpointing, the whole 131,072 window with offloaded checkpoints; plan vs peak.
+                    prompt 256 + the completion lengths the trace says fit 24 GB (offloaded checkpoints,
+                    8-bit AdamW) and 80 GB (the whole 131,072 window), tiled MLP, checkpointing, and the
+                    whole window with offloaded checkpoints; plan vs peak.
                     Last, and past the default --time-limit: run it as its own call
                     (``--only long_context --time-limit 540``)
 
@@ -97,16 +98,20 @@ def settings(smoke: bool) -> dict[str, Any]:
                 "rollout": {"shape": "tiny-qwen2", "rows": 2, "prompt": 8, "new_tokens": 8, "repeats": 1},
                 "long": {"shape": "tiny-llama", "rows": 2, "P": 8, "L": 64, "micro": 1},
                 "quant": {"shape": "tiny-qwen2", "rows": 2, "P": 8, "L": 16}, "steps_timed": 2,
-                "long_ctx": {"shape": "tiny-llama", "P": 8, "Ls": [48, 64], "window": 64}}
+                "long_ctx": {"shape": "tiny-llama", "P": 8,
+                             "rows": [{"L": 48, "offload": True}, {"L": 64}, {"L": 64, "offload": True}]}}
     return {"shapes": {n: None for n in ("qwen2.5-0.5b", "llama-3.2-1b", "qwen2.5-1.5b")}, "G": 4, "P": 256,
             "L": 786, "trl_shapes": ["qwen2.5-0.5b", "llama-3.2-1b"],
             "loss": {"tokens": 4096, "hidden": 896, "vocab": 151_936},
             "rollout": {"shape": "qwen2.5-0.5b", "rows": 8, "prompt": 64, "new_tokens": 256, "repeats": 2},
             "long": {"shape": "llama-3.1-8b", "rows": 8, "P": 256, "L": 20_000, "micro": 1},
             "quant": {"shape": "qwen2.5-0.5b", "rows": 4, "P": 256, "L": 786}, "steps_timed": 2,
-            # docs/benchmarks.md#anchors-simulated: by trace 24,576 fits 24 GB, 116,736 fits 80 GB; the whole
-            # 131,072 window (P 256 + T 130,816) with checkpoints offloaded
-            "long_ctx": {"shape": "qwen3-8b", "P": 256, "Ls": [24_576, 116_736], "window": 130_816}}
+            # docs/benchmarks.md#anchors-simulated (session 12): by trace P 256 + T 71,934 fits 24 GB with the
+            # checkpoints offloaded and 8-bit AdamW; the whole 131,072 window (P 256 + T 130,816) fits 80 GB as
+            # is, and with the checkpoints offloaded
+            "long_ctx": {"shape": "qwen3-8b", "P": 256,
+                         "rows": [{"L": 71_934, "offload": True, "optimizer": "adamw_8bit"}, {"L": 130_816},
+                                  {"L": 130_816, "offload": True}]}}
 
 
 QWEN3_8B = {"family": "qwen3", "hidden": 4096, "intermediate": 12288, "layers": 36, "heads": 32, "kv_heads": 8,
@@ -266,13 +271,14 @@ def sec_long_context(ctx: dict) -> dict:
         return {}
 
     rows = [ctx["run"]("random base saved", make_model)]
-    for L in s["Ls"]:
-        rows.append(ctx["run"](f"{s['shape']} {'QLoRA' if quantized else 'LoRA'} 2 x ({s['P']} + {L:,}), tiled MLP",
-                               lambda L=L: long_context_step(shape, ctx["dev"], s["P"], L, folder, quantized)))
-    rows.append(ctx["run"](f"{s['shape']} {'QLoRA' if quantized else 'LoRA'} 2 x ({s['P']} + {s['window']:,}), "
-                           "tiled MLP + offload",
-                           lambda: long_context_step(shape, ctx["dev"], s["P"], s["window"], folder, quantized,
-                                                     offload=True)))
+    for r in s["rows"]:
+        offload, optimizer = r.get("offload", False), r.get("optimizer", "adamw")
+        extras = "".join(f" + {w}" for w, on in (("offload", offload), ("8-bit AdamW", optimizer == "adamw_8bit"))
+                         if on)
+        rows.append(ctx["run"](f"{s['shape']} {'QLoRA' if quantized else 'LoRA'} 2 x ({s['P']} + {r['L']:,}), "
+                               f"tiled MLP{extras}",
+                               lambda r=r, o=offload, opt=optimizer: long_context_step(
+                                   shape, ctx["dev"], s["P"], r["L"], folder, quantized, offload=o, optimizer=opt)))
     return {"rows": rows}
 
 
