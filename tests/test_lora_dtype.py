@@ -64,12 +64,16 @@ def test_every_factor_switched_and_state_dict_unchanged():
     assert adapters_in_input_dtype(ours) == 0  # once is enough: a second call switches nothing
 
 
-def test_fp32_model_is_unchanged_bit_for_bit():
-    ours, theirs = _ours(torch.float32), _peft_default(torch.float32)
+def _both(dtype):
+    """(loss, logits, grads) of ours and of peft's own forward, the same weights (B nonzero) and input."""
+    ours, theirs = _ours(dtype), _peft_default(dtype)
     _nonzero_b(ours, theirs)
     ids = torch.randint(0, 96, (2, 37))
-    loss_o, logits_o, grads_o = _loss_and_grads(ours, ids)
-    loss_t, logits_t, grads_t = _loss_and_grads(theirs, ids)
+    return _loss_and_grads(ours, ids), _loss_and_grads(theirs, ids)
+
+
+def test_fp32_model_is_unchanged_bit_for_bit():
+    (loss_o, logits_o, grads_o), (loss_t, logits_t, grads_t) = _both(torch.float32)
     assert torch.equal(logits_o, logits_t) and torch.equal(loss_o, loss_t)
     assert grads_o.keys() == grads_t.keys()
     for name in grads_o:
@@ -77,11 +81,7 @@ def test_fp32_model_is_unchanged_bit_for_bit():
 
 
 def test_bf16_model_matches_the_fp32_adapter_reference_within_bf16_rounding():
-    ours, theirs = _ours(torch.bfloat16), _peft_default(torch.bfloat16)
-    _nonzero_b(ours, theirs)
-    ids = torch.randint(0, 96, (2, 37))
-    loss_o, logits_o, grads_o = _loss_and_grads(ours, ids)
-    loss_t, logits_t, grads_t = _loss_and_grads(theirs, ids)
+    (loss_o, logits_o, grads_o), (loss_t, logits_t, grads_t) = _both(torch.bfloat16)
     assert torch.allclose(loss_o, loss_t, rtol=2e-3)
     assert (logits_o.float() - logits_t.float()).abs().max() <= 0.05 * logits_t.float().abs().max()
     for name in grads_o:
