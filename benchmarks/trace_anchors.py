@@ -1,7 +1,7 @@
 """The published GPU anchors' settings, simulated: plan and trace (fake tensors) for CUDA, bf16.
 
     python benchmarks/trace_anchors.py                  # Oxen's table, Unsloth's 8B x 20K, Qwen3-8B QLoRA
-    python benchmarks/trace_anchors.py --only oxen      # or: unsloth, qlora, window, smallest
+    python benchmarks/trace_anchors.py --only oxen      # or: unsloth, qlora, window, smallest, fit
     python benchmarks/trace_anchors.py --only qlora --tiled-mlp on
 
 Nothing runs on a GPU: each row is ``slimgrpo plan --trace --device cuda`` for the setting, so every
@@ -133,9 +133,29 @@ def smallest(model: str, kind: str = "completion-heavy") -> str:
                found.plan, tr, "–", time.perf_counter() - t0)
 
 
+FIT_BUDGET = "27GiB"  # --only fit: issue 29's budget for Unsloth's setting
+
+
+def fit_unsloth() -> str:
+    """Unsloth's setting with ``memory.budget=27GiB memory.fit=trace`` and no other knob, checked as the trainer
+    checks a run before it loads weights (``check_before_training``): the planner's fit, traced, and fitted
+    again below the budget while the trace is over (its rounds, then the fitted plan, print as they go)."""
+    from slimgrpo.memory.check import check_before_training
+    from slimgrpo.train.trace import trace_step
+
+    t0 = time.perf_counter()
+    cfg = config(UNSLOTH + ["model.path=llama-3.1-8b", f"memory.budget={FIT_BUDGET}", "memory.fit=trace"])
+    fitted, plan = check_before_training(cfg, trace_fn=trace_step, show=True)
+    m = fitted.memory
+    return (f"llama-3.1-8b LoRA 8 x 20K, memory.budget={FIT_BUDGET} memory.fit=trace: optimizer {m.optimizer}, "
+            f"rollout.max_batch_rows {fitted.rollout.max_batch_rows}, offload_activations {m.offload_activations}; "
+            f"plan {plan.peak_bytes / GiB:.2f} GiB, host {plan.host_bytes / GiB:.2f} GiB "
+            f"({time.perf_counter() - t0:.0f} s)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", nargs="*", choices=["oxen", "unsloth", "qlora", "window", "smallest"])
+    ap.add_argument("--only", nargs="*", choices=["oxen", "unsloth", "qlora", "window", "smallest", "fit"])
     ap.add_argument("--tiled-mlp", choices=["auto", "on", "off"],
                     help="memory.tiled_mlp for every setting (default: the config's default, auto)")
     args = ap.parse_args()
@@ -173,6 +193,8 @@ def main() -> int:
                        time.perf_counter() - t0))
     if "smallest" in parts:  # the least budget for Qwen3-8B QLoRA's whole window (the headline's N GB)
         out.append(smallest("qwen3-8b"))
+    if "fit" in parts:  # not a table row: the fitted settings of Unsloth's setting under a 27 GiB budget
+        print(fit_unsloth(), flush=True)
     print("\n".join(out))
     return 0
 
