@@ -195,7 +195,8 @@ def main() -> int:
         out.append(smallest("qwen3-8b"))
     if "fit" in parts:  # not a table row: the fitted settings of Unsloth's setting under a 27 GiB budget
         print(fit_unsloth(), flush=True)
-    print("\n".join(out))
+    if len(out) > 2:  # rows besides the header
+        print("\n".join(out))
     return 0
 
 
