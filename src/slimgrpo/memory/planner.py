@@ -181,13 +181,19 @@ def update_layer_bytes(shape: ModelShape, x: PlanInputs, groups: int | None = No
     return per_layer, groups * P + m * T, max(p_shared, c_shared), what
 
 
+def _offloads_to_host(x: PlanInputs) -> bool:
+    """memory.offload_activations on CUDA (it needs checkpointing): the checkpoints and the final norm's saved
+    tensors wait in host memory (train/update/offload.py); on CPU offloading changes nothing."""
+    return x.offload_activations and x.device == "cuda"
+
+
 def _activation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     B = _compute_bytes(x)
     m = x.micro_rows
     S, L, H = x.seq_len, shape.layers, shape.hidden
     layer_bytes, tokens, mask_shared, what = update_layer_bytes(shape, x)
     final_norm = tokens * ((4 + 2 * B) * H + 4)
-    on_host = x.offload_activations and x.device == "cuda"
+    on_host = _offloads_to_host(x)
     kname = attn_kernels.kernel(x.attn_implementation)[0]
     what = f"{what}, {kname}"
     # Backward's workspace beside the layer it is in: a share of that layer's activations, or an RMSNorm's
@@ -489,8 +495,7 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     loss = _loss_component(shape, x)
     tokens = update_layer_bytes(shape, x)[1]
     final_norm = tokens * ((4 + 2 * _compute_bytes(x)) * shape.hidden + 4)
-    offloaded = x.offload_activations and x.device == "cuda" and x.gradient_checkpointing
-    activations = _overlap_recompute(_activation_components(shape, x), loss, final_norm, offloaded)
+    activations = _overlap_recompute(_activation_components(shape, x), loss, final_norm, _offloads_to_host(x))
     optimizer = _overlap_step_workspace(_optimizer_components(shape, x), activations + [loss])
     components = shard_components(shape, x, [
         *_weight_components(shape, x),
