@@ -24,4 +24,5 @@ class RewardsConfig:
     consecutive steps; each such step logs a warning naming the function (0 = never stop)."""
     isolation: Literal["thread", "process"] = "thread"
     """Run reward functions in a worker thread (a call past ``timeout_s`` is abandoned but keeps running)
-    or in a forked process that is killed on timeout."""
+    or in a child process that is killed on timeout (forked; spawned once CUDA is initialised, so the
+    function must then be defined at the top level of a module or file)."""

@@ -37,9 +37,11 @@ Timeouts work from any thread (no ``signal.alarm``). With ``isolation="thread"``
 runs in a daemon worker thread; a call still running after ``HEARTBEAT_S`` seconds logs a line every
 ``HEARTBEAT_S`` seconds; a call that overruns ``timeout_s`` is abandoned, **but a hung Python function
 keeps running in its daemon thread** until it returns by itself (Python cannot kill a thread). With
-``isolation="process"`` every call runs in a forked child process which is killed on timeout; the
+``isolation="process"`` every call runs in a child process which is killed on timeout; the
 function's return value must then be picklable, side effects on globals are lost, and the child
-shares nothing with the parent after the fork (POSIX only).
+shares nothing with the parent after it starts (POSIX only). The child is forked while the process has
+not touched CUDA and spawned once it has (``process_call.py``: a forked CUDA process is unsafe); a spawned
+child gets the function by reference, so it must be defined at the top level of a module or file.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ import torch
 
 from slimgrpo.rewards.answers import completion_text
 from slimgrpo.rewards.contract import CONTRACT_KWARGS, RewardLogs, accepted_kwargs, logs_in
+from slimgrpo.rewards.process_call import start_child
 from slimgrpo.types import RewardOutput
 
 __all__ = ["RewardRunner", "RewardFunctionError", "FAULT_KINDS"]
@@ -261,11 +264,10 @@ def _wait_with_heartbeat(ready: Callable[[float | None], bool], timeout_s: float
 
 
 def _call_in_process(fn: Callable, kwargs: dict, timeout_s: float | None, name: str = "") -> Any:
-    context = multiprocessing.get_context("fork")
-    parent_conn, child_conn = context.Pipe(duplex=False)
-    child = context.Process(target=_child_main, args=(child_conn, fn, kwargs), daemon=True)
-    child.start()
-    child_conn.close()
+    try:  # fork, or spawn once CUDA is initialised (rewards/process_call.py)
+        child, parent_conn = start_child(_child_main, fn, kwargs)
+    except TypeError as e:  # the call cannot travel to a spawned child: a fault of this call, with the reason
+        raise _CallFailed(str(e)) from None
     try:
         if not _wait_with_heartbeat(parent_conn.poll, timeout_s, name or getattr(fn, "__name__", "fn")):
             raise _Timeout()
