@@ -101,11 +101,23 @@ def check_weights_readable(folder: Path) -> None:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``run.device`` as a device with an index on CUDA: ``cuda:N`` as given, ``auto`` / ``cuda`` the current
+    device, which under torchrun is the rank's own (``launch.init_process_group`` sets it from LOCAL_RANK
+    before anything loads). Code that reads ``device.index`` (4-bit loading's ``device_map``, DDP's
+    ``device_ids``) then never falls back to GPU 0 on every rank."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
+    if dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
         raise ModelLoadError(f"run.device={name!r} but no CUDA device is available; use run.device=cpu")
+    count = torch.cuda.device_count()
+    if dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if dev.index >= count:
+        raise ModelLoadError(f"run.device={name!r} but this machine has {count} CUDA device(s) "
+                             f"(cuda:0 to cuda:{count - 1}); use one of those or run.device=auto")
     return dev
 
 
@@ -167,7 +179,8 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype):
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
             bnb_4bit_use_double_quant=True,
         )
-        kwargs["device_map"] = {"": device.index or 0}
+        # The rank's own GPU (resolve_device always gives CUDA devices an index): never every rank on GPU 0.
+        kwargs["device_map"] = {"": device.index if device.index is not None else torch.cuda.current_device()}
     if is_gguf(path):
         if cfg.load_in_4bit:
             raise ModelLoadError(f"model.load_in_4bit with a GGUF file ({path}): convert it to a Hugging Face "
@@ -282,15 +295,19 @@ class Policy:
     tokenizer: Any
     device: torch.device
     dtype: torch.dtype
-    reference_cpu: Any = None  # full fine-tuning with beta > 0: frozen copy kept on the CPU
+    # Full fine-tuning with beta > 0: the frozen copy (:func:`reference_copy`), in host memory, or on the
+    # device when ``reference_placement`` is "device". The name is older than the device placement.
+    reference_cpu: Any = None
+    reference_placement: str = "host"  # "host" | "stream" | "device": memory.reference_placement, resolved
 
     @contextlib.contextmanager
     def reference(self, sharded_root: Any = None) -> Iterator[Any]:
         """Yield a module computing the reference policy's outputs.
 
         LoRA: the same model with adapters disabled (``sharded_root``: the FSDP2 root it must run through
-        when its weights are sharded). Full fine-tuning: the initial weights, held off the accelerator (on
-        CPU they still cost host memory; the planner counts them)."""
+        when its weights are sharded). Full fine-tuning: the initial weights as held (``reference_placement``):
+        on the device, or in host memory; a "stream" copy is run on the device by the update stage, which
+        moves its layers in one by one (``train/update/reference.py``); the planner counts each placement."""
         if is_peft(self.model):
             with self.model.disable_adapter():
                 yield self.model if sharded_root is None else sharded_root
@@ -330,18 +347,21 @@ def build_policy(cfg: Config) -> Policy:
     sharded = cfg.distributed.strategy == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) > 1
     model = load_model(mcfg, torch.device("cpu") if sharded else device, dtype)
     model.config.pad_token_id = tokenizer.pad_token_id
-    model, reference_cpu = prepare_for_training(model, cfg)
-    return Policy(model, tokenizer, device, dtype, reference_cpu)
+    placement = reference_placement(cfg, device)
+    model, reference_cpu = prepare_for_training(model, cfg, device if placement == "device" else None)
+    return Policy(model, tokenizer, device, dtype, reference_cpu, placement)
 
 
-def prepare_for_training(model: torch.nn.Module, cfg: Config) -> tuple[torch.nn.Module, torch.nn.Module | None]:
-    """LoRA adapters (or, for full fine-tuning with beta > 0, a frozen CPU copy as the reference policy),
-    gradient checkpointing, dropout off when asked, train mode: ``(model, reference_cpu or None)``."""
+def prepare_for_training(model: torch.nn.Module, cfg: Config, reference_device: torch.device | None = None
+                         ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """LoRA adapters (or, for full fine-tuning with beta > 0, a frozen copy as the reference policy: in host
+    memory, or on ``reference_device`` when given), gradient checkpointing, dropout off when asked, train
+    mode: ``(model, reference copy or None)``."""
     reference_cpu = None
     if cfg.lora.enabled:
         model = apply_lora(model, cfg.lora, quantized=cfg.model.load_in_4bit)
     elif cfg.needs_reference:  # beta > 0, or PPO's KL reward (kl_coef > 0)
-        reference_cpu = copy.deepcopy(model).to("cpu").eval().requires_grad_(False)
+        reference_cpu = reference_copy(model, reference_device or torch.device("cpu"))
     if cfg.memory.gradient_checkpointing:
         base_causal_lm(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if cfg.lora.enabled:
@@ -350,6 +370,60 @@ def prepare_for_training(model: torch.nn.Module, cfg: Config) -> tuple[torch.nn.
         disable_dropout(model)
     model.train()
     return model, reference_cpu
+
+
+REFERENCE_PLACEMENTS = ("auto", "device", "stream", "host")
+HOST_ALIGN = 64  # bytes: each tensor of a host copy starts on this boundary (torch's CPU allocator's alignment)
+
+
+def reference_placement(cfg: Config, device: torch.device) -> str:
+    """Where the full-fine-tuning reference lives (``memory.reference_placement``): on a CPU everything is host
+    memory ("host", today's path); on CUDA ``auto`` is resolved by the plan before weights load
+    (``memory/check.py`` writes "device" or "stream" into the config); a config that never met the planner
+    (the Python API, an architecture it does not model) streams, the choice that needs least device memory."""
+    value = getattr(cfg.memory, "reference_placement", "auto")
+    if device.type != "cuda":
+        return "host"
+    return "stream" if value == "auto" else value
+
+
+def _unique_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer of ``model`` once (tied weights are one tensor)."""
+    seen: dict[int, torch.Tensor] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        seen.setdefault(id(t), t)
+    return list(seen.values())
+
+
+def reference_copy(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """A frozen copy of ``model`` (eval mode, no gradients) with its parameters and buffers on ``device``.
+
+    ``copy.deepcopy(model).to("cpu")`` first cloned every weight where it was, a second full copy on the GPU
+    that neither the plan nor the trace saw. Here the tensors are copied one by one straight to their place
+    and handed to ``deepcopy`` through its memo, so it copies only the modules' structure around them. A host
+    copy is one exact-size byte buffer (``host_buffer`` on the returned module) that every tensor is a view
+    of: it can be pinned in place (``cudaHostRegister``) for streaming, with no power-of-two rounding."""
+    tensors = _unique_tensors(model)
+    memo: dict[int, Any] = {}
+    if device.type == "cpu":
+        offsets, total = [], 0
+        for t in tensors:
+            offsets.append(total)
+            total += -(-t.numel() * t.element_size() // HOST_ALIGN) * HOST_ALIGN
+        flat = torch.empty(total, dtype=torch.uint8)
+        for t, off in zip(tensors, offsets):
+            view = flat[off:off + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+            view.copy_(t.detach())
+            memo[id(t)] = torch.nn.Parameter(view, requires_grad=False) if isinstance(t, torch.nn.Parameter) else view
+    else:
+        flat = None
+        for t in tensors:
+            copied = t.detach().to(device, copy=True)
+            memo[id(t)] = torch.nn.Parameter(copied, requires_grad=False) if isinstance(t, torch.nn.Parameter) \
+                else copied
+    reference = copy.deepcopy(model, memo)
+    reference.host_buffer = flat
+    return reference.eval().requires_grad_(False)
 
 
 def disable_dropout(model: torch.nn.Module) -> int:

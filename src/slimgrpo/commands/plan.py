@@ -70,7 +70,7 @@ def plan_command(args) -> int:
     inputs = plan_inputs(cfg, device, nproc, vocab=shape.vocab)
     plan = plan_memory(shape, inputs)
     spec = args.budget or cfg.memory.budget
-    budget = budget_bytes(spec, device) if spec else None
+    budget = budget_bytes(spec, device, cfg.run.device) if spec else None
     per_rank = "" if nproc == 1 else (f" (one rank of {nproc}, distributed.strategy={cfg.distributed.strategy}"
                                       + (": sharded state / {nproc}".format(nproc=nproc) if inputs.fsdp_shards > 1
                                          else "") + ")")
@@ -137,7 +137,7 @@ def longest_command(args, cfg, shape, device: str, console: Console) -> int:
     spec = args.budget or cfg.memory.budget
     if not spec:
         raise ConfigError("slimgrpo plan --longest needs a budget: --budget 80GiB (or memory.budget in the config)")
-    budget = budget_bytes(spec, device)
+    budget = budget_bytes(spec, device, cfg.run.device)
     inputs = plan_inputs(cfg, device, vocab=shape.vocab)
     overhead = plan_memory(shape, inputs).framework_bytes
     # The trace's device peak is tensors x (1 + margin) + overhead on CUDA: search against the budget that leaves it.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from slimgrpo.config.errors import ConfigError
 from slimgrpo.config.loss import objective_problem
+from slimgrpo.config.rollout import vllm_problem
 from slimgrpo.config.tree import Config
 
 
@@ -81,6 +82,7 @@ def validate_config(cfg: Config) -> None:
     if cfg.rewards.timeout_s is not None:
         _positive(cfg.rewards.timeout_s, "rewards.timeout_s")
     _positive(cfg.rewards.max_failed_steps, "rewards.max_failed_steps", allow_zero=True)
+    _check_device(run.device)
     if cfg.model.dtype == "float16" and _resolves_to_cpu(run.device):
         raise ConfigError(
             f"model.dtype=float16 with run.device={run.device!r} runs on the CPU, where float16 sampling and "
@@ -102,6 +104,9 @@ def validate_config(cfg: Config) -> None:
     if r.rollout_function and (r.tools or r.environment):
         raise ConfigError("rollout.rollout_function replaces the built-in rollout: it cannot be combined with "
                           "rollout.tools or rollout.environment (call your tools inside the function)")
+    problem = vllm_problem(cfg)  # rollout.engine=vllm: installed, on a device and a config it can serve
+    if problem:
+        raise ConfigError(problem)
     if r.temperature < 0:
         raise ConfigError(f"rollout.temperature must be >= 0, got {r.temperature}")
     if not 0 < r.top_p <= 1:
@@ -171,9 +176,16 @@ def validate_config(cfg: Config) -> None:
             "Use distributed.strategy=ddp (every rank holds the 4-bit base, ~0.55 GB per billion parameters) "
             "or LoRA on a bf16 base with distributed.strategy=fsdp"
         )
+    from slimgrpo.config.precision import precision_problem
+
+    problem = precision_problem(cfg, _resolves_to_cpu(run.device))
+    if problem:
+        raise ConfigError(problem)
+    from slimgrpo.config.best import validate_best
     from slimgrpo.config.eval import validate_eval
 
     validate_eval(cfg)
+    validate_best(cfg)  # run.keep_best / best_metric / early_stopping_*: a metric that judges, checkpoints
 
 
 def _validate_objective(L, max_completion_length: int | None) -> None:
@@ -250,6 +262,24 @@ def loss_warnings(cfg: Config) -> list[str]:
         out.append("loss.loss_type=vespo computes sequence-level weights itself: "
                    "loss.importance_sampling_level should stay token (the default).")
     return out
+
+
+def _check_device(device: str) -> None:
+    """``run.device``: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` with N a device this machine has (checked
+    where CUDA is visible; without it, loading refuses any cuda device with its own message)."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        if device == "auto":
+            return
+        raise ConfigError(f"run.device={device!r} is not a device: use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and dev.index is not None and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if dev.index >= count:
+            raise ConfigError(f"run.device={device!r} but this machine has {count} CUDA device(s) (cuda:0 to "
+                              f"cuda:{count - 1}); use one of those, or run.device=auto")
 
 
 def _resolves_to_cpu(device: str) -> bool:

@@ -20,6 +20,7 @@ CONFIG_KEY = {
     "lora_rank": "lora.r",
     "load_in_4bit": "model.load_in_4bit",
     "optimizer": "memory.optimizer",
+    "bf16_update": "memory.bf16_update",
     "micro_batch_rows": "memory.micro_batch_size",
     "micro_batch_tokens": "memory.micro_batch_tokens",
     "gradient_checkpointing": "memory.gradient_checkpointing",
@@ -52,7 +53,7 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
     return PlanInputs(
         device=device, param_dtype_bytes=dtype_bytes, lora=cfg.lora.enabled, lora_rank=cfg.lora.r,
         lora_target_modules=(targets,) if isinstance(targets, str) else tuple(targets),
-        load_in_4bit=cfg.model.load_in_4bit, optimizer=cfg.memory.optimizer,
+        load_in_4bit=cfg.model.load_in_4bit, optimizer=cfg.memory.optimizer, bf16_update=cfg.memory.bf16_update,
         num_generations=cfg.rollout.num_generations, prompts_per_step=prompts,
         micro_batch_rows=min(cfg.memory.micro_batch_size or rows, rows),
         max_prompt_length=cfg.data.max_prompt_length, max_completion_length=cfg.rollout.max_completion_length,
@@ -93,16 +94,30 @@ def overrides_for(changes: dict[str, Any]) -> list[str]:
     return out
 
 
-def budget_bytes(spec: str, device: str) -> int:
-    """``16GiB`` etc., or ``auto``: free memory of the device (CUDA) or MemAvailable (CPU)."""
+def cuda_index(run_device: str) -> int | None:
+    """The GPU a run uses: N of ``run.device=cuda:N``, else the current device (under torchrun the rank's
+    own, set from LOCAL_RANK before any plan); None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    if run_device.startswith("cuda:"):
+        return int(run_device.split(":", 1)[1])
+    return torch.cuda.current_device()
+
+
+def budget_bytes(spec: str, device: str, run_device: str = "auto") -> int:
+    """``16GiB`` etc., or ``auto``: free memory of the run's GPU (``run_device``: ``run.device``, so
+    ``cuda:1`` reads GPU 1, not the current one) or MemAvailable (CPU)."""
     if spec != "auto":
         return parse_bytes(spec)
     if device == "cuda":
         import torch
 
-        if not torch.cuda.is_available():
+        index = cuda_index(run_device)
+        if index is None:
             raise ConfigError("memory.budget=auto on cuda, but no CUDA device is visible: give a size")
-        return int(torch.cuda.mem_get_info()[0])
+        return int(torch.cuda.mem_get_info(index)[0])
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024
@@ -201,7 +216,7 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
             console.print(f"memory plan: peak {format_gib(plan.peak_bytes)} GiB during {plan.peak_phase} "
                           f"({caveat + '; ' if caveat else ''}slimgrpo plan CONFIG for the breakdown)", soft_wrap=True)
         return cfg, plan
-    budget = budget_bytes(cfg.memory.budget, device)
+    budget = budget_bytes(cfg.memory.budget, device, cfg.run.device)
     if cfg.memory.fit == "trace":
         if trace_fn is None:
             raise ConfigError("memory.fit=trace needs the tracer: pass "
@@ -300,7 +315,7 @@ def apply_tiled_mlp(cfg: Config, model, plan: MemoryPlan | None, console: Consol
         return False
     untiled = plan_memory(plan.shape, dataclasses.replace(plan.inputs, tiled_mlp="off"))
     if cfg.memory.budget:
-        budget = budget_bytes(cfg.memory.budget, plan.inputs.device)
+        budget = budget_bytes(cfg.memory.budget, plan.inputs.device, cfg.run.device)
         if untiled.peak_bytes > budget:
             raise MemoryBudgetError(
                 f"{cannot}. Untiled, the run needs about {format_gib(untiled.peak_bytes)} GiB at its peak "

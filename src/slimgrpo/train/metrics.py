@@ -30,6 +30,21 @@ def peak_memory_mib(device: torch.device) -> float:
     return peak_rss_mib()
 
 
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """The step's memory figures, each a peak so far (MiB). ``memory/peak_mib``: CUDA peak allocated (what
+    the plan predicts) or, on CPU, peak RSS. On CUDA also what the allocator behind it holds:
+    ``memory/peak_reserved_mib`` (the caching allocator's peak, what an out-of-memory error and nvidia-smi
+    see), ``memory/pinned_host_peak_mib`` (pinned host memory the caching host allocator held: offloaded
+    activations, host-streamed weights) and ``memory/host_peak_rss_mib`` (this process's peak RSS)."""
+    out = {"memory/peak_mib": peak_memory_mib(device)}
+    if device.type == "cuda":
+        out["memory/peak_reserved_mib"] = torch.cuda.max_memory_reserved(device) / 2**20
+        stats = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
+        out["memory/pinned_host_peak_mib"] = float(stats.get("allocated_bytes.peak", 0)) / 2**20
+        out["memory/host_peak_rss_mib"] = peak_rss_mib()
+    return out
+
+
 def _clean(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         value = value.item()

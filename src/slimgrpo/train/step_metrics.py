@@ -9,7 +9,7 @@ import torch
 
 from slimgrpo.advantages import zero_std_fraction
 from slimgrpo.rewards.contract import step_means
-from slimgrpo.train.metrics import masked_stats, peak_memory_mib
+from slimgrpo.train.metrics import masked_stats, memory_metrics
 from slimgrpo.train.update.batch import UpdateStats, stat_sums, token_means
 from slimgrpo.types import RewardOutput
 
@@ -73,8 +73,9 @@ def step_metrics(d, device, rollout, rewards: RewardOutput, update: UpdateOutcom
     m["gen/tokens_per_s"] = gen_tokens / max(gen_s, 1e-9)
     m["time/generate_s"] = gen_s
     m["time/step_s"] = step_s
-    m["memory/peak_mib"] = float(d.all_reduce_max(torch.tensor([peak_memory_mib(device)],
-                                                              device=device)).item())
+    memory = memory_metrics(device)  # peak allocated (CPU: RSS); on CUDA also reserved and pinned host bytes
+    peaks = d.all_reduce_max(torch.tensor(list(memory.values()), dtype=torch.float64, device=device)).tolist()
+    m.update(zip(memory, (float(v) for v in peaks)))
     m.update(update.value_metrics)  # PPO: the critic before this step (explained variance, mean value)
     m.update(rollout_metrics(rollout, d))  # tools/... of a multi-turn rollout, over every rank's rows
     for key, count in rewards.fault_counts.items():
