@@ -39,6 +39,8 @@ def _sources() -> dict[str, str]:
         for f in dataclasses.fields(cls):
             name = "TrainingArguments" if cls is trl.GRPOConfig and f.name in base else cls.__name__
             out.setdefault(f.name, name)
+    for name in ("early_stopping_patience", "early_stopping_threshold"):  # transformers' EarlyStoppingCallback
+        out.setdefault(name, "EarlyStoppingCallback")
     return out
 
 

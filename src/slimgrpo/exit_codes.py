@@ -13,7 +13,8 @@ STALLED = 5
 INTERRUPTED = 130
 
 EXIT_CODES: tuple[tuple[int, str], ...] = (
-    (OK, "done: finished, already finished (nothing to do), or preempted and checkpointed; plan: fits"),
+    (OK, "done: finished, stopped early because run.best_metric stopped improving (run.early_stopping_patience; "
+         "final/ is the best model), already finished (nothing to do), or preempted and checkpointed; plan: fits"),
     (INTERNAL_ERROR, "internal error (a bug: please report it with the --debug output)"),
     (BAD_INPUT, "bad input: config, data, model, reward functions, run folder or disk; the message names it and "
                 "what to do"),

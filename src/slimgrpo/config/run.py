@@ -86,6 +86,29 @@ class RunConfig:
     """Stop the run where a stall is detected (see ``stall_steps``) with exit code 5, without a final model;
     the last checkpoint from before the stalled stretch is kept (pruning by ``save_total_limit`` spares it
     while a stretch lasts). False: warn and train on."""
+    keep_best: bool = False
+    """TRL's ``load_best_model_at_end``: ``final/`` is the model of the evaluation with the best
+    ``run.best_metric`` (before training counts too: a run that only got worse returns the model it started
+    from), and the last step's model goes beside it to ``last/``. Each new best is saved as a checkpoint that
+    pruning by ``save_total_limit`` never deletes; summary.json, the report and the terminal name its step and
+    value. Needs a metric (``eval.data``, or ``best_metric`` naming a training reward) and checkpoints.
+    False: ``final/`` is the last step's model."""
+    best_metric: str = ""
+    """TRL's ``metric_for_best_model``: what "best" means for ``keep_best`` and ``early_stopping_patience``.
+    A held-out metric of ``eval.*`` (``eval/accuracy_greedy``, ``eval/accuracy_sampled``, ``eval/pass@<k>``,
+    ``eval/mean_reward``, ``eval/rewards/<function>``), judged at every evaluation; or a training reward
+    (``reward``, ``rewards/<function>/mean``), judged every ``save_steps`` steps on its mean since the last
+    judgement. Empty: ``eval/accuracy_greedy`` when ``eval.data`` is set."""
+    greater_is_better: bool = True
+    """TRL's ``greater_is_better``: a higher ``best_metric`` is better (every metric slimgrpo names is)."""
+    early_stopping_patience: int | None = None
+    """Stop the run after this many judgements of ``best_metric`` in a row without an improvement of more
+    than ``early_stopping_threshold`` (TRL: ``EarlyStoppingCallback(early_stopping_patience)``); ``final/``
+    is the best model, exit code 0, summary.json ``stopped_by: early_stopping``. Needs ``keep_best``.
+    None: never stop early."""
+    early_stopping_threshold: float = 0.0
+    """How much better than the best so far a judgement must be to reset the patience (TRL's
+    ``early_stopping_threshold``). The best model follows any improvement, as in TRL."""
 
 
 @dataclass

@@ -129,6 +129,13 @@ TRL_KEY_HINTS: dict[str, str] = {
         "'dtype' is TRL's name: in slimgrpo use model.dtype (TRL's ModelConfig default float32; slimgrpo's auto = "
         'bfloat16 on GPUs that have it, float32 on CPU).',
     'enable_jit_checkpoint':
+    'early_stopping_patience':
+        "'early_stopping_patience' is TRL's name: in slimgrpo use run.early_stopping_patience "
+        "(EarlyStoppingCallback's argument, given in the YAML; judgements in a row without improvement (needs "
+        'load_best_model_at_end, as in TRL)).',
+    'early_stopping_threshold':
+        "'early_stopping_threshold' is TRL's name: in slimgrpo use run.early_stopping_threshold "
+        "(EarlyStoppingCallback's argument: the improvement that resets the patience).",
         "'enable_jit_checkpoint' is TRL's and has no slimgrpo key: slimgrpo checkpoints on SIGTERM/SIGINT by itself.",
     'entropy_coef':
         "'entropy_coef' is TRL's name: in slimgrpo use loss.entropy_coef (same meaning as TRL; the mean entropy runs "
@@ -195,7 +202,8 @@ TRL_KEY_HINTS: dict[str, str] = {
         "'gradient_checkpointing_kwargs' is TRL's and has no slimgrpo key: slimgrpo chooses the checkpointing flavour"
         ' itself.',
     'greater_is_better':
-        "'greater_is_better' is TRL's and has no slimgrpo key: the final model is the last step's.",
+        "'greater_is_better' is TRL's name: in slimgrpo use run.greater_is_better (None = true (TRL: true unless the "
+        'metric is a loss; every metric slimgrpo names is higher-better)).',
     'hub_always_push':
         "'hub_always_push' is TRL's and has no slimgrpo key: slimgrpo never uploads; push the run's final/ folder "
         'yourself.',
@@ -236,7 +244,9 @@ TRL_KEY_HINTS: dict[str, str] = {
     'liger_kernel_config':
         "'liger_kernel_config' is TRL's and has no slimgrpo key: see use_liger_kernel.",
     'load_best_model_at_end':
-        "'load_best_model_at_end' is TRL's and has no slimgrpo key: the final model is the last step's.",
+        "'load_best_model_at_end' is TRL's name: in slimgrpo use run.keep_best (final/ is the best judgement's model "
+        "(the evaluation before training counts too), the last step's goes to last/; needs eval.data or a training-"
+        'reward best_metric).',
     'load_in_4bit':
         "'load_in_4bit' is TRL's name: in slimgrpo use model.load_in_4bit (QLoRA, CUDA only, needs use_peft).",
     'load_in_8bit':
@@ -314,7 +324,9 @@ TRL_KEY_HINTS: dict[str, str] = {
         "'max_tool_calling_iterations' is TRL's name: in slimgrpo use rollout.max_tool_calling_iterations (tools come"
         ' from rollout.tools or Trainer(cfg, tools=...), see docs/agents.md).',
     'metric_for_best_model':
-        "'metric_for_best_model' is TRL's and has no slimgrpo key: the final model is the last step's.",
+        "'metric_for_best_model' is TRL's name: in slimgrpo use run.best_metric (TRL's eval_<name> or <name>: reward "
+        "-> eval/mean_reward, rewards/<fn>/mean -> eval/rewards/<fn>, slimgrpo's own names as they are; None (TRL: "
+        "the eval loss, which slimgrpo's evaluation has not) keeps eval/accuracy_greedy).",
     'min_p':
         "'min_p' is TRL's name: in slimgrpo use rollout.min_p (None = 0.0 (off)).",
     'model_init_kwargs':

@@ -227,11 +227,11 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     keep: int = 2,
     extra_tensors: dict[str, dict[str, torch.Tensor]] | None = None,
-    protect: int | None = None,
+    protect: int | tuple[int, ...] | None = None,
 ) -> Path:
     """Write a checkpoint atomically (a temporary folder, a marker, a rename). ``extra_tensors``: named groups
     of tensors saved beside the model, ``<name>.safetensors`` each (PPO's critic), read by ``load_extra_tensors``.
-    ``protect``: pruning spares the newest checkpoint at or before this step (see ``_prune``)."""
+    ``protect``: pruning spares the newest checkpoint at or before this step, or each of these steps (``_prune``)."""
     root = checkpoint_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step}"
@@ -274,7 +274,7 @@ def copy_history(output_dir: str | Path, folder: Path) -> None:
             shutil.copyfile(Path(output_dir) / name, folder / name)
 
 
-def finish_save(tmp: Path, final: Path, step: int, keep: int, protect: int | None = None) -> None:
+def finish_save(tmp: Path, final: Path, step: int, keep: int, protect: int | tuple[int, ...] | None = None) -> None:
     """Marker (written last, with the file manifest), rename into place, prune: the crash-safe end of
     every save, single-process or distributed."""
     _write_marker(tmp, step)
@@ -331,18 +331,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _prune(root: Path, keep: int, step: int, protect: int | None = None) -> None:
+def _prune(root: Path, keep: int, step: int, protect: int | tuple[int, ...] | None = None) -> None:
     """Keep the newest ``keep`` checkpoints up to ``step``. Checkpoints of later steps belong to a
     continuation that was abandoned (the run went back to an earlier checkpoint): they go too, so
     ``resume=auto`` can never jump onto another trajectory. ``protect``: the newest checkpoint at or before
-    this step is kept as well (the last one from before a stalled stretch, train/stall.py)."""
+    this step (or each of these steps) is kept as well: the last one from before a stalled stretch
+    (train/stall.py), the best model's (``run.keep_best``, train/best.py)."""
     complete = list_complete(root)
     for later in [p for p in root.glob(f"{PREFIX}*") if p.is_dir() and _step_of(p) > step]:
         log.warning("removing %s: it is later than step %d just saved, so it belongs to an abandoned "
                     "continuation (or an earlier run) in this folder", later.name, step)
         shutil.rmtree(later, ignore_errors=True)
     current = [p for p in complete if _step_of(p) <= step]
-    spared = [p for p in current if protect is not None and _step_of(p) <= protect][-1:]
+    protects = () if protect is None else (protect,) if isinstance(protect, int) else tuple(protect)
+    spared = [kept for s in protects for kept in [p for p in current if _step_of(p) <= s][-1:]]
     for old in current[:-keep]:
         if old not in spared:
             shutil.rmtree(old, ignore_errors=True)

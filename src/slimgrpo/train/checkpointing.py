@@ -8,6 +8,7 @@ finished), saving and loading checkpoints, the final model.
     step = checkpoints.resume()                         # the step to go on from (0: a fresh run)
     checkpoints.save(step)                              # a checkpoint (DCP under torchrun)
     checkpoints.save_model(output_dir / "final")        # the final model, written atomically
+    checkpoints.save_final(best_step, last_step)        # final/ (run.keep_best: the best; the last in last/)
     checkpoints.release()                               # the lock, however the run ends
 
 One process writes ``train/checkpoint.py``'s checkpoints (PPO's critic as extra tensors beside the policy);
@@ -87,6 +88,11 @@ class Checkpointer:
 
     def already_finished(self) -> dict[str, Any]:
         steps = self.plan.finished.get("steps")
+        if self.plan.finished.get("stopped_by") == "early_stopping":
+            log.warning("%s: already finished: early stopping stopped it at step %s (final/ is its best model); "
+                        "nothing to do. To train on, name its checkpoint: run.resume=%s; or start afresh with "
+                        "run.resume=never run.overwrite=true.", self.output_dir, steps, self.plan.resume_from)
+            return {**self.plan.finished, "already_finished": True}
         log.warning("%s: already finished at step %s (run.max_steps=%d); nothing to do. Raise run.max_steps to "
                     "train further, or start afresh with run.resume=never run.overwrite=true.",
                     self.output_dir, steps, self.cfg.run.max_steps)
@@ -132,7 +138,7 @@ class Checkpointer:
             return dist_ckpt.save_checkpoint(
                 self.output_dir, step, self.checkpoint_parts(self.saved_modules()), self.dist,
                 self.cfg.distributed.strategy, keep=self.cfg.run.save_total_limit, extra=self.extra(),
-                protect=p.watch.stall.protected_step(),
+                protect=p.watch.protected_steps(),
             )
         if not self.dist.is_main:
             self.dist.barrier()
@@ -140,7 +146,7 @@ class Checkpointer:
         path = ckpt.save_checkpoint(
             self.output_dir, step, self.checkpoint_parts(p.policy.model), keep=self.cfg.run.save_total_limit,
             extra=self.extra(), extra_tensors={"critic": p.critic.state_dict()} if p.critic else None,
-            protect=p.watch.stall.protected_step(),  # the last checkpoint before a stalled stretch survives pruning
+            protect=p.watch.protected_steps(),  # the last one before a stalled stretch, the best model's: kept
         )
         self.dist.barrier()
         return path
@@ -160,6 +166,46 @@ class Checkpointer:
         """Run counters saved with a checkpoint (restored by ``resume``)."""
         p = self.parts
         return {**p.watch.state_dict(), "entropy_control": p.updater.entropy_control.state_dict()}
+
+    def save_final(self, best_step: int | None, last_step: int) -> dict[str, Any]:
+        """The run's model at the end: ``final/``. With ``run.keep_best`` and a best judgement before the last
+        step, the last step's model goes to ``last/`` first, then the best checkpoint's weights are loaded
+        into the policy and saved as ``final/``; a best checkpoint damaged on disk (or that fails to load)
+        leaves ``final/`` the last step's model, with a warning naming the file. Returns summary.json's
+        ``final_step`` (the step whose model ``final/`` holds) and ``last_model_dir``."""
+        final = self.output_dir / "final"
+        if not self.cfg.run.keep_best or best_step is None or best_step == last_step:
+            self.save_model(final)
+            return {"final_step": last_step} if self.cfg.run.keep_best else {}
+        root = ckpt.checkpoint_dir(self.output_dir)
+        best = root / f"{ckpt.PREFIX}{best_step}"
+        last = self.output_dir / "last"
+        self.save_model(last)
+        why = ckpt.problem(best)  # manifest sizes, JSON, safetensors headers (every rank reads the same folder)
+        if why is None:
+            try:
+                self.load_weights(best)
+            except Exception as e:  # noqa: BLE001: any failure to load leaves the last step's model
+                why = f"it failed to load ({type(e).__name__}: {e})"
+                self.load_weights(root / f"{ckpt.PREFIX}{last_step}")  # the last step's weights back
+        if self.dist.any_true(why is not None):
+            log.warning("the best checkpoint, %s (step %d), is damaged: %s. final/ holds the last step's model "
+                        "(step %d) instead, as last/ does.", best, best_step, why or "on another rank",
+                        last_step)
+            self.save_model(final)
+            return {"final_step": last_step, "last_model_dir": str(last), "best_checkpoint_problem": why}
+        self.save_model(final)
+        return {"final_step": best_step, "last_model_dir": str(last)}
+
+    def load_weights(self, path: Path) -> None:
+        """The model of the checkpoint at ``path`` into the live policy (a distributed checkpoint restores the
+        rest of its state too: harmless at the end of a run)."""
+        p = self.parts
+        if self.dist.enabled or dist_ckpt.is_distributed(path):
+            dist_ckpt.load_checkpoint(path, self.saved_modules(), p.optimizer, p.scheduler, p.generator, self.dist,
+                                      self.cfg.distributed.strategy)
+        else:
+            ckpt.load_model_weights(p.policy.model, path)
 
     def save_model(self, path: Path) -> None:
         """Written into a hidden temporary folder and renamed to ``path`` when complete: a full disk leaves

@@ -103,6 +103,9 @@ def summary_lines(summary: dict[str, Any], cfg, history: list[dict[str, Any]], w
         head += f" in {human_duration(wall_s)}"
     if summary.get("stopped_by") == "stall":
         head += ": learning stalled (run.stop_on_stall=true, exit code 5)"
+    if summary.get("stopped_by") == "early_stopping":
+        head += (f": early stopping, {summary.get('best_metric')} stopped improving "
+                 f"(run.early_stopping_patience={summary.get('early_stopping_patience')})")
     lines = [head]
     r = _first_last([h for h in history if "reward" in h], "reward")
     if r:
@@ -121,10 +124,26 @@ def summary_lines(summary: dict[str, Any], cfg, history: list[dict[str, Any]], w
     lines.append(f"  report      slimgrpo report {out}")
     final = os.path.join(out, "final")
     if os.path.isdir(final):
-        lines.append(f"  model       {final}")
+        lines.append(f"  model       {final}{_which_model(summary, cfg)}")
     elif summary.get("preempted_by"):
         lines.append(f"  checkpoint  {os.path.join(out, 'checkpoints')} (run the same command again to resume)")
     return lines
+
+
+def _which_model(summary: dict[str, Any], cfg) -> str:
+    """Which step's model ``final/`` holds (``run.keep_best``), said once at the end."""
+    if not cfg.run.keep_best:
+        how = "" if cfg.eval.data else " with eval.data"
+        return f" (the last step's; run.keep_best=true{how} keeps the best one)"
+    value, step, last = summary.get("best_value"), summary.get("final_step"), summary.get("steps")
+    if summary.get("best_checkpoint_problem"):
+        return f" (the last step's: the best checkpoint is damaged, {summary['best_checkpoint_problem']})"
+    shown = f"{value:.4g}" if isinstance(value, (int, float)) else "?"
+    where = "before training" if step == 0 else f"step {step}"
+    if step == last:
+        return f" (the best: the last step's, {summary.get('best_metric')} {shown})"
+    return (f" (the best: {where}, {summary.get('best_metric')} {shown}; the last step's model is in "
+            f"{os.path.join(cfg.run.output_dir, 'last')})")
 
 
 STALL_KINDS = {"no_signal": "most groups had rewards all equal (no gradient)",

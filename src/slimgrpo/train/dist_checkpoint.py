@@ -58,7 +58,7 @@ def save_checkpoint(
     strategy: str,
     keep: int = 2,
     extra: dict[str, Any] | None = None,
-    protect: int | None = None,
+    protect: int | tuple[int, ...] | None = None,
 ) -> Path:
     """Collective: every rank calls it. Returns the checkpoint folder (on every rank). ``protect``: see
     ``checkpoint._prune``."""

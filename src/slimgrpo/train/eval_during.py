@@ -98,10 +98,13 @@ def make_evaluator(trainer) -> DuringTrainingEval | None:
     return DuringTrainingEval(trainer) if trainer.cfg.eval.data else None
 
 
-def eval_summary(history: list[dict[str, Any]], final_step: int | None = None) -> dict[str, Any]:
+def eval_summary(history: list[dict[str, Any]], final_step: int | None = None,
+                 best_step: int | None = None) -> dict[str, Any]:
     """``eval_before/...`` (the step-0 record) and ``eval_after/...`` (the newest eval after a training step)
     for summary.json. With ``final_step`` (the run's last step) and no eval at it, ``eval_skipped_at_step``
-    says so: a run stopped early (a signal, a callback) skips the evaluation after its last step."""
+    says so: a run stopped early (a signal, a callback) skips the evaluation after its last step. With
+    ``best_step`` (``run.keep_best``: the step whose model ``final/`` holds), ``eval_best/...`` is that
+    step's evaluation (step 0: the one before training)."""
     evals = [r for r in history if any(k.startswith(EVAL_PREFIX) for k in r)]
     out: dict[str, Any] = {}
     if evals and evals[0].get("step") == 0:
@@ -110,6 +113,10 @@ def eval_summary(history: list[dict[str, Any]], final_step: int | None = None) -
     if after:
         out.update({f"eval_after/{k[len(EVAL_PREFIX):]}": v for k, v in after[-1].items() if k.startswith(EVAL_PREFIX)})
         out["eval_after/step"] = after[-1].get("step")
+    at_best = [r for r in evals if best_step is not None and r.get("step") == best_step]
+    if at_best:
+        out.update({f"eval_best/{k[len(EVAL_PREFIX):]}": v for k, v in at_best[-1].items() if k.startswith(EVAL_PREFIX)})
+        out["eval_best/step"] = best_step
     if final_step and out.get("eval_after/step") != final_step:
         out["eval_skipped_at_step"] = final_step
     return out

@@ -39,7 +39,8 @@ RESUMABLE_KEYS = (
     "run.resume", "run.overwrite", "run.output_dir", "run.num_threads", "run.thread_wait_policy", "run.device",
     "run.max_nonfinite_steps", "run.max_collapsed_steps", "run.collapse_entropy_ratio", "run.collapse_grad_norm_min",
     "run.collapse_grad_norm_max", "run.stall_steps", "run.stall_zero_std_fraction", "run.stall_entropy_ratio",
-    "run.stall_reward_flat", "run.stop_on_stall", "run.full_determinism",
+    "run.stall_reward_flat", "run.stop_on_stall", "run.full_determinism", "run.keep_best", "run.best_metric",
+    "run.greater_is_better", "run.early_stopping_patience", "run.early_stopping_threshold",
     "log.*", "eval.*", "distributed.timeout_s", "distributed.backend",
     "rewards.timeout_s", "rewards.isolation", "rewards.on_error", "rewards.max_failed_steps",
     "memory.micro_batch_size", "memory.gradient_checkpointing", "memory.offload_activations", "memory.budget",
@@ -200,7 +201,8 @@ def plan(cfg, output_dir: Path, base_path) -> Plan:
         check_config(cfg, path / "config.yaml", f"from {path}", output_dir)
         step = ckpt.checkpoint_step(path)
         final_ok = (output_dir / "final").is_dir() or not cfg.run.save_model
-        if step >= cfg.run.max_steps and final_ok and summary and summary.get("steps") == step:
+        stopped_early = bool(summary) and summary.get("stopped_by") == "early_stopping"  # run.early_stopping_*
+        if (step >= cfg.run.max_steps or stopped_early) and final_ok and summary and summary.get("steps") == step:
             return Plan(resume_from=path, finished=summary)
         return Plan(resume_from=path)
     finished_files = [n for n in ("final", "summary.json") if (output_dir / n).exists()]

@@ -77,7 +77,9 @@ def run_training(cfg: Config, callbacks=None, train_dataset=None) -> dict[str, A
 
         leave_process_group(dist_ctx)
     stalled = trainer.watch is not None and trainer.watch.stalled is not None  # run.stop_on_stall said why
-    if trainer.stop_requested and trainer.step_idx < cfg.run.max_steps and dist_ctx.is_main and not stalled:
+    early = trainer.watch is not None and trainer.watch.early_stopped is not None  # early stopping said why
+    if (trainer.stop_requested and trainer.step_idx < cfg.run.max_steps and dist_ctx.is_main and not stalled
+            and not early):
         signal_name = trainer.preempted_by or summary.get("preempted_by")
         why = f"by {signal_name}" if signal_name else "early (a callback asked)"
         complete = ckpt.list_complete(ckpt.checkpoint_dir(trainer.output_dir))

@@ -296,8 +296,10 @@ class Trainer:
 
         self.t_start = time.perf_counter()
         print_banner(self)
-        if self.evaluator and self.step_idx == 0:  # before the first step (a resumed run has it already)
-            before = self.evaluator.run()
+        saved_at = None  # the step of the checkpoint written last in this loop
+        if self.evaluator and self.step_idx == 0 and self.checkpoints.plan.resume_from is None:  # (a resumed run
+            before = self.evaluator.run()                                                     # has it already)
+            judged = self.watch.judge(0, before)  # run.keep_best: the model it starts from is a candidate too
             self.writer.log(0, before)
             print_eval(self, "before training", before)
         with Progress(cfg.run.max_steps, start=self.step_idx, enabled=self.dist.is_main,
@@ -313,15 +315,22 @@ class Trainer:
                 self.watch.check(self.step_idx, result.metrics)  # a collapsed policy: PolicyCollapsedError
                 self.maybe_log_completions(result)
                 bar.advance(console_line(self.step_idx, result.metrics) if self.step_idx % cfg.log.logging_steps == 0
+            if judged is not None and judged.improved:
+                self.checkpoints.save(0)
+                saved_at = 0
                             else None)
                 if any(cb(self, self.step_idx, result.metrics) for cb in self.callbacks):
                     self.stop_requested = True
-                if cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0 and self.watch.healthy:
+                periodic = cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0
+                if (periodic and self.watch.healthy) or (judged is not None and judged.improved):
                     self.checkpoints.save(self.step_idx)  # not while skipped or collapsed: keep the last good one
         self.watch.check_at_end(self.step_idx, self.stop_requested)  # last updates non-finite: not a success
-        if not (cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0):
+        if not (cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0) and saved_at != self.step_idx:
             self.checkpoints.save(self.step_idx)
         return self.finish()
+                judged = self.watch.judge(self.step_idx, result.metrics)  # run.keep_best, early stopping: best/*
+                if judged is not None and judged.stop:
+                    self.stop_requested = True
 
     def should_stop(self) -> bool:
         """Stop before the next step? Under torchrun every rank gets the same answer: a signal or a callback
@@ -331,6 +340,7 @@ class Trainer:
             self.stop_requested = True
         return agreed
 
+                    saved_at = self.step_idx  # (a new best is saved whatever save_steps says: final/ comes from it)
     def maybe_log_completions(self, result: StepResult) -> None:
         n, every = self.cfg.log.num_completions_to_log, self.cfg.log.log_completions_steps
         if not every or self.step_idx % every or not self.dist.is_main:
@@ -345,7 +355,8 @@ class Trainer:
             summary.update({k: v for k, v in last.items() if k != "step"})
         from slimgrpo.train.eval_during import eval_summary
 
-        summary.update(eval_summary(history, self.step_idx if self.evaluator else None))
+        best_step = self.watch.best.step if self.watch.best is not None else None
+        summary.update(eval_summary(history, self.step_idx if self.evaluator else None, best_step))
         if hasattr(self, "t_start"):
             summary["wall_time_s"] = time.perf_counter() - self.t_start
         summary.update({"data/prompts": len(self.dataset), "data/prompts_truncated": self.dataset.num_truncated,
@@ -357,7 +368,7 @@ class Trainer:
             summary["preempted_by"] = self.preempted_by or "a signal to another rank"
         summary.update(self.watch.summary_fields())
         if self.cfg.run.save_model and not preempted and self.watch.stalled is None:  # every rank: FSDP2 gathers
-            self.checkpoints.save_model(self.output_dir / "final")
+            summary.update(self.checkpoints.save_final(best_step, self.step_idx))  # run.keep_best: the best
         if self.dist.is_main:
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.writer.close()

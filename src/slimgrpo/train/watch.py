@@ -5,9 +5,11 @@
     stop = watch.observe(step_idx, metrics)    # the stall detector (train/stall.py): stall/* into metrics
     watch.check(step_idx, metrics)             # the collapse monitor (train/health.py): PolicyCollapsedError
     watch.check_at_end(step_idx, stopped)      # a run that ends diverged or collapsed is not a success
+    judged = watch.judge(step_idx, metrics)    # run.keep_best / early stopping (train/best.py): best/* into metrics
 
 It owns the non-finite streak (saved with each checkpoint: :meth:`state_dict`, :meth:`resume`), the collapse
-monitor, the stall detector and the stall that stopped the run. ``Trainer`` calls it; the checkpoints
+monitor, the stall detector and the stall that stopped the run, and the best model so far with the early
+stopping count (``train/best.py``, saved with each checkpoint too). ``Trainer`` calls it; the checkpoints
 (``train/checkpointing.py``) save its state and replay the run's history into it on resume.
 """
 
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slimgrpo.train import checkpoint as ckpt
-from slimgrpo.train import health, stall
+from slimgrpo.train import best, health, stall
 from slimgrpo.train.distributed import DistContext
 
 log = logging.getLogger("slimgrpo")
@@ -43,6 +45,8 @@ class RunWatch:
         self.health = health.monitor_for(cfg, model)  # a collapsed policy stops the run (exit 3)
         self.stall = stall.detector_for(cfg)  # says when learning stalls; run.stop_on_stall stops there (exit 5)
         self.stalled: stall.Stall | None = None  # the stall that stopped the run (run.stop_on_stall)
+        self.best = best.tracker_for(cfg)  # run.keep_best: the best judgement of run.best_metric; None when off
+        self.early_stopped: best.Judgement | None = None  # the judgement that stopped the run
 
     def after_update(self, skipped: bool, step_idx: int) -> None:
         """Count updates skipped as non-finite in a row; stop after ``run.max_nonfinite_steps``."""
@@ -68,6 +72,28 @@ class RunWatch:
                 self.stalled = verdict.detected
                 return True
         return False
+
+    def judge(self, step_idx: int, metrics: dict[str, Any]) -> best.Judgement | None:
+        """``run.keep_best``: read ``run.best_metric`` at a judgement (train/best.py); ``best/*`` into the record.
+        The answer's ``improved``: save a checkpoint at this step (the new best); ``stop``: the patience ran
+        out (``run.early_stopping_patience``). Step 0: the evaluation before training. None: not a judgement."""
+        if self.best is None:
+            return None
+        j = self.best.observe(step_idx, metrics, eligible=self.healthy)
+        if j is None:
+            return None
+        metrics.update(self.best.fields(j))
+        if j.stop:
+            self.early_stopped = j
+            if self.dist.is_main:
+                log.warning(best.stop_message(self.best, j))
+        return j
+
+    def protected_steps(self) -> tuple[int, ...]:
+        """Checkpoints pruning must spare: the newest at or before each of these steps (the last one from
+        before a stalled stretch; the best model's)."""
+        steps = (self.stall.protected_step(), self.best.protected_step() if self.best else None)
+        return tuple(s for s in steps if s is not None)
 
     def check(self, step_idx: int, metrics: dict[str, Any]) -> None:
         """Warn at a step whose policy looks collapsed; stop after ``run.max_collapsed_steps`` in a row."""
@@ -99,17 +125,29 @@ class RunWatch:
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint saves of the watch (its ``extra``)."""
-        return {"nonfinite_streak": self.nonfinite_streak}
+        out: dict[str, Any] = {"nonfinite_streak": self.nonfinite_streak}
+        if self.best is not None:
+            out["best"] = self.best.state_dict()
+        return out
 
     def resume(self, extra: dict[str, Any], history: list[dict[str, Any]] | None) -> None:
         """A resumed run: the streak from the checkpoint's ``extra``; ``history`` (metrics.jsonl up to the
         checkpoint; None where this rank may not see it) replayed into the collapse monitor ("reward fell"
         compares with the whole run) and the stall detector (a stretch going on when it was saved)."""
         self.nonfinite_streak = int(extra.get("nonfinite_streak", 0))
+        if self.best is not None:  # the best so far and the patience count, as saved
+            self.best.load_state_dict(extra.get("best") or {})
         if history is not None:
             self.health.remember_rewards(history)
             self.stall.replay(history)
 
     def summary_fields(self) -> dict[str, Any]:
-        """The stall fields of summary.json."""
-        return stall.summary_fields(self.stall, self.stalled, self.output_dir)
+        """The stall fields of summary.json, and the best judgement's (``best_metric``, ``best_step``,
+        ``best_value``; ``stopped_by: early_stopping``)."""
+        out = stall.summary_fields(self.stall, self.stalled, self.output_dir)
+        if self.best is not None:
+            out.update({"best_metric": self.best.settings.metric, "best_step": self.best.step,
+                        "best_value": self.best.value})
+        if self.early_stopped is not None:
+            out.update({"stopped_by": "early_stopping", "early_stopping_patience": self.best.settings.patience})
+        return out

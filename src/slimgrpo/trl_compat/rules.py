@@ -164,6 +164,29 @@ def _min_p(value, trl):
 def _lora_targets(value, trl):
     return SKIP if value is None else value
 
+def _best_metric(value, trl):
+    """TRL's ``metric_for_best_model`` names an eval metric with or without its ``eval_`` prefix."""
+    if value is None:
+        return SKIP  # TRL: the eval loss; slimgrpo keeps its default, eval/accuracy_greedy
+    name = str(value)
+    if name.startswith("eval/"):
+        return name  # already slimgrpo's
+    name = name.removeprefix("eval_")
+    if name == "reward":
+        return "eval/mean_reward"
+    if name.startswith("rewards/") and name.endswith("/mean"):
+        return f"eval/rewards/{name[len('rewards/'):-len('/mean')]}"
+    if name in ("accuracy_greedy", "accuracy_sampled", "mean_reward") or name.startswith("pass@"):
+        return f"eval/{name}"
+    raise Refused(f"metric_for_best_model={value!r}: slimgrpo's evaluation reports eval/accuracy_greedy, "
+                  "eval/accuracy_sampled, eval/pass@<k>, eval/mean_reward (TRL's eval_reward) and "
+                  "eval/rewards/<fn> (TRL's eval_rewards/<fn>/mean); it has no eval loss")
+
+
+def _greater_is_better(value, trl):
+    return SKIP if value is None else bool(value)
+
+
 
 def _resume(value, trl):
     if value in (None, False):

@@ -222,9 +222,20 @@ RULES: list[r.Rule] = [
     I("eval_on_start", _EVAL), I("eval_do_concat_batches", _EVAL), I("eval_use_gather_object", _EVAL),
     I("eval_accumulation_steps", _EVAL), I("include_for_metrics", _EVAL), I("batch_eval_metrics", _EVAL),
     I("do_train", "slimgrpo train always trains"), I("do_eval", _EVAL), I("do_predict", _EVAL),
-    R("load_best_model_at_end", "the final model is the last step's", ok=(False, None)),
-    I("metric_for_best_model", "the final model is the last step's"),
-    I("greater_is_better", "the final model is the last step's"),
+    M("load_best_model_at_end", "run.keep_best", "final/ is the best judgement's model (the evaluation before "
+      "training counts too), the last step's goes to last/; needs eval.data or a training-reward best_metric",
+      source="TrainingArguments"),
+    M("metric_for_best_model", "run.best_metric", "TRL's eval_<name> or <name>: reward -> eval/mean_reward, "
+      "rewards/<fn>/mean -> eval/rewards/<fn>, slimgrpo's own names as they are; None (TRL: the eval loss, which "
+      "slimgrpo's evaluation has not) keeps eval/accuracy_greedy", r._best_metric, source="TrainingArguments"),
+    M("greater_is_better", "run.greater_is_better", "None = true (TRL: true unless the metric is a loss; every "
+      "metric slimgrpo names is higher-better)", r._greater_is_better, source="TrainingArguments"),
+    M("early_stopping_patience", "run.early_stopping_patience", "EarlyStoppingCallback's argument, given in the "
+      "YAML; judgements in a row without improvement (needs load_best_model_at_end, as in TRL)",
+      source="EarlyStoppingCallback"),
+    M("early_stopping_threshold", "run.early_stopping_threshold", "EarlyStoppingCallback's argument: the "
+      "improvement that resets the patience", lambda v, t: r.SKIP if v is None else float(v),
+      source="EarlyStoppingCallback"),
     # ------------------------------------------------------------- checkpoints
     M("save_strategy", "run.save_checkpoints", "steps = every save_steps; no = no checkpoints",
       r._save_strategy, source="TrainingArguments"),

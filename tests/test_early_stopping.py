@@ -1,0 +1,83 @@
+"""run.early_stopping_patience (TRL's EarlyStoppingCallback): the run stops after that many judgements without
+improvement, final/ is the best model, exit 0 with a clear line, a second start says it already finished;
+TRL's names map onto the run.* keys."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from run_helpers import cli
+from test_keep_best import _config, _same, _steps, _train, _weights
+
+from slimgrpo.trl_compat import convert
+
+
+def test_the_run_stops_when_the_metric_stops_improving(tmp_path, tiny_model_dir, caplog):
+    cfg = _config(tmp_path, tiny_model_dir, max_steps=8, early_stopping_patience=2, save_total_limit=2)
+    values = {0: 0.3, 1: 0.5, 2: 0.4, 3: 0.45, 4: 0.9, 5: 0.9, 6: 0.9, 7: 0.9, 8: 0.9}
+    with caplog.at_level(logging.WARNING, logger="slimgrpo"):
+        trainer, summary = _train(cfg, values)
+    run = tmp_path / "run"
+    assert summary["steps"] == 3 and summary["stopped_by"] == "early_stopping"  # 2 judgements without gain
+    assert (summary["best_step"], summary["best_value"], summary["final_step"]) == (1, 0.5, 1)
+    assert "early stopping: eval/accuracy_greedy has not improved for 2 judgement(s)" in caplog.text
+    assert _same(_weights(run / "final"), _weights(run / "checkpoints" / "checkpoint-1" / "model"))
+    records = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    assert [records[s]["early_stopping/wait"] for s in (0, 1, 2, 3)] == [0, 0, 1, 2]
+    assert records[3]["early_stopping/stopped"] == 1 and "early_stopping/stopped" not in records[2]
+    assert _steps(run) == [1, 3]
+
+
+def test_threshold_sets_what_counts_as_improvement(tmp_path, tiny_model_dir):
+    """TRL: the best follows any gain, the patience only a gain above the threshold."""
+    cfg = _config(tmp_path, tiny_model_dir, max_steps=8, early_stopping_patience=2, early_stopping_threshold=0.05)
+    trainer, summary = _train(cfg, {0: 0.30, 1: 0.32, 2: 0.34, 3: 0.1, 4: 0.1, 5: 0.1, 6: 0.1, 7: 0.1, 8: 0.1})
+    assert summary["steps"] == 2 and summary["best_step"] == 2
+
+
+def test_exit_code_line_and_a_second_start(tmp_path, tiny_model_dir):
+    """Through the CLI with the real evaluation: a threshold nothing can beat stops it after `patience`
+    evaluations; exit 0, the terminal says why and which model final/ is; the same command again trains
+    nothing."""
+    cfg = _config(tmp_path, tiny_model_dir, max_steps=6, early_stopping_patience=2, early_stopping_threshold=10.0)
+    path = tmp_path / "cfg.yaml"
+    proc = cli("train", str(path), "run.early_stopping_patience=2", "run.early_stopping_threshold=10",
+               "run.keep_best=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "early stopping: eval/accuracy_greedy has not improved by more than 10" in out
+    assert "stopped at step 2 of 6" in out and "early stopping, eval/accuracy_greedy stopped improving" in out
+    assert "stopped early (a callback asked)" not in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stopped_by"] == "early_stopping" and summary["steps"] == 2
+    assert summary["final_step"] == summary["best_step"]
+    again = cli("train", str(path), "run.early_stopping_patience=2", "run.early_stopping_threshold=10",
+                "run.keep_best=true")
+    assert again.returncode == 0 and "already finished: early stopping stopped it at step 2" in again.stderr
+    assert cfg.run.max_steps == 6
+
+
+@pytest.mark.parametrize("trl, expected", [
+    ({"load_best_model_at_end": True, "metric_for_best_model": "eval_reward", "greater_is_better": True,
+      "early_stopping_patience": 3, "early_stopping_threshold": 0.01},
+     {"run.keep_best": True, "run.best_metric": "eval/mean_reward", "run.greater_is_better": True,
+      "run.early_stopping_patience": 3, "run.early_stopping_threshold": 0.01}),
+    ({"load_best_model_at_end": True, "metric_for_best_model": "rewards/accuracy/mean"},
+     {"run.keep_best": True, "run.best_metric": "eval/rewards/accuracy"}),
+    ({"metric_for_best_model": "eval/accuracy_greedy", "greater_is_better": None},
+     {"run.best_metric": "eval/accuracy_greedy"}),
+])
+def test_trl_names_map(trl, expected):
+    result = convert(trl)
+    assert not result.refused, result.refused
+    for key, value in expected.items():
+        assert result.values[key] == value, key
+    assert "run.best_metric" in expected or "run.best_metric" not in result.values
+
+
+def test_trl_eval_loss_is_refused_naming_what_exists():
+    result = convert({"load_best_model_at_end": True, "metric_for_best_model": "eval_loss"})
+    (row,) = result.refused
+    assert row.key == "metric_for_best_model" and "eval/accuracy_greedy" in row.detail and "no eval loss" in row.detail
