@@ -128,7 +128,6 @@ TRL_KEY_HINTS: dict[str, str] = {
     'dtype':
         "'dtype' is TRL's name: in slimgrpo use model.dtype (TRL's ModelConfig default float32; slimgrpo's auto = "
         'bfloat16 on GPUs that have it, float32 on CPU).',
-    'enable_jit_checkpoint':
     'early_stopping_patience':
         "'early_stopping_patience' is TRL's name: in slimgrpo use run.early_stopping_patience "
         "(EarlyStoppingCallback's argument, given in the YAML; judgements in a row without improvement (needs "
@@ -136,6 +135,7 @@ TRL_KEY_HINTS: dict[str, str] = {
     'early_stopping_threshold':
         "'early_stopping_threshold' is TRL's name: in slimgrpo use run.early_stopping_threshold "
         "(EarlyStoppingCallback's argument: the improvement that resets the patience).",
+    'enable_jit_checkpoint':
         "'enable_jit_checkpoint' is TRL's and has no slimgrpo key: slimgrpo checkpoints on SIGTERM/SIGINT by itself.",
     'entropy_coef':
         "'entropy_coef' is TRL's name: in slimgrpo use loss.entropy_coef (same meaning as TRL; the mean entropy runs "

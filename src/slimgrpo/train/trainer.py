@@ -302,6 +302,9 @@ class Trainer:
             judged = self.watch.judge(0, before)  # run.keep_best: the model it starts from is a candidate too
             self.writer.log(0, before)
             print_eval(self, "before training", before)
+            if judged is not None and judged.improved:
+                self.checkpoints.save(0)
+                saved_at = 0
         with Progress(cfg.run.max_steps, start=self.step_idx, enabled=self.dist.is_main,
                       bar=cfg.log.progress) as bar:
             while self.step_idx < cfg.run.max_steps and not self.should_stop():
@@ -311,26 +314,24 @@ class Trainer:
                     result.metrics.update(self.evaluator.after_step(self.step_idx))
                 if self.watch.observe(self.step_idx, result.metrics):  # stall/* into the record; a stall may stop
                     self.stop_requested = True
+                judged = self.watch.judge(self.step_idx, result.metrics)  # run.keep_best, early stopping: best/*
+                if judged is not None and judged.stop:
+                    self.stop_requested = True
                 self.writer.log(self.step_idx, result.metrics)
                 self.watch.check(self.step_idx, result.metrics)  # a collapsed policy: PolicyCollapsedError
                 self.maybe_log_completions(result)
                 bar.advance(console_line(self.step_idx, result.metrics) if self.step_idx % cfg.log.logging_steps == 0
-            if judged is not None and judged.improved:
-                self.checkpoints.save(0)
-                saved_at = 0
                             else None)
                 if any(cb(self, self.step_idx, result.metrics) for cb in self.callbacks):
                     self.stop_requested = True
                 periodic = cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0
                 if (periodic and self.watch.healthy) or (judged is not None and judged.improved):
                     self.checkpoints.save(self.step_idx)  # not while skipped or collapsed: keep the last good one
+                    saved_at = self.step_idx  # (a new best is saved whatever save_steps says: final/ comes from it)
         self.watch.check_at_end(self.step_idx, self.stop_requested)  # last updates non-finite: not a success
         if not (cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0) and saved_at != self.step_idx:
             self.checkpoints.save(self.step_idx)
         return self.finish()
-                judged = self.watch.judge(self.step_idx, result.metrics)  # run.keep_best, early stopping: best/*
-                if judged is not None and judged.stop:
-                    self.stop_requested = True
 
     def should_stop(self) -> bool:
         """Stop before the next step? Under torchrun every rank gets the same answer: a signal or a callback
@@ -340,7 +341,6 @@ class Trainer:
             self.stop_requested = True
         return agreed
 
-                    saved_at = self.step_idx  # (a new best is saved whatever save_steps says: final/ comes from it)
     def maybe_log_completions(self, result: StepResult) -> None:
         n, every = self.cfg.log.num_completions_to_log, self.cfg.log.log_completions_steps
         if not every or self.step_idx % every or not self.dist.is_main:
