@@ -81,3 +81,38 @@ def test_trl_eval_loss_is_refused_naming_what_exists():
     result = convert({"load_best_model_at_end": True, "metric_for_best_model": "eval_loss"})
     (row,) = result.refused
     assert row.key == "metric_for_best_model" and "eval/accuracy_greedy" in row.detail and "no eval loss" in row.detail
+
+
+# ----------------------------------------------------------------------------- the stall watch names a slide
+
+
+def test_a_slide_is_named_when_entropy_collapses_while_the_reward_falls():
+    from test_stall import run, step
+
+    from slimgrpo.train.stall import SLIDE
+
+    start = [step(reward=0.8, entropy=1.0)] * 3
+    sliding = [step(reward=r, entropy=0.1, zero_std=0.5) for r in (0.8, 0.6, 0.4, 0.2, 0.1)]
+    detector, verdicts = run(start + sliding)
+    (stall,) = detector.stalls
+    assert (stall.kind, stall.start_step, stall.detected_step) == (SLIDE, 4, 7)
+    assert stall.message.startswith("step 7: the run is sliding since step 4")
+    assert "the mean reward fell from 0.7 to 0.3" in stall.message and "run.keep_best=true" in stall.message
+    assert verdicts[6].fields["stall/kind"] == SLIDE
+
+
+def test_a_slide_of_the_held_out_metric_alone_is_named_too():
+    from test_stall import run, step
+
+    from slimgrpo.train.stall import SLIDE
+
+    start = [step(reward=0.3, entropy=1.0)] * 3
+    rising = [step(reward=0.3 + 0.1 * i, entropy=0.1, zero_std=0.5, **({"eval/accuracy_greedy": acc} if acc else {}))
+              for i, acc in enumerate((0.6, None, 0.3, None))]
+    detector, _ = run(start + rising)
+    (stall,) = detector.stalls
+    assert stall.kind == SLIDE and "the held-out metric went 0.6 -> 0.3" in stall.message
+    assert "mean reward fell" not in stall.message
+    # without the held-out drop the same climbing reward is no stall (test_stall's rule stays)
+    climbing = [step(reward=0.3 + 0.1 * i, entropy=0.1, zero_std=0.5) for i in range(4)]
+    assert run(start + climbing)[0].stalls == []

@@ -147,7 +147,8 @@ def _which_model(summary: dict[str, Any], cfg) -> str:
 
 
 STALL_KINDS = {"no_signal": "most groups had rewards all equal (no gradient)",
-               "entropy_collapse": "entropy collapsed while the reward stayed flat"}
+               "entropy_collapse": "entropy collapsed while the reward stayed flat",
+               "slide": "entropy collapsed while the reward or the held-out metric fell"}
 
 
 def _stall_lines(summary: dict[str, Any]) -> list[str]:

@@ -9,7 +9,12 @@ consecutive steps, make a **stall**:
   (``frac_reward_zero_std``, TRL's metric);
 - *entropy collapse*: the token entropy stayed below ``run.stall_entropy_ratio`` x its start (the mean of
   the first three steps) while the mean reward was flat (it moved by at most ``run.stall_reward_flat`` x the
-  reward's spread at the start, the mean ``reward_std`` of the first three steps).
+  reward's spread at the start, the mean ``reward_std`` of the first three steps);
+- *slide*: the entropy stayed that low while the run got worse: the mean reward of the stretch's second half
+  fell below its first half's by more than that tolerance, or the held-out metric (``eval/accuracy_greedy``,
+  else ``eval/mean_reward``) fell between the first and the last evaluation of the stretch. A policy that
+  learned, then turned near-deterministic and lost what it learned (``run.keep_best`` keeps the model from
+  before; ``run.early_stopping_patience`` stops such a run).
 
 The detector says so once per stretch, with the numbers and the likely cause (a reward saturated or never
 paid, a learning rate too high, a temperature too low). Its fields go into the step's record of
@@ -28,7 +33,8 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-NO_SIGNAL, ENTROPY_COLLAPSE = "no_signal", "entropy_collapse"
+NO_SIGNAL, ENTROPY_COLLAPSE, SLIDE = "no_signal", "entropy_collapse", "slide"
+HELDOUT_KEYS = ("eval/accuracy_greedy", "eval/mean_reward")  # the held-out metric a slide reads, first found
 START_STEPS = 3  # the steps whose entropy and reward spread are "the start"
 
 
@@ -56,6 +62,7 @@ class StepNumbers:
     means: dict[str, float]  # rewards/<fn>/mean
     stds: dict[str, float]  # rewards/<fn>/std
     zero_std_by_fn: dict[str, float]  # rewards/<fn>/frac_zero_std
+    heldout: float | None = None  # eval/accuracy_greedy (else eval/mean_reward) on a step that evaluated
 
     @classmethod
     def from_metrics(cls, step: int, metrics: dict[str, Any]) -> "StepNumbers":
@@ -68,9 +75,10 @@ class StepNumbers:
                         out[key[len("rewards/"):-len(suffix)]] = v
             return out
 
+        heldout = next((v for v in (_number(metrics, k) for k in HELDOUT_KEYS) if v is not None), None)
         return cls(step, _number(metrics, "reward"), _number(metrics, "reward_std"),
                    _number(metrics, "frac_reward_zero_std"), _number(metrics, "entropy"),
-                   per_fn("/mean"), per_fn("/std"), per_fn("/frac_zero_std"))
+                   per_fn("/mean"), per_fn("/std"), per_fn("/frac_zero_std"), heldout)
 
 
 @dataclass
@@ -211,7 +219,23 @@ class StallDetector:
                 and self.reward_flat(window)):
             start = max(self.low_entropy_since, step - need + 1)
             return Stall(ENTROPY_COLLAPSE, start, step, step, self.describe(ENTROPY_COLLAPSE, start, step, window))
+        if (self.low_entropy_since is not None and step - self.low_entropy_since + 1 >= need
+                and self.sliding(window)):
+            start = max(self.low_entropy_since, step - need + 1)
+            return Stall(SLIDE, start, step, step, self.describe(SLIDE, start, step, window))
         return None
+
+    def sliding(self, window: list[StepNumbers]) -> bool:
+        """The run got worse over the stretch: the mean reward of its second half below its first half's by more
+        than ``reward_flat`` x the reward's spread at the start, or the held-out metric lower at the stretch's
+        last evaluation than at its first."""
+        tol = self.limits.reward_flat * (self.start_spread or 0.0) + 1e-9
+        rewards = [n.reward for n in window if n.reward is not None]
+        half = len(rewards) // 2
+        if half and _mean(rewards[:half]) - _mean(rewards[-half:]) > tol:
+            return True
+        heldout = [n.heldout for n in window if n.heldout is not None]
+        return len(heldout) >= 2 and heldout[-1] < heldout[0] - 1e-9
 
     def reward_flat(self, window: list[StepNumbers]) -> bool:
         """The mean reward moved by at most ``reward_flat`` x the reward's spread at the start."""
@@ -232,6 +256,19 @@ class StallDetector:
         entropy = (f"token entropy {last.entropy:.3g}" + (f" ({last.entropy / e0:.0%} of its start, {e0:.3g})"
                                                           if e0 else "")) if last.entropy is not None else ""
         fns = ", ".join(f"{fn} {v:.4g}" for fn, v in last.means.items())
+        if kind == SLIDE:
+            half = max(1, len(window) // 2)
+            first = _mean([n.reward for n in window[:half] if n.reward is not None])
+            second = _mean([n.reward for n in window[-half:] if n.reward is not None])
+            heldout = [n.heldout for n in window if n.heldout is not None]
+            fell = (f"the mean reward fell from {first:.4g} to {second:.4g} (first and second half of the stretch)"
+                    if first is not None and second is not None and second < first else "")
+            if len(heldout) >= 2:
+                fell += (" and " if fell else "") + f"the held-out metric went {heldout[0]:.4g} -> {heldout[-1]:.4g}"
+            return (f"step {step}: the run is sliding since step {start}: for {step - start + 1} steps the token "
+                    f"entropy stayed below {self.limits.entropy_ratio:.0%} of its start while {fell} ({reward}; "
+                    f"{entropy}). Likely cause: {self.likely_cause(kind, window)}. run.keep_best=true keeps the "
+                    "model from before the slide; run.early_stopping_patience stops such a run.")
         if kind == NO_SIGNAL:
             zs = [n.zero_std for n in window if n.zero_std is not None]
             what = (f"for {step - start + 1} steps, {_mean(zs):.0%} of the groups (mean over the stretch; "
