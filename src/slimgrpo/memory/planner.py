@@ -146,6 +146,40 @@ def shared_prompt_saves(x: PlanInputs, groups: int, shape: ModelShape, prompt_pa
     return shared < update_layer_bytes(shape, x, groups=0)[0]
 
 
+def no_grad_pass_bytes(shape: ModelShape, x: PlanInputs, groups: int, prompt_padded: bool | None = None) -> int:
+    """What a pass without gradients (reference / old-policy log-probs) holds at its peak for the largest
+    micro-batch: one layer's forward working set, plus, shared (``groups`` > 0), the S² mask terms of the
+    completion pass ([m, 1, T, S] bool and its compute-dtype copy inside sdpa) and the KV cache of every
+    layer that the fanned-out prompt leaves (m·S·2·kv·B per layer). Plain (``groups`` = 0): m·S unpadded
+    tokens through one layer, no mask, no cache. Nothing is kept for backward, but the mask is alive
+    for every layer: W-long 8 x (512 + 8,192) on W-cpu's shape holds 2.8 GiB shared, 0.5 GiB plain."""
+    m, P, T, S = x.micro_rows, x.max_prompt_length, x.max_completion_length, x.seq_len
+    plain_x = dataclasses.replace(x, padding_mask=False)
+    if not groups:
+        return inference_bytes_per_token_layer(shape, plain_x) * m * S
+    if prompt_padded is None:
+        prompt_padded = x.padding_mask and x.prompts_per_step > 1
+    masked_x = dataclasses.replace(x, padding_mask=True)
+    p_shared, p_quad = attention_mask_bytes(x, groups, P, padded=prompt_padded, shape=shape)
+    c_shared, c_quad = attention_mask_bytes(x, m, S, padded=True, shape=shape, pairs=m * T * S)
+    work = max(inference_bytes_per_token_layer(shape, masked_x if prompt_padded else plain_x) * groups * P
+               + p_shared + p_quad,
+               inference_bytes_per_token_layer(shape, masked_x) * m * T + c_shared + c_quad)
+    cache = shape.layers * m * S * 2 * shape.kv_dim * _compute_bytes(x)
+    return work + cache
+
+
+def shared_prompt_lighter_without_grad(shape: ModelShape, x: PlanInputs, groups: int,
+                                       prompt_padded: bool | None = None) -> bool:
+    """Whether a pass without gradients may share ``groups`` prompts: it saves work, and it must not hold
+    more at its peak than the plain pass (``no_grad_pass_bytes``). Long completions after a short prompt
+    fail this (the completion pass's mask outgrows the prompt tokens saved): that pass, run before the
+    update, set W-long 8 x 8K's peak at 3.5 GiB against a 1.9 GiB plan (issue 43)."""
+    if groups < 1 or groups >= x.micro_rows:
+        return False
+    return no_grad_pass_bytes(shape, x, groups, prompt_padded) <= no_grad_pass_bytes(shape, x, 0)
+
+
 def update_layer_bytes(shape: ModelShape, x: PlanInputs, groups: int | None = None,
                        prompt_padded: bool | None = None) -> tuple[int, int, int, str]:
     """One decoder layer's saved bytes for the largest micro-batch, the tokens it runs, the S² bytes

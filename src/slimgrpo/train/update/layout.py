@@ -10,7 +10,8 @@ contract), up to summation order:
 With ``memory.share_prompt_forward`` the packed layout is taken where ``packed.cheaper`` estimates less work,
 else the shared-prompt one where the rows share prompts: for passes with gradients only where it also keeps
 fewer bytes (``shared_prompt.applicable``), for passes without (old / reference log-probs, which keep no
-activations) wherever it saves work (``shared_prompt.shares_work``), and not through a DDP / FSDP2 wrapper.
+activations) where it saves work and its peak (the completion pass's mask) is no larger than the plain pass's
+(``shared_prompt.applicable_without_grad``), and not through a DDP / FSDP2 wrapper.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def hidden_fn(model, input_ids: Tensor, attention_mask: Tensor, T: int, share_pr
         if not with_grad:
             return unpadded_hidden
         model = unwrapped(model)
-    groups = (shared_prompt.applicable if with_grad else shared_prompt.shares_work)(model, input_ids, attention_mask, T)
+    groups = (shared_prompt.applicable if with_grad else shared_prompt.applicable_without_grad)(
+        model, input_ids, attention_mask, T)
     if packed.cheaper(model, input_ids, attention_mask, T, groups):
         return packed.packed_completion_hidden  # only real tokens, each prompt once, one sequence
     return shared_prompt.shared_completion_hidden if groups else unpadded_hidden

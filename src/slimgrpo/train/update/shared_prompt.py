@@ -69,25 +69,54 @@ def applicable(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_
     return groups if saves else 0
 
 
+def applicable_without_grad(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                            num_completion_tokens: int) -> int:
+    """The number of groups a pass without gradients (reference / old-policy log-probs) shares: where it
+    saves work (``shares_work``) and holds no more at its peak than the plain pass (the planner's
+    ``shared_prompt_lighter_without_grad``: nothing is kept for backward, but with long completions after a
+    short prompt the completion pass's [rows, 1, T, P + T] mask outweighs the prompt tokens saved), else 0."""
+    groups = shares_work(model, input_ids, attention_mask, num_completion_tokens)
+    if not groups:
+        return 0
+    from slimgrpo.memory.planner import shared_prompt_lighter_without_grad
+
+    P = input_ids.shape[1] - num_completion_tokens
+    view = _plan_view(unwrap_causal_lm(model), input_ids.shape[0], P, num_completion_tokens)
+    if view is None:
+        return groups
+    lighter = shared_prompt_lighter_without_grad(*view, groups, prompt_padded=bool((attention_mask[:, :P] == 0).any()))
+    return groups if lighter else 0
+
+
+def _plan_view(lm: nn.Module, rows: int, P: int, T: int):
+    """``(shape, PlanInputs)`` of one micro-batch for the planner's verdicts, or None for a config the planner
+    cannot read (an architecture without the usual keys)."""
+    from slimgrpo.memory.plan_types import PlanInputs
+    from slimgrpo.memory.shapes import ModelShape
+
+    try:
+        shape = ModelShape.from_hf_config(lm.config.to_dict())
+    except (ValueError, KeyError, TypeError):
+        return None
+    param = next(lm.parameters(), None)
+    B = 4 if param is None or param.element_size() >= 4 else 2
+    attn = getattr(lm.config, "_attn_implementation", None) or "sdpa"
+    return shape, PlanInputs(device="cpu", param_dtype_bytes=B, num_generations=rows, micro_batch_rows=rows,
+                             max_prompt_length=P, max_completion_length=T, attn_implementation=attn)
+
+
 def saves_memory(lm: nn.Module, rows: int, groups: int, P: int, T: int, prompt_padded: bool) -> bool:
     """The planner's verdict (``memory.planner.shared_prompt_saves``): sharing keeps fewer bytes per layer.
 
     The completion pass attends T queries to P + T keys through a [rows, 1, T, P + T] mask, so long
     completions after a short prompt cost more shared than plain. A config the planner cannot read
     (an architecture without the usual keys) keeps sharing on."""
-    from slimgrpo.memory.plan_types import PlanInputs
     from slimgrpo.memory.planner import shared_prompt_saves
-    from slimgrpo.memory.shapes import ModelShape
 
-    try:
-        shape = ModelShape.from_hf_config(lm.config.to_dict())
-    except (ValueError, KeyError, TypeError):
+    view = _plan_view(lm, rows, P, T)
+    if view is None:
         return True
-    param = next(lm.parameters(), None)
-    B = 4 if param is None or param.element_size() >= 4 else 2
-    attn = getattr(lm.config, "_attn_implementation", None) or "sdpa"
-    x = PlanInputs(device="cpu", param_dtype_bytes=B, num_generations=rows, micro_batch_rows=rows,
-                   max_prompt_length=P, max_completion_length=T, attn_implementation=attn)
+    shape, x = view
     return shared_prompt_saves(x, groups, shape, prompt_padded=prompt_padded)
 
 
@@ -116,4 +145,4 @@ def shared_completion_hidden(model: nn.Module, x: CompletionRows) -> HiddenOut:
     return hidden[mask], x.completion_ids[mask], mask, lm_head_spec(lm)
 
 
-__all__ = ["applicable", "row_groups", "shared_completion_hidden"]
+__all__ = ["applicable", "applicable_without_grad", "row_groups", "shared_completion_hidden"]
