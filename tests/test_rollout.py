@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -301,3 +302,78 @@ def test_auto_packing_packs_the_decoder_only_where_its_projections_are_large(mon
     assert engine._packing(PROMPTS, params) == "all"
     assert TorchRolloutEngine(tiny_model(), lean_decode=False)._packing(PROMPTS, params) == "head"
     assert TorchRolloutEngine(tiny_model(), pack_weights="none")._packing(PROMPTS, params) == "none"
+
+
+@contextlib.contextmanager
+def counted_host_syncs(engine):
+    """Count what makes the host wait for the device while ``engine`` decodes (``_decode``, not the prefill):
+    tensor -> Python conversions (``item``, ``tolist``, ``bool``, ``int``, ``float``, ``cpu``, ...),
+    ``nonzero`` and indexing by a boolean mask (its size is only known on the device). ``loop``: the decode
+    loop's own; ``step``: inside the stepper's ``step`` (the model)."""
+    counts = {"loop": 0, "step": 0, "where": None}
+    originals = {}
+
+    def wrap(name):
+        original = getattr(torch.Tensor, name)
+        originals[name] = original
+
+        def counted(self, *args, **kwargs):
+            if counts["where"] is not None:
+                index = args[0] if args else None
+                parts = index if isinstance(index, tuple) else (index,)
+                if not name.startswith("__") or name in ("__bool__", "__int__", "__float__", "__index__") or any(
+                        isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
+                    counts[counts["where"]] += 1
+            return original(self, *args, **kwargs)
+
+        setattr(torch.Tensor, name, counted)
+
+    for name in ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__", "__index__",
+                 "__getitem__", "__setitem__"):
+        wrap(name)
+    decode = engine._decode
+
+    def decoding(stepper, *args, **kwargs):
+        step = stepper.step
+
+        def stepping(tokens):
+            counts["where"] = "step"
+            try:
+                return step(tokens)
+            finally:
+                counts["where"] = "loop"
+
+        stepper.step = stepping
+        counts["where"] = "loop"
+        try:
+            return decode(stepper, *args, **kwargs)
+        finally:
+            counts["where"] = None
+
+    engine._decode = decoding
+    try:
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_decode_waits_for_the_device_once_per_step(lean) -> None:
+    """Issue 42: the loop asked the device three times a step (any / all / sum); once now (how many rows are
+    done), none without EOS, and none more when rows leave the batch. The lean step itself asks nothing (the
+    model's own forward, ``lean=False``, is Hugging Face's business)."""
+    model = tiny_model()
+    free = hf_greedy(model, PROMPTS, 12, eos=())
+    params = greedy(12, eos=(int(free[0, 2]), int(free[2, 6])))
+    engine = TorchRolloutEngine(model, drop_finished_fraction=0.0, lean_decode=lean)
+    with counted_host_syncs(engine) as counts:
+        ro = engine.generate(PROMPTS, 2, params)
+    steps = int(ro.completion_lengths.max())  # sampling steps taken: the last one asks nothing
+    assert ro.completion_lengths.min() < steps  # rows did leave the batch
+    assert 0 < counts["loop"] <= steps - 1, (counts, steps)
+    if lean:
+        assert counts["step"] == 0
+    with counted_host_syncs(engine) as counts:
+        engine.generate(PROMPTS, 2, greedy(12, eos=()))
+    assert counts["loop"] == 0

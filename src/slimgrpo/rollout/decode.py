@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import cuda_graph
+from .graph_cache import GraphCache
 from .kv_quant import make_quant_stepper
 from .llama_stepper import LlamaStepper
 from .model_parts import CausalLMParts
@@ -52,17 +53,18 @@ class HFStepper:
 
 
 def make_stepper(parts: CausalLMParts, cache, prompt_mask: torch.Tensor, max_new: int, lean: bool | None,
-                 kv_cache_dtype: str | None = None):
+                 kv_cache_dtype: str | None = None, graphs: GraphCache | None = None):
     """The lean stepper where it applies (unless ``lean`` is False), else the generic one; a quantised
-    KV cache (``kv_cache_dtype`` fp8_e4m3 / int8, see ``kv_quant``) needs the lean stepper. A lean stepper
-    takes the prompt's keys and values out of ``cache`` (its layers are left empty): do not reuse it."""
+    KV cache (``kv_cache_dtype`` fp8_e4m3 / int8, see ``kv_quant``) needs the lean stepper. With ``graphs``
+    (a cache the caller keeps across calls: CUDA graphs, opt-in, see ``cuda_graph.enabled``) the lean
+    stepper is the static-cache one replaying them. A lean stepper takes the prompt's keys and values out
+    of ``cache`` (its layers are left empty): do not reuse it."""
     total = prompt_mask.shape[1] + max_new
     if kv_cache_dtype not in (None, "auto"):
         return make_quant_stepper(parts, cache, prompt_mask, max_new, lean, kv_cache_dtype)
     if lean is not False and LlamaStepper.supports(parts, total):
-        # static cache + CUDA graphs: CUDA only, opt-in (SLIMGRPO_CUDA_GRAPHS=1)
-        if cuda_graph.enabled(prompt_mask.device):
-            return cuda_graph.StaticCacheStepper(parts, cache, prompt_mask, max_new, graphs=True)
+        if graphs is not None:
+            return cuda_graph.StaticCacheStepper(parts, cache, prompt_mask, max_new, graphs=graphs)
         return LlamaStepper(parts, cache, prompt_mask, max_new)
     if lean:
         raise ValueError(f"lean decoding does not support {type(parts.base).__name__}; use lean_decode=None")

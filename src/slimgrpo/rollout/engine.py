@@ -14,9 +14,11 @@ copy and nothing to synchronise after an optimizer step -- and is built for the 
 * rows stop at EOS; finished rows are fed padding until enough of them pile up, then they are dropped
   from the batch (and from the KV cache) so later steps get cheaper; the loop ends when all are done.
 
-The code is device-agnostic (everything lives on the model's device). It has been run on CPU only; on
-a GPU it should work as written (the per-step ``.any()`` checks cost one host sync each), but it has
-not been tested there and does not yet use a static cache or CUDA graphs.
+The code is device-agnostic (everything lives on the model's device). A decode step waits for the device
+once, to learn how many rows have finished (none when there is no EOS); ending rows are recorded on the
+device. With ``SLIMGRPO_CUDA_GRAPHS=1`` on CUDA, Llama-shaped models decode through recorded CUDA graphs that
+the engine keeps across calls (``graph_cache``; rollout/cuda_graph.py, rollout/graph_cache.py). It has been
+run on CPU only so far.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from transformers import DynamicCache
 from ..memory.malloc import generation_heap, mapped
 from ..memory.planner import DECODE_PACK_MIN_BYTES, PREFILL_CHUNK_TOKENS
 from ..types import Rollout
+from . import cuda_graph
 from .decode import make_stepper
+from .graph_cache import GraphCache
 from .llama_stepper import LlamaStepper
 from .model_parts import CausalLMParts, eval_mode
 from .sampling import SamplingParams, SamplingWorkspace, apply_repetition_penalty, sample_next
@@ -107,6 +111,10 @@ class TorchRolloutEngine:
         # run the same number of them. ``agree_max(v)`` returns the largest ``v`` over the ranks; with it set,
         # prompts are left-padded to the widest rank's and decoding goes on until every rank is done.
         self.agree_max: Callable[[int], int] | None = None
+        # The static decode tensors and CUDA graphs kept from call to call (rollout/graph_cache.py): made on the
+        # first CUDA call while ``cuda_graph.enabled``; set one to choose (tests pass a stand-in recorder);
+        # ``graph_cache.release()`` frees its memory.
+        self.graph_cache: GraphCache | None = None
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -194,7 +202,8 @@ class TorchRolloutEngine:
         # Fan the prompt's KV cache out to its rows (rows of one prompt are adjacent).
         cache.batch_select_indices(row_slot)
 
-        stepper = make_stepper(self.parts, cache, mask[row_slot], max_new, self.lean_decode, self.kv_cache_dtype)
+        stepper = make_stepper(self.parts, cache, mask[row_slot], max_new, self.lean_decode, self.kv_cache_dtype,
+                               graphs=self._graphs(device))
         del cache  # the stepper holds what it needs
 
         # Step-major outputs: each step writes one contiguous row (index_copy_), transposed at the end.
@@ -236,24 +245,38 @@ class TorchRolloutEngine:
             out_logprobs[t].index_copy_(0, alive, logprobs.masked_fill(done, 0.0))
             if seen is not None:
                 seen.scatter_(1, tokens[:, None], True)
-            hit = torch.isin(tokens, eos) & ~done  # [b] rows that end at this token
-            if bool(hit.any()):
-                lengths[alive[hit]] = t + 1
-                ended[alive[hit]] = True
+            last = t == max_new - 1
+            n_done = 0
+            if eos.numel():
+                hit = torch.isin(tokens, eos) & ~done  # [b] rows that end at this token
+                # Recorded for every slot on the device (the others keep their values): no host round trip.
+                lengths.index_copy_(0, alive, torch.where(hit, t + 1, lengths.index_select(0, alive)))
+                ended.index_copy_(0, alive, ended.index_select(0, alive) | hit)
                 done = done | hit
-            finished = t == max_new - 1 or bool(done.all())
-            if self.agree_max is not None and t < max_new - 1:  # go on (feeding padding) while a rank decodes
+                if not last:
+                    n_done = host_int(done.sum())  # the step's one wait for the device
+            finished = last or n_done == done.numel()
+            if self.agree_max is not None and not last:  # go on (feeding padding) while a rank decodes
                 finished = self.agree_max(int(not finished)) == 0
             if finished:
                 break
-            n_done = int(done.sum())
-            if 0 < n_done < done.numel() and n_done >= self.drop_finished_fraction * done.numel():
-                keep = (~done).nonzero().squeeze(1)  # [b'] slots still generating
+            b = done.numel()
+            step_rows = getattr(stepper, "step_rows", None) or (lambda rows: rows)  # a padded step's real size
+            if 0 < n_done < b and n_done >= self.drop_finished_fraction * b and step_rows(b - n_done) < step_rows(b):
+                # the unfinished slots in order, without asking the device how many (we know: b - n_done)
+                keep = torch.argsort(done.to(torch.uint8), stable=True)[: b - n_done]  # [b']
                 with mapped():  # the re-selected KV buffers live to the end of the call
                     stepper.select(keep)
                 alive, tokens, done = alive[keep], tokens[keep], done[keep]
                 seen = seen[keep] if seen is not None else None
             logits = self.parts.logits(stepper.step(tokens))  # [b, V]
+
+    def _graphs(self, device: torch.device) -> GraphCache | None:
+        """The graph cache decode steps use: the one set on the engine, else, with ``SLIMGRPO_CUDA_GRAPHS=1`` on
+        CUDA, one made now and kept for later calls."""
+        if self.graph_cache is None and cuda_graph.enabled(device):
+            self.graph_cache = cuda_graph.cuda_graph_cache(device)
+        return self.graph_cache
 
     def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         """Run the left-padded prompts ``ids`` [p, P] into ``cache``, ``prefill_chunk`` positions at a time;
@@ -273,6 +296,12 @@ class TorchRolloutEngine:
             hidden = out.last_hidden_state[:, -1]
             del out
         return hidden
+
+
+def host_int(t: torch.Tensor) -> int:
+    """A one-element device tensor as a Python int: the decode loop's only host synchronisation per step
+    (one function, so a test can count them)."""
+    return int(t.item())
 
 
 def _check_prompts(prompt_ids: list[list[int]]) -> None:
