@@ -3,6 +3,7 @@ evaluate() call on the same model, validation."""
 
 import dataclasses
 import json
+import re
 
 import pytest
 from run_helpers import cli, write_run
@@ -34,7 +35,7 @@ def test_eval_before_every_n_steps_and_at_the_end(tmp_path, tiny_model_dir):
     evals = {r["step"]: r for r in records if "eval/accuracy_greedy" in r}
     assert sorted(evals) == [0, 2, 4, 5]  # before, every 2 steps, after the last (5)
     assert set(evals[0]) == {"step", "eval/accuracy_greedy", "eval/accuracy_sampled", "eval/pass@3",
-                             "eval/mean_reward", "eval/rewards/vowels", "eval/rewards/length"}
+                             "eval/mean_reward", "eval/rewards/vowels", "eval/rewards/length", "time/eval_s"}
     for r in evals.values():
         assert 0 <= r["eval/accuracy_sampled"] <= r["eval/pass@3"] <= 1
         assert 0 <= r["eval/accuracy_greedy"] <= 1
@@ -47,6 +48,9 @@ def test_eval_before_every_n_steps_and_at_the_end(tmp_path, tiny_model_dir):
     out = proc.stdout
     assert "parameters" in out and "trainable of" in out and "5 held-out prompts x 3 samples" in out
     assert "eval before training: greedy" in out
+    line = out.split("step 2:")[1].splitlines()[0]  # the step line shows what the evaluation cost
+    assert re.search(r"\| eval greedy .*  \(\d+\.\d s\)$", line), line
+    assert evals[2]["time/eval_s"] > 0
     assert "done: 5 steps in" in out and f"slimgrpo report {tmp_path / 'run'}" in out
     assert f"{tmp_path / 'run' / 'final'}" in out
     assert "Warning" not in proc.stdout + proc.stderr  # third-party warnings are silenced

@@ -213,3 +213,13 @@ def test_metric_names_that_work(tmp_path, tiny_model_dir):
         load_config(str(path), ["run.keep_best=true", f"run.best_metric={metric}"])
     load_config(str(path), ["run.keep_best=true", "run.best_metric=rewards/vowels/mean", "run.save_steps=5",
                             "eval.data="])
+
+
+def test_the_demo_keeps_the_best_of_before_and_after(tmp_path):
+    """`slimgrpo demo` (eval.steps=0: the evaluations before and after training) returns the better model."""
+    from slimgrpo.config.best import best_metric
+    from slimgrpo.demo.run import demo_config
+
+    for algorithm in ("grpo", "ppo"):
+        cfg, _ = demo_config(str(tmp_path / "out"), [], algorithm=algorithm)
+        assert cfg.run.keep_best and best_metric(cfg) == "eval/accuracy_greedy" and cfg.eval.steps == 0

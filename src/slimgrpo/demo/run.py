@@ -35,7 +35,10 @@ def demo_config(output_dir: str, overrides: list[str], algorithm: str = "grpo"):
         "loss": {"beta": d.get("beta", 0.0), "loss_type": d.get("loss_type", "dapo")},
         "optim": {"learning_rate": d["learning_rate"]},
         "run": {"output_dir": output_dir, "max_steps": d["max_steps"], "resume": "never", "device": "cpu",
-                "batch_size": d["prompts_per_step"] * d["num_generations"], "save_steps": 0},
+                "batch_size": d["prompts_per_step"] * d["num_generations"], "save_steps": 0,
+                # final/ is the better of the model before training and after it by eval/accuracy_greedy
+                # (eval.steps=0: those are the two evaluations), never a model worse than the bundled one
+                "keep_best": True},
         "log": {"logging_steps": 5, "log_completions_steps": 10},
         # Held-out accuracy before and after, as the build script measures it: sampled = EVAL_NUM_SAMPLES
         # completions per prompt at EVAL_TEMPERATURE (about +-1 point of noise on 200 prompts instead of +-3
@@ -90,7 +93,9 @@ def run_demo(output_dir: str = "outputs/demo", overrides: list[str] | None = Non
     summary = trainer.train()  # evaluates eval.data before the first step and after the last
     n_eval = trainer.evaluator.num_prompts
     before = {m: summary[f"eval_before/accuracy_{m}"] for m in ("sampled", "greedy")}
-    after = {m: summary[f"eval_after/accuracy_{m}"] for m in ("sampled", "greedy")}
+    # "after" is the model final/ holds: the last step's, unless run.keep_best kept an earlier evaluation's
+    kept = "eval_best" if "eval_best/accuracy_greedy" in summary else "eval_after"
+    after = {m: summary[f"{kept}/accuracy_{m}"] for m in ("sampled", "greedy")}
 
     table = Table(title=f"held-out accuracy, {n_eval} prompts")
     for col in ("decoding", "before", "after", "change"):
@@ -100,6 +105,10 @@ def run_demo(output_dir: str = "outputs/demo", overrides: list[str] | None = Non
         table.add_row(label, f"{before[mode]:.1%}", f"{after[mode]:.1%}",
                       f"{(after[mode] - before[mode]) * 100:+.1f} pts")
     console.print(table)
+    if summary.get("final_step") not in (None, summary.get("steps")):
+        where = "before training" if summary["final_step"] == 0 else f"after step {summary['final_step']}"
+        console.print(f"final/ holds the model {where}: the best by {summary.get('best_metric')} "
+                      f"(run.keep_best); the last step's model is in {shown(cfg.run.output_dir)}/last")
     wall = time.perf_counter() - t0
     summary.update({"eval_before": before["sampled"], "eval_after": after["sampled"],
                     "eval_before_greedy": before["greedy"], "eval_after_greedy": after["greedy"],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any
 
 import torch
@@ -70,7 +71,9 @@ class DuringTrainingEval:
                         agent=self.agent)
 
     def run(self) -> dict[str, float]:
-        """Evaluate now; ``eval/...`` metrics averaged over every rank's prompts."""
+        """Evaluate now; ``eval/...`` metrics averaged over every rank's prompts, and ``time/eval_s`` (its wall
+        time, shown in the step line: what evaluating every ``eval.steps`` steps costs)."""
+        t0 = time.perf_counter()
         n = self.cfg.num_samples
         greedy = self._evaluate(self.greedy, 1)
         sampled = self._evaluate(self.sampled, n)
@@ -84,6 +87,7 @@ class DuringTrainingEval:
         out[f"{EVAL_PREFIX}mean_reward"] = values[3]
         for name, v in zip(names, values[4:]):
             out[f"{EVAL_PREFIX}rewards/{name}"] = v
+        out["time/eval_s"] = time.perf_counter() - t0
         return out
 
     def _mean_over_ranks(self, values: list[float]) -> list[float]:

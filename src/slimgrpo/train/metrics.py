@@ -87,8 +87,17 @@ def console_line(step: int, metrics: dict[str, Any]) -> str:
         if key.startswith("rewards/") and key.endswith("/mean") and isinstance(v, (int, float)):
             parts.append(f"{key[8:-5]} {v:.3f}")
     if any(k.startswith(EVAL_PREFIX) for k in metrics):
-        parts.append(f"| eval {describe_eval(metrics)}")
+        parts.append(f"| eval {describe_eval(metrics)}{_eval_note(metrics)}")
     return "  ".join(parts)
+
+
+def _eval_note(metrics: dict[str, Any]) -> str:
+    """What the evaluation cost (``time/eval_s``) and whether it is a new best (``run.keep_best``)."""
+    cost = metrics.get("time/eval_s")
+    notes = [f"{cost:.1f} s"] if isinstance(cost, (int, float)) and math.isfinite(cost) else []
+    if metrics.get("best/improved"):
+        notes.append("new best")
+    return f"  ({', '.join(notes)})" if notes else ""
 
 
 def describe_eval(metrics: dict[str, Any]) -> str:
