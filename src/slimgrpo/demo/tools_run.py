@@ -53,7 +53,7 @@ def measure(trainer: Trainer, dataset, temperature: float, samples: int, seed: i
     tok = trainer.policy.tokenizer
     params = SamplingParams(max_new_tokens=trainer.cfg.rollout.max_completion_length, temperature=temperature,
                             eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=trainer.policy.device).manual_seed(seed)  # where the model samples
     correct, calls = [], {"hard": [], "easy": []}
     for start in range(0, len(dataset), 50):
         batch = dataset.batch(list(range(start, min(start + 50, len(dataset)))))

@@ -88,6 +88,7 @@ class StaticCacheStepper(LlamaStepper):
         length = store.length_for(P + max_new)
         rows = store.rows_for(n, length)
         self.arena = store.arena(parts, len(self.layers), k0.shape[1], k0.shape[3], k0.dtype, device, rows, length)
+        rows = store.rows_for(n, length)  # again: growing the arena drops the slots (it is large enough for these)
         del k0
         self.slot = s = store.slot(rows, length, self.hidden)
         for i in range(len(self.layers)):

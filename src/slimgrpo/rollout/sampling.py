@@ -132,7 +132,8 @@ def sample_next(
         logits: ``[N, V]`` raw next-token scores (any float dtype; computed in float32). ``-inf`` entries
             are never drawn (the engine uses this to forbid EOS before ``min_new_tokens``).
         params: temperature / top_k / top_p / min_p settings.
-        generator: optional RNG on ``logits.device`` for reproducible draws.
+        generator: optional RNG for reproducible draws, best on ``logits.device`` (one on another device
+            draws there and the numbers are copied over: ``uniform``).
         workspace: optional scratch buffers reused across calls (a decode loop passes one; see
             ``SamplingWorkspace``). Results are identical with or without it.
 
@@ -197,7 +198,7 @@ def _sample_inverse_cdf(
     w.exp_()  # [N, K] in [0, 1]
     if drop is not None:
         w.masked_fill_(drop, 0.0)
-    u = torch.rand(N, 1, dtype=torch.float64, device=x.device, generator=generator)  # [N, 1] in [0, 1)
+    u = uniform(N, x.device, generator)  # [N, 1] in [0, 1)
     if K < 4 * _BLOCK:
         pos, _, total = _pick(w, u)  # [N, 1]
     else:
@@ -214,6 +215,16 @@ def _sample_inverse_cdf(
     chosen = x.gather(-1, pos).squeeze(-1)  # [N]
     logprobs = (chosen - x_max.squeeze(-1)).double() - torch.log(total.squeeze(-1))
     return pos.squeeze(-1), logprobs.float()
+
+
+def uniform(n: int, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
+    """``[n, 1]`` float64 uniform numbers in [0, 1) on ``device``, drawn by ``generator``. A generator lives
+    on one device and ``torch.rand`` refuses another's (a CPU generator for CUDA logits raised "Expected a
+    'cuda' device type for generator"): the numbers are then drawn where the generator is and moved, the
+    same numbers that generator gives on its own device."""
+    if generator is None or generator.device == torch.device(device):
+        return torch.rand(n, 1, dtype=torch.float64, device=device, generator=generator)
+    return torch.rand(n, 1, dtype=torch.float64, device=generator.device, generator=generator).to(device)
 
 
 def _pick(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
