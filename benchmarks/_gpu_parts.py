@@ -39,6 +39,35 @@ def peak_mib(device: torch.device) -> tuple[float | None, float | None]:
     return torch.cuda.max_memory_allocated(device) / MIB, torch.cuda.max_memory_reserved(device) / MIB
 
 
+def reset_host_peak() -> None:
+    """Start a new peak of the pinned host allocator (CUDA), where this torch has the counter."""
+    if torch.cuda.is_available() and hasattr(torch.cuda, "reset_peak_host_memory_stats"):
+        torch.cuda.reset_peak_host_memory_stats()
+
+
+def host_stats() -> dict[str, Any]:
+    """Pinned host memory from ``torch.cuda.host_memory_stats()`` (the caching host allocator that
+    ``pin_memory=True`` draws from): the peak of the pool (blocks rounded up to powers of two) and of
+    the blocks handed out, in MiB; {} off CUDA or where this torch has no such counter."""
+    if not torch.cuda.is_available() or not hasattr(torch.cuda, "host_memory_stats"):
+        return {}
+    try:
+        stats = torch.cuda.host_memory_stats()
+    except Exception as e:  # an older torch without the pinned allocator's statistics
+        return {"host_stats_error": f"{type(e).__name__}: {e}"[:200]}
+
+    def mib(*keys: str) -> float | None:
+        for k in keys:
+            if k in stats:
+                return stats[k] / MIB
+        return None
+
+    return {"pinned_peak_mib": mib("allocated_bytes.peak", "reserved_bytes.peak"),
+            "pinned_active_peak_mib": mib("active_bytes.peak"),
+            "pinned_now_mib": mib("allocated_bytes.current", "reserved_bytes.current"),
+            "host_stats_keys": sorted(k for k in stats if "bytes" in k)[:24]}
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -29,15 +29,17 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def goals(report: dict) -> list[str]:
+    if report.get("dry_run"):
+        return ["Dry run (CPU, no CUDA work): the goals are not evaluated and no figure here is a measurement."]
     if report.get("smoke"):
         return ["Smoke run (tiny shapes): the goals are not evaluated and no figure here is a result."]
     s = report["sections"]
-    ratios = [r.get("ratio") for key in ("planner", "update_only_long", "quantized")
+    ratios = [r.get("ratio") for key in ("train_e2e", "memory", "planner", "update_only_long", "quantized")
               for r in s.get(key, {}).get("rows", []) if r.get("ratio")]
     plan = ("not measured" if not ratios else
             f"{sum(abs(x - 1) <= GOAL_RATIO for x in ratios)} of {len(ratios)} runs within ±15% "
             f"(plan/peak {min(ratios):.2f} to {max(ratios):.2f})")
-    trl = [r for r in s.get("vs_trl", {}).get("rows", []) if r.get("vram_ratio")]
+    trl = [r for key in ("trl_pair", "vs_trl") for r in s.get(key, {}).get("rows", []) if r.get("vram_ratio")]
     vs = ("not measured" if not trl else "; ".join(
         f"{r['name']}: VRAM {r['vram_ratio']:.2f}x of TRL ({'met' if r['vram_ratio'] <= 1 / 3 else 'not met'}), "
         f"s/step {_f(r.get('time_ratio'), '{:.2f}x')}" for r in trl))
@@ -59,31 +61,97 @@ def goals(report: dict) -> list[str]:
 
 def markdown(report: dict) -> str:
     s = report["sections"]
-    env = (s.get("env", {}).get("rows") or [{}])[0]
-    lines = [f"# slimgrpo GPU suite{' (smoke)' if report.get('smoke') else ''}", "",
-             f"Device: {s.get('env', {}).get('line', '-')}", "",
-             "Versions: " + ", ".join(f"{k} {env.get(k)}" for k in
-                                      ("transformers", "peft", "accelerate", "trl", "datasets", "bitsandbytes")
-                                      if k in env),
+    setup = s.get("setup", {})
+    mods = setup.get("probe", {}).get("modules", {})
+    title = " (dry run)" if report.get("dry_run") else " (smoke)" if report.get("smoke") else ""
+    lines = [f"# slimgrpo GPU suite{title}", "",
+             f"Device: {setup.get('line', '-')}", "",
+             "Versions: " + (", ".join(f"{k} {m.get('version') if m.get('ok') else 'not importable'}"
+                                       for k, m in mods.items()) or "-"), "",
              f"Started {report.get('started')}, {report.get('elapsed_s', '-')} s in all "
-             f"(limit {report.get('time_limit_s')} s).", "", "## Goals", "", *goals(report)]
+             f"(limit {report.get('time_limit_s')} s); order: {', '.join(report.get('order', []))}.", ""]
+    if report.get("stopped") or report.get("driver_error"):
+        lines += [f"**Stopped early**: {report.get('stopped') or report.get('driver_error')}", ""]
+    lines += ["| section | status | s | budget s |", "|---|---|---:|---:|"]
+    lines += [f"| {name} | {str(s.get(name, {}).get('status', '-'))[:160]} | {s.get(name, {}).get('seconds', 0)} | "
+              f"{s.get(name, {}).get('budget_s', '-')} |" for name, _, _ in SECTIONS]
+    lines += ["", "## Goals", "", *goals(report)]
     for name, title, render in SECTIONS:
         sec = s.get(name, {})
         lines += ["", f"## {title}", "",
                   f"Status: {sec.get('status', 'not run')}; {sec.get('seconds', 0)} s (budget {sec.get('budget_s', '-')} s)", ""]
-        if sec.get("rows"):
-            lines += render(sec["rows"])
+        if len(sec.get("tasks", [])) > 1 or any(not str(t.get("status", "")).startswith("ok") for t in sec.get("tasks", [])):
+            lines += _table(["task", "status", "s", "limit s"],
+                            [[t.get("task", "-"), str(t.get("status", "-"))[:200], _f(t.get("seconds"), "{:.1f}"),
+                              _f(t.get("limit_s"), "{:.0f}")] for t in sec["tasks"]]) + [""]
+        if name == "setup" or sec.get("rows"):
+            try:
+                lines += render(sec["rows"]) if name != "setup" else render(sec)
+            except Exception as e:  # one odd row must not cost the rest of the report
+                lines += [f"(rows not rendered: {type(e).__name__}: {e}; see gpu_suite.json)"]
     return "\n".join(lines) + "\n"
 
 
-def _env(rows):
-    return _table(["key", "value"], [[k, _f(v)] for k, v in rows[0].items()])
+def _setup(sec):
+    out = _table(["wheel", "version", "had", "status", "s"],
+                 [[r.get("wheel", "-"), _f(r.get("version")), _f(r.get("had")), str(r.get("status", "-")),
+                   _f(r.get("seconds"), "{:.1f}")] for r in sec.get("rows", [])])
+    probe = sec.get("probe", {})
+    if probe.get("error"):
+        out += ["", f"Import probe: {probe['error']}"]
+    mods = probe.get("modules", {})
+    if mods:
+        out += [""] + _table(["module", "importable", "version or error"],
+                             [[k, _f(m.get("ok")), str(m.get("version") if m.get("ok") else m.get("error"))]
+                              for k, m in mods.items()])
+    return out
+
+
+def _generic(rows):
+    """Rows of a child script's JSON (bf16_update.py, decode_graphs.py): its scalar fields as columns."""
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k, v in r.items() if k not in keys and not isinstance(v, (dict, list))]
+    keys = keys[:14]
+    return _table(keys, [[_f(r.get(k), "{:,.4g}") for k in keys] for r in rows])
+
+
+def _train(rows):
+    return _table(["run", "status", "exit", "steps", "train s", "plan MiB", "peak alloc MiB", "plan/peak",
+                   "memory/peak_mib", "peak reserved MiB", "plan + overhead MiB", "pinned peak MiB", "plan host MiB",
+                   "completions clipped (per step)", "checkpoints"],
+                  [[r.get("name", "-"), str(r.get("status", "-"))[:120], _f(r.get("exit_code")),
+                    _f(r.get("last_step")), _f(r.get("train_s"), "{:.1f}"), _f(r.get("plan_mib"), "{:,.1f}"),
+                    _f(r.get("peak_alloc_mib"), "{:,.1f}"), _f(r.get("ratio"), "{:.2f}"),
+                    _f(r.get("metric_peak_mib"), "{:,.1f}"), _f(r.get("peak_reserved_mib"), "{:,.1f}"), _f(r.get("plan_with_overhead_mib"), "{:,.1f}"),
+                    _f(r.get("pinned_peak_mib"), "{:,.1f}"), _f(r.get("plan_host_mib"), "{:,.1f}"),
+                    ", ".join(_f(c, "{:.2f}") for c in r.get("clipped_ratio") or []) or "-",
+                    ", ".join(r.get("checkpoints") or []) or "-"] for r in rows]) + [
+        "", "Peaks of the training process (`torch.cuda.max_memory_allocated` / `max_memory_reserved`; pinned: "
+            "`torch.cuda.host_memory_stats()` `allocated_bytes.peak`, blocks rounded to powers of two) against "
+            "the plan of the same config (`slimgrpo plan` numbers: tensors; tensors + CUDA context; host line); "
+            "`memory/peak_mib`: the run's own metric (CUDA peak allocated; peak RSS on a CPU). "
+            "A clipped ratio under 1 means some completions stopped at EOS."]
+
+
+def _memory(rows):
+    return _table(["run", "allocator", "plan MiB", "peak alloc MiB", "plan/peak", "within ±15%", "peak reserved MiB",
+                   "reserved/alloc", "pinned peak MiB", "plan host MiB", "s", "status"],
+                  [[r.get("name", "-"), r.get("allocator", "-"), _f(r.get("plan_mib")), _f(r.get("peak_alloc_mib")),
+                    _f(r.get("ratio"), "{:.2f}"), _within(r.get("ratio")), _f(r.get("peak_reserved_mib")),
+                    _f(r.get("reserved_over_alloc"), "{:.3f}"), _f(r.get("pinned_peak_mib")),
+                    _f(r.get("plan_host_mib")), _f(r.get("s_per_step") or r.get("s_per_update"), "{:.2f}"),
+                    str(r.get("status", "-"))[:160]] for r in rows]) + [
+        "", "Oxen rows: full steps (generate 4 x 786 pinned tokens for a 256-token prompt + the update), plan = "
+            "`MemoryPlan.tensor_peak_bytes`. The 8B row: update only, plan = the plan's always + update phases; "
+            "pinned host bytes from `torch.cuda.host_memory_stats()`."]
 
 
 def _cuda_tests(rows):
     r = rows[0]
-    out = _table(["passed", "failed", "skipped", "errors", "deselected"],
-                 [[str(r.get(k, 0)) for k in ("passed", "failed", "skipped", "error", "deselected")]])
+    out = _table(["collected", "passed", "failed", "skipped", "errors", "deselected"],
+                 [[_f(r.get("collected"))] + [str(r.get(k, 0)) for k in ("passed", "failed", "skipped", "error",
+                                                                           "deselected")]])
     return out + ([""] + [f"- `{p}`" for p in r.get("problems", [])] if r.get("problems") else [])
 
 
@@ -153,8 +221,13 @@ def _vs_trl(rows):
 
 
 SECTIONS = [
-    ("env", "Environment", _env),
-    ("cuda_tests", "CUDA tests (pytest -m cuda)", _cuda_tests),
+    ("setup", "Setup: wheels and imports", _setup),
+    ("cuda_tests", "(a) CUDA tests (pytest -m cuda, their files only)", _cuda_tests),
+    ("train_e2e", "(b) slimgrpo train end to end, then resumed", _train),
+    ("bf16_update", "(c) bf16 full fine-tuning: does the update land", _generic),
+    ("decode", "(d) Decode: eager vs CUDA graphs, LoRA and QLoRA", _generic),
+    ("memory", "(e) Memory against the plan", _memory),
+    ("trl_pair", "(f) slimgrpo vs TRL 1.16 on the 0.5B pair", _vs_trl),
     ("loss", "Chunked loss vs naive (forward + backward)", _loss),
     ("update_only_long", "Update-only long context (synthetic completions)", _long),
     ("quantized", "QLoRA and bitsandbytes 8-bit AdamW", _quantized),

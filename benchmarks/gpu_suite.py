@@ -1,489 +1,578 @@
-"""Every GPU figure of slimgrpo in one command: one JSON and one markdown report.
+"""Every GPU figure of slimgrpo, one guarded call: one JSON and one markdown report, whatever happens.
 
-    python benchmarks/gpu_suite.py --out DIR [--wheels .whl] [--time-limit 540]    (one CUDA GPU)
-    python benchmarks/gpu_suite.py --device cpu --smoke --out DIR                  (CI: tiny shapes, seconds)
-    python benchmarks/gpu_suite.py --only vs_trl planner ...                       (some sections only)
+    python benchmarks/gpu_suite.py --out $OUT --time-limit 540          (the lent GPU: the first call)
+    python benchmarks/gpu_suite.py --dry-run --out DIR                 (CI, CPU: setup, guards, report)
+    python benchmarks/gpu_suite.py --only planner vs_trl --out $OUT     (a later call: other sections)
+    python benchmarks/gpu_suite.py --device cpu --smoke --only loss     (a later section on tiny shapes)
 
-Sections, in the order they run (each with its own time budget; a failure is recorded in the report
-and the suite goes on; a section, or a run inside one, that would start after its budget is spent is
-reported as "skipped: budget"):
+The first call runs, in this order (budget in seconds on one H100; 530 in all, with 10 s kept for the
+report; a section that ends early leaves its time to those after it):
 
-  env               torch / CUDA / driver / GPU, library versions, wheels installed from --wheels
-  cuda_tests        ``pytest -m cuda`` (tests that need a GPU; they skip elsewhere)
-  loss              chunked LM-head log-probs vs the naive [N, V] logits: 4K tokens, 152K vocab, bf16
-  update_only_long  the Unsloth long-context setting without decoding: llama-3.1-8b shape, LoRA,
-                    8 completions x 20K tokens, update only (synthetic completions), plan vs peak
-  quantized         QLoRA (4-bit NF4 base) and bitsandbytes 8-bit AdamW, one update each (bitsandbytes
-                    importable), plan vs peak
-  rollout           TorchRolloutEngine tokens/s vs Hugging Face generate
-  planner           planner vs torch.cuda.max_memory_allocated over full steps (generate + update) for
-                    qwen2.5-0.5b, llama-3.2-1b, qwen2.5-1.5b shapes (random init, bf16) at the Oxen
-                    settings (4 generations, prompt 256, completion 786 pinned), full / LoRA,
-                    gradient checkpointing off / on; slimgrpo's s/step
-  vs_trl            TRL 1.16 GRPOTrainer on the same settings in a child process (peak CUDA memory and
-                    s/step), next to slimgrpo's from the planner section; "not installed" without trl
-  long_context      issue 29's rows, measured: Qwen3-8B QLoRA (random weights, 4-bit NF4), 2 rows of
-                    prompt 256 + the completion lengths the trace says fit 24 GB (offloaded checkpoints,
-                    8-bit AdamW) and 80 GB (the whole 131,072 window), tiled MLP, checkpointing, and the
-                    whole window with offloaded checkpoints; plan vs peak.
-                    Last, and past the default --time-limit: run it as its own call
-                    (``--only long_context --time-limit 540``)
+  setup        35  wheels from --wheels (default .whl/), each checked against this Python's tags and
+                   installed with a timeout (all in one pip call, one by one if that fails); every package
+                   the suite imports probed in a child
+  cuda_tests   60  (a) ``pytest -m cuda`` on the files that hold cuda-marked tests, nothing else collected
+  train_e2e    70  (b) ``slimgrpo train`` on a tiny random model: bf16 LoRA, beta 0.04, num_iterations 2,
+                   completions that stop at EOS, checkpoints, memory.budget=auto, checkpoints offloaded to
+                   pinned host memory; then one step resumed in a new process. Plan against peak
+                   allocated, peak reserved and pinned host bytes
+  bf16_update  30  (c) benchmarks/bf16_update.py: the bf16 full-fine-tuning update check ("missing" if absent)
+  decode       55  (d) benchmarks/decode_graphs.py: eager vs CUDA graphs, LoRA and QLoRA ("missing" if absent)
+  memory      165  (e) the Oxen rows (Qwen2.5-0.5B shape, full and LoRA) against the plan; the full row
+                   again with expandable_segments (reserved / allocated); the 24 GB Qwen3-8B QLoRA row of
+                   docs/benchmarks.md#issue-29-now, offloaded, pinned host bytes against the plan
+  trl_pair    115  (f) TRL 1.16 on the 0.5B pair, beside the Oxen rows
 
-The report is rewritten after every section, so a run cut short still leaves what it measured.
+Later sections, by ``--only`` in another call: loss, update_only_long, quantized, rollout, planner, vs_trl,
+long_context (docs/benchmarks.md#gpu-suite).
+
+Every install, section and task is guarded: each task is a child process with a wall-clock limit (its
+process group is killed at the limit), its failure or its timeout is written into the report and the
+suite goes on. The report is written before the first section and rewritten after every task, and on
+SIGTERM / SIGINT. This process imports neither torch nor the project.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import platform
+import re
 import signal
 import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
-if str(REPO / "src") not in sys.path:
-    sys.path.insert(0, str(REPO / "src"))
 
-from _gpu_report import markdown  # noqa: E402
+import _gpu_setup as setup  # noqa: E402  (no torch, no project import)
 
-SECTIONS = ["env", "cuda_tests", "loss", "update_only_long", "quantized", "rollout", "planner", "vs_trl",
-            "long_context"]
-# Seconds per section on one H100 (sum 525 of the default 540 s limit).
-BUDGETS = {"env": 5, "cuda_tests": 60, "loss": 20, "update_only_long": 100, "quantized": 35, "rollout": 40,
-           "planner": 140, "vs_trl": 125, "long_context": 520}  # long_context: its own call (see above)
+FIRST = ["setup", "cuda_tests", "train_e2e", "bf16_update", "decode", "memory", "trl_pair"]
+LATER = ["loss", "update_only_long", "quantized", "rollout", "planner", "vs_trl", "long_context"]
+SECTIONS = FIRST + LATER
+# Seconds per section on one H100. The first call's sum (530) plus RESERVE_S fits --time-limit 540; the
+# later sections are sized for calls of their own.
+BUDGETS = {"setup": 35, "cuda_tests": 60, "train_e2e": 70, "bf16_update": 30, "decode": 55, "memory": 165,
+           "trl_pair": 115,
+           "loss": 20, "update_only_long": 100, "quantized": 35, "rollout": 40, "planner": 140, "vs_trl": 125,
+           "long_context": 520}
+RESERVE_S = 10.0  # kept for the last report and the children's logs
+SMOKE_BUDGET_S = 120.0  # --smoke on a CPU: every section gets this much
+CHILD_LOG_CAP = 400_000  # bytes of one task's log copied into gpu_suite_children.log (head and tail)
 
 
-class Budget(Exception):
-    """A run was stopped (or not started) because its time budget was spent."""
+@dataclass
+class Task:
+    """One child process of a section: ``kind`` "child" (``_gpu_child.py TASK``), "script" (an outside
+    script writing --json PATH) or "pytest"; ``budget`` its share of the section (seconds)."""
+
+    name: str
+    kind: str = "child"
+    budget: float = 0.0
+    env: dict[str, str] = field(default_factory=dict)
+    script: str = ""
+    args: list[str] = field(default_factory=list)
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    """Raise Budget inside the block after ``seconds`` (main thread, SIGALRM); a no-op for <= 0."""
-    if seconds <= 0:
-        raise Budget("no time left")
+def tasks_of(section: str, a: argparse.Namespace) -> list[Task]:
+    b = BUDGETS[section]
+    if section == "cuda_tests":
+        return [Task("pytest", "pytest", b)]
+    if section == "train_e2e":
+        return [Task("train", budget=40), Task("resume", budget=30)]
+    if section == "bf16_update":
+        return [Task("bf16_update", "script", b, script="benchmarks/bf16_update.py",
+                     args=["--device", a.device, "--steps", "10"])]
+    if section == "decode":
+        return [Task("decode", "script", b, script="benchmarks/decode_graphs.py", args=["--device", a.device])]
+    if section == "memory":
+        return [Task("oxen", budget=50), Task("oxen", budget=30, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+                Task("qlora_8b", budget=85)]
+    return [Task(section, budget=b)]  # trl_pair and the later sections: one child each
 
-    def handler(signum, frame):
-        raise Budget(f"stopped after {seconds:.0f} s")
 
-    previous = signal.signal(signal.SIGALRM, handler)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+# ----------------------------------------------------------------------------- children
+
+
+_CURRENT: list[subprocess.Popen] = []
+
+
+class Stop(Exception):
+    """SIGTERM / SIGINT / SIGHUP reached the driver: report what was measured and stop."""
+
+
+def _on_signal(signum, frame):
+    raise Stop(signal.Signals(signum).name)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """End a child and whatever it started in its process group: SIGTERM, then SIGKILL after 3 s."""
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError, OSError):
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_child(cmd: list[str], env: dict[str, str], timeout: float, log: Path) -> tuple[int | None, float]:
+    """``cmd`` in its own process group, output to ``log``; (exit code or None when killed at ``timeout``,
+    seconds). Never raises but Stop."""
+    t = time.monotonic()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as f:
+        try:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True)
+        except OSError as e:
+            f.write(f"could not start {cmd[:3]}: {e}\n".encode())
+            return -1, time.monotonic() - t
+        _CURRENT.append(proc)
+        try:
+            rc: int | None = proc.wait(timeout=max(timeout, 0.1))
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            rc = None
+        except BaseException:
+            kill_group(proc)
+            raise
+        finally:
+            _CURRENT.remove(proc)
+    return rc, time.monotonic() - t
+
+
+def tail(path: Path, chars: int = 3000) -> str:
     try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-chars:].decode("utf-8", "replace")
 
 
-# ----------------------------------------------------------------------------- settings
+def last_error(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.search(r"(Error|Exception|error:|Killed|Traceback)", ln):
+            return ln[:300]
+    return lines[-1][:300] if lines else "no output"
 
 
-def settings(smoke: bool) -> dict[str, Any]:
-    """Sizes of every section: the real ones, or tiny ones for --smoke."""
-    if smoke:
-        tiny = {"family": "qwen2", "hidden": 64, "intermediate": 128, "layers": 2, "heads": 4, "kv_heads": 2,
-                "vocab": 512, "tie": True, "max_positions": 512}
-        tiny_llama = {**tiny, "family": "llama", "tie": False}
-        return {"shapes": {"tiny-qwen2": tiny}, "long_shape": tiny_llama, "G": 2, "P": 8, "L": 8,
-                "trl_shapes": ["tiny-qwen2"], "loss": {"tokens": 96, "hidden": 32, "vocab": 1000},
-                "rollout": {"shape": "tiny-qwen2", "rows": 2, "prompt": 8, "new_tokens": 8, "repeats": 1},
-                "long": {"shape": "tiny-llama", "rows": 2, "P": 8, "L": 64, "micro": 1},
-                "quant": {"shape": "tiny-qwen2", "rows": 2, "P": 8, "L": 16}, "steps_timed": 2,
-                "long_ctx": {"shape": "tiny-llama", "P": 8,
-                             "rows": [{"L": 48, "offload": True}, {"L": 64}, {"L": 64, "offload": True}]}}
-    return {"shapes": {n: None for n in ("qwen2.5-0.5b", "llama-3.2-1b", "qwen2.5-1.5b")}, "G": 4, "P": 256,
-            "L": 786, "trl_shapes": ["qwen2.5-0.5b", "llama-3.2-1b"],
-            "loss": {"tokens": 4096, "hidden": 896, "vocab": 151_936},
-            "rollout": {"shape": "qwen2.5-0.5b", "rows": 8, "prompt": 64, "new_tokens": 256, "repeats": 2},
-            "long": {"shape": "llama-3.1-8b", "rows": 8, "P": 256, "L": 20_000, "micro": 1},
-            "quant": {"shape": "qwen2.5-0.5b", "rows": 4, "P": 256, "L": 786}, "steps_timed": 2,
-            # docs/benchmarks.md#anchors-simulated (session 12): by trace P 256 + T 71,934 fits 24 GB with the
-            # checkpoints offloaded and 8-bit AdamW; the whole 131,072 window (P 256 + T 130,816) fits 80 GB as
-            # is, and with the checkpoints offloaded
-            "long_ctx": {"shape": "qwen3-8b", "P": 256,
-                         "rows": [{"L": 71_934, "offload": True, "optimizer": "adamw_8bit"}, {"L": 130_816},
-                                  {"L": 130_816, "offload": True}]}}
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
-QWEN3_8B = {"family": "qwen3", "hidden": 4096, "intermediate": 12288, "layers": 36, "heads": 32, "kv_heads": 8,
-            "vocab": 151_936, "tie": False, "max_positions": 131_072, "head_dim": 128}  # its public config.json
+def rows_of(data: Any) -> list[dict]:
+    """An outside script's JSON as report rows: its "rows", a list of objects, or one object."""
+    if isinstance(data, dict) and isinstance(data.get("rows"), list):
+        return [r if isinstance(r, dict) else {"value": r} for r in data["rows"]]
+    if isinstance(data, list):
+        return [r if isinstance(r, dict) else {"value": r} for r in data]
+    if isinstance(data, dict):
+        return [data]
+    return []
 
 
-def shape_of(name: str, spec: dict | None):
-    from slimgrpo.memory.shapes import ModelShape, load_shape
-
-    return ModelShape(**spec) if spec else load_shape(name)
+PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed|warnings?)")
 
 
-def shape_dict(shape) -> dict[str, Any]:
-    return {"family": shape.family, "hidden": shape.hidden, "intermediate": shape.intermediate,
-            "layers": shape.layers, "heads": shape.heads, "kv_heads": shape.kv_heads, "vocab": shape.vocab,
-            "tie": shape.tie, "max_positions": shape.max_positions or 32_768}
+def cuda_test_files() -> list[str]:
+    """The test files that hold cuda-marked tests (pytest then collects only these)."""
+    out = []
+    for p in sorted((REPO / "tests").glob("test_*.py")):
+        try:
+            if re.search(r"pytest\.mark\.cuda\b", p.read_text(errors="replace")):
+                out.append(str(p.relative_to(REPO)))
+        except OSError:
+            continue
+    return out
+
+
+def pytest_summary(text: str, collect_only: bool) -> dict[str, Any]:
+    counts = {k: 0 for k in ("passed", "failed", "skipped", "deselected", "error")}
+    summary = [ln for ln in text.splitlines() if PYTEST_COUNT.search(ln) or " collected" in ln
+               or re.search(r"\d+ tests? collected", ln)]
+    last = summary[-1] if summary else ""
+    for n, k in PYTEST_COUNT.findall(last):
+        key = "error" if k.startswith("error") else k
+        if key in counts:
+            counts[key] += int(n)
+    m = re.search(r"(\d+)(?:/\d+)? tests? collected", last) or re.search(r"collected (\d+) items?", text)
+    if collect_only:
+        counts["collected"] = int(m.group(1)) if m else 0
+    problems = [ln for ln in text.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+    return {**counts, "problems": problems[:30], "summary": last.strip("= ")}
 
 
 # ----------------------------------------------------------------------------- sections
 
 
-def sec_env(ctx: dict) -> dict:
-    import torch
+class Suite:
+    def __init__(self, a: argparse.Namespace):
+        self.a = a
+        self.t0 = time.monotonic()
+        self.end = self.t0 + a.time_limit
+        self.out = Path(a.out)
+        self.work = Path(a.work)
+        self.logs = self.work / "logs"
+        self.target = self.work / "site"  # the wheels' private folder (first on the children's PYTHONPATH)
+        self.env = setup.child_env(REPO, self.target)
+        self.cuda = None  # what the import probe said
+        self.batched = False  # --dry-run: the one child of every task's setup has run
+        self.batch_rc: int | None = None
+        wanted = [s for s in SECTIONS if (s in (a.only or FIRST) or s == "setup") and s not in a.skip]
+        self.wanted = wanted
+        self.report: dict[str, Any] = {
+            "suite": "slimgrpo gpu_suite", "dry_run": a.dry_run, "smoke": a.smoke, "device": a.device,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "time_limit_s": a.time_limit,
+            "argv": sys.argv[1:], "order": wanted, "budgets": {s: BUDGETS[s] for s in wanted},
+            "sections": {s: {"status": "pending" if s in wanted else "skipped: not selected", "rows": [],
+                             "seconds": 0.0} for s in SECTIONS}}
 
-    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                            "cuda": torch.version.cuda, "device": ctx["device"]}
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        info.update(gpu=p.name, gpu_mib=round(p.total_memory / 2**20), sms=p.multi_processor_count)
+    # -- report
+
+    def write(self) -> None:
+        """JSON and markdown, each written to a temporary name and renamed; a markdown that cannot be
+        rendered says why and the JSON still lands."""
+        self.report["elapsed_s"] = round(time.monotonic() - self.t0, 1)
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20).stdout.strip()
-            info["driver"] = out.splitlines()[0] if out else None
-        except (OSError, subprocess.SubprocessError):
-            info["driver"] = None
-    from common import _version
-
-    for name in ("transformers", "peft", "accelerate", "trl", "datasets", "bitsandbytes", "pyarrow"):
-        info[name] = _version(name)
-    info["wheels_installed"] = ctx.get("wheels_installed", [])
-    line = (f"torch {info['torch']}, CUDA {info['cuda']}, driver {info.get('driver')}, "
-            f"GPU {info.get('gpu', 'none')} ({info.get('gpu_mib', '-')} MiB)")
-    return {"rows": [info], "line": line}
-
-
-def sec_cuda_tests(ctx: dict) -> dict:
-    targets = ["tests/test_cuda.py", "tests/test_offload.py"] if ctx["smoke"] else ["tests"]
-    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rfEs", "-p", "no:cacheprovider",
-           "--continue-on-collection-errors", *targets]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env,
-                              timeout=max(ctx["remaining"](), 1))
-    except subprocess.TimeoutExpired as e:
-        raise Budget(f"pytest stopped after {e.timeout:.0f} s") from None
-    out = proc.stdout + proc.stderr
-    counts = {k: 0 for k in ("passed", "failed", "skipped", "deselected", "error")}
-    import re
-
-    summary = [ln for ln in out.splitlines() if re.search(r"\d+ (passed|failed|skipped|deselected|error)", ln)]
-    for n, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?)", summary[-1] if summary else ""):
-        counts[k.rstrip("s") if k.startswith("error") else k] += int(n)
-    problems = [ln for ln in out.splitlines() if ln.startswith(("FAILED", "ERROR"))]
-    return {"rows": [{**counts, "returncode": proc.returncode, "problems": problems[:30]}],
-            "tail": out[-4000:], "status": "ok" if proc.returncode in (0, 5) else "failed: see problems"}
-
-
-def sec_loss(ctx: dict) -> dict:
-    import torch
-
-    from _gpu_parts import loss_vs_naive
-
-    s = ctx["cfg"]["loss"]
-    dtype = torch.bfloat16 if ctx["device"] == "cuda" else torch.float32
-    with time_limit(ctx["remaining"]()):
-        rows = loss_vs_naive(s["tokens"], s["hidden"], s["vocab"], ctx["dev"], dtype, repeats=3)
-    return {"rows": rows}
-
-
-def sec_update_only_long(ctx: dict) -> dict:
-    from _gpu_parts import step_config, update_only
-
-    s = ctx["cfg"]["long"]
-    shape = shape_of(s["shape"], ctx["cfg"].get("long_shape"))
-    dtype = "bfloat16" if ctx["device"] == "cuda" else "float32"
-    rows = []
-    for offload in (False, True):
-        name = f"{s['shape']} LoRA ckpt{' +offload' if offload else ''} {s['rows']}x{s['L']}"
-        ov = step_config(True, True, s["rows"], s["P"], s["L"], dtype, micro=s["micro"], offload=offload)
-        rows.append(ctx["run"](name, lambda ov=ov: update_only(shape, ov, ctx["dev"], s["rows"], s["P"], s["L"])))
-    return {"rows": rows}
-
-
-def sec_quantized(ctx: dict) -> dict:
-    if ctx["device"] != "cuda":
-        return {"rows": [{"name": w, "status": "skipped: needs CUDA"} for w in ("qlora", "adamw_8bit")],
-                "status": "skipped: needs CUDA"}
-    try:
-        import bitsandbytes  # noqa: F401
-    except ImportError:
-        return {"rows": [{"name": w, "status": "not installed (bitsandbytes)"} for w in ("qlora", "adamw_8bit")],
-                "status": "not installed"}
-    import torch
-
-    from _gpu_parts import quantized_step
-    from slimgrpo.train.synthetic import random_causal_lm
-
-    s = ctx["cfg"]["quant"]
-    shape = shape_of(s["shape"], ctx["cfg"]["shapes"].get(s["shape"]))
-    folder = ctx["work"] / "qlora_model"
-
-    def qlora():
-        if not (folder / "config.json").is_file():
-            random_causal_lm(shape, torch.bfloat16, ctx["dev"]).save_pretrained(str(folder))
-        return quantized_step(shape, ctx["dev"], "qlora", s["rows"], s["P"], s["L"], folder)
-
-    return {"rows": [ctx["run"]("qlora", qlora),
-                     ctx["run"]("adamw_8bit", lambda: quantized_step(shape, ctx["dev"], "adamw_8bit", s["rows"],
-                                                                     s["P"], s["L"], None))]}
-
-
-def sec_rollout(ctx: dict) -> dict:
-    import torch
-
-    from _gpu_parts import rollout_vs_hf
-
-    s = ctx["cfg"]["rollout"]
-    shape = shape_of(s["shape"], ctx["cfg"]["shapes"].get(s["shape"]))
-    dtype = torch.bfloat16 if ctx["device"] == "cuda" else torch.float32
-    with time_limit(ctx["remaining"]()):
-        rows = rollout_vs_hf(shape, ctx["dev"], dtype, s["rows"], s["prompt"], s["new_tokens"], s["repeats"])
-    return {"rows": rows}
-
-
-def sec_long_context(ctx: dict) -> dict:
-    """QLoRA on CUDA with bitsandbytes (a random bf16 model saved once, loaded in 4-bit); elsewhere (the CPU
-    smoke run) the same settings on a plain LoRA base."""
-    import torch
-
-    from _gpu_parts import long_context_step
-    from slimgrpo.train.synthetic import random_causal_lm
-
-    s = ctx["cfg"]["long_ctx"]
-    spec = QWEN3_8B if s["shape"] == "qwen3-8b" else ctx["cfg"].get("long_shape")
-    shape = shape_of(s["shape"], spec)
-    quantized = ctx["device"] == "cuda"
-    if quantized:
+            self.out.mkdir(parents=True, exist_ok=True)
+            _atomic(self.out / "gpu_suite.json", json.dumps(self.report, indent=2, default=str))
+        except Exception as e:
+            print(f"gpu_suite: could not write the JSON report: {e}", file=sys.stderr)
         try:
-            import bitsandbytes  # noqa: F401
-        except ImportError:
-            return {"rows": [], "status": "not installed (bitsandbytes)"}
-    folder = ctx["work"] / "long_ctx_model"
+            from _gpu_report import markdown
 
-    def make_model():
-        if quantized and not (folder / "config.json").is_file():
-            random_causal_lm(shape, torch.bfloat16, ctx["dev"]).save_pretrained(str(folder))
-        return {}
+            md = markdown(self.report)
+        except Exception:
+            md = "# slimgrpo GPU suite\n\nThe markdown report failed to render; gpu_suite.json has every figure.\n\n" \
+                 "```\n" + traceback.format_exc()[-2000:] + "```\n"
+        try:
+            _atomic(self.out / "gpu_suite.md", md)
+        except Exception as e:
+            print(f"gpu_suite: could not write the markdown report: {e}", file=sys.stderr)
 
-    rows = [ctx["run"]("random base saved", make_model)]
-    for r in s["rows"]:
-        offload, optimizer = r.get("offload", False), r.get("optimizer", "adamw")
-        extras = "".join(f" + {w}" for w, on in (("offload", offload), ("8-bit AdamW", optimizer == "adamw_8bit"))
-                         if on)
-        rows.append(ctx["run"](f"{s['shape']} {'QLoRA' if quantized else 'LoRA'} 2 x ({s['P']} + {r['L']:,}), "
-                               f"tiled MLP{extras}",
-                               lambda r=r, o=offload, opt=optimizer: long_context_step(
-                                   shape, ctx["dev"], s["P"], r["L"], folder, quantized, offload=o, optimizer=opt)))
-    return {"rows": rows}
+    def copy_log(self, label: str, log: Path) -> None:
+        """A task's log into $OUT/gpu_suite_children.log (one file, so $OUT stays within the tool's 8)."""
+        try:
+            data = log.read_bytes()
+            if len(data) > CHILD_LOG_CAP:
+                half = CHILD_LOG_CAP // 2
+                data = data[:half] + b"\n[... cut ...]\n" + data[-half:]
+            with open(self.out / "gpu_suite_children.log", "ab") as f:
+                f.write(f"\n===== {label} ({log.name}) =====\n".encode() + data)
+        except OSError:
+            pass
+
+    # -- time
+
+    def allowed(self, budget: float, later: float) -> float:
+        """Seconds for the next piece: its budget plus what earlier pieces left unused, never more than
+        the time left less the budgets of the pieces after it (when that leaves more than its own)."""
+        left = self.end - time.monotonic() - RESERVE_S
+        return max(min(left, max(budget, left - later)), 0.0)
+
+    # -- sections
+
+    def run(self) -> None:
+        self.write()
+        for i, name in enumerate(self.wanted):
+            sec = self.report["sections"][name]
+            later = sum(self.scaled(s) for s in self.wanted[i + 1:])
+            allowed = self.allowed(self.scaled(name), later)
+            sec.update(budget_s=round(allowed, 1), status="running")
+            start = time.monotonic()
+            print(f"[{start - self.t0:6.0f} s] {name} (up to {allowed:.0f} s)", file=sys.stderr, flush=True)
+            try:
+                if allowed < 1:
+                    sec["status"] = "skipped: budget (suite time limit reached)"
+                elif name == "setup":
+                    self.setup(sec, start + allowed)
+                elif self.no_cuda_reason() and name != "cuda_tests":
+                    sec["status"] = f"skipped: {self.no_cuda_reason()}"
+                else:
+                    self.section(name, sec, start + allowed)
+            except Stop as e:
+                sec["status"] = f"stopped: {e} reached the suite"
+                self.finish(sec, start)
+                raise
+            except Exception as e:  # a bug of the driver itself: the section says so, the suite goes on
+                sec["status"] = f"failed: driver error {type(e).__name__}: {e}"[:400]
+                sec["traceback"] = traceback.format_exc()[-3000:]
+            self.finish(sec, start)
+
+    def scaled(self, name: str) -> float:
+        b = BUDGETS[name] * self.a.budget_scale
+        return max(b, SMOKE_BUDGET_S * len(tasks_of(name, self.a))) if self.a.smoke else b
+
+    def task_budget(self, task: Task) -> float:
+        b = task.budget * self.a.budget_scale
+        return max(b, SMOKE_BUDGET_S) if self.a.smoke else b
+
+    def finish(self, sec: dict, start: float) -> None:
+        sec["seconds"] = round(time.monotonic() - start, 1)
+        print(f"         -> {sec['status']} ({sec['seconds']} s)", file=sys.stderr, flush=True)
+        self.write()
+
+    def no_cuda_reason(self) -> str | None:
+        if self.a.device != "cuda" or self.a.dry_run:
+            return None
+        if self.cuda is None or self.cuda.get("cuda_available"):
+            return None
+        return "no CUDA device (" + (self.cuda.get("error") or self.cuda.get("cuda_error") or "torch sees none") + ")"
+
+    def setup(self, sec: dict, deadline: float) -> None:
+        a = self.a
+        wheels = Path(a.wheels) if a.wheels else (REPO / ".whl" if (REPO / ".whl").is_dir() else None)
+        sec["env"] = {"python": sys.version.split()[0], "executable": sys.executable,
+                      "nvidia_smi": setup.nvidia_smi() if not a.dry_run else None,
+                      "wheels_folder": str(wheels) if wheels else None, "wheel_target": str(self.target)}
+        # Two-thirds of the setup for the wheels; the import probe gets the rest (at least 30 s).
+        install_deadline = time.monotonic() + max((deadline - time.monotonic()) * 2 / 3, 5.0)
+        sec["rows"] = setup.install_wheels(wheels, self.target, install_deadline)
+        self.write()
+        probe = setup.probe_imports(self.env, max(deadline - time.monotonic(), 30.0))
+        self.cuda = probe
+        sec["probe"] = probe
+        mods = probe.get("modules", {})
+        failed = [n for n, m in mods.items() if not m.get("ok")]
+        bad_wheels = [r["wheel"] for r in sec["rows"] if str(r.get("status", "")).startswith(("failed", "skipped: built"))]
+        gpu = probe.get("gpu") or "no GPU"
+        sec["line"] = (f"Python {probe.get('python', sec['env']['python'])}, torch {mods.get('torch', {}).get('version')}, "
+                       f"CUDA {probe.get('torch_cuda')}, {gpu} ({probe.get('gpu_mib', '-')} MiB), "
+                       f"nvidia-smi: {sec['env']['nvidia_smi'] or '-'}")
+        problems = ([f"probe: {probe['error']}"] if probe.get("error") else []) + \
+                   ([f"not importable: {', '.join(failed)}"] if failed else []) + \
+                   ([f"wheels not installed: {', '.join(bad_wheels)}"] if bad_wheels else [])
+        sec["status"] = "ok" if not problems else "partial: " + "; ".join(problems)
+
+    def section(self, name: str, sec: dict, deadline: float) -> None:
+        tasks = tasks_of(name, self.a)
+        statuses = []
+        sec["tasks"] = []
+        for j, task in enumerate(tasks):
+            left = deadline - time.monotonic()
+            later = sum(self.task_budget(t) for t in tasks[j + 1:])
+            seconds = max(min(left, max(self.task_budget(task), left - later)), 0.0)
+            label = task.name + (" (expandable_segments)" if task.env else "")
+            if seconds < 1:
+                info = {"task": label, "status": "skipped: budget"}
+            else:
+                info = self.task(name, task, label, seconds)
+            sec["tasks"].append(info)
+            sec["rows"] += [{**r, "task": label} for r in info.pop("rows", [])]
+            statuses.append((label, info["status"]))
+            self.write()
+        bad = [(lbl, st) for lbl, st in statuses if not st.startswith("ok")]
+        if not bad:
+            sec["status"] = "ok"
+        elif len(tasks) == 1:
+            sec["status"] = bad[0][1]
+        else:
+            sec["status"] = "; ".join(f"{lbl}: {st}" for lbl, st in bad)[:600]
+
+    def task(self, section: str, task: Task, label: str, seconds: float) -> dict:
+        a = self.a
+        log = self.logs / f"{section}-{label.split()[0]}{'-exp' if task.env else ''}.log"
+        log.unlink(missing_ok=True)
+        info: dict[str, Any] = {"task": label, "limit_s": round(seconds, 1)}
+        env = {**self.env, **task.env}
+        result_path = self.result_path(section, task)
+        result_path.parent.mkdir(parents=True, exist_ok=True)
+        if not (a.dry_run and self.batched and task.kind == "child"):
+            result_path.unlink(missing_ok=True)
+        if task.kind == "pytest":
+            files = cuda_test_files()
+            info["files"] = files
+            if not files:
+                info["status"] = "failed: no test file holds a cuda-marked test"
+                return info
+            cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rfEs", "-p", "no:cacheprovider",
+                   *(["--collect-only"] if a.dry_run else []), *files]
+        elif task.kind == "script":
+            script = REPO / task.script
+            if not script.is_file():
+                info["status"] = f"missing: {task.script} is not in this tree"
+                return info
+            cmd = [sys.executable, str(script), *task.args, "--json", str(result_path)]
+            info["command"] = " ".join(cmd[1:])
+            if a.dry_run:
+                info["status"] = "ok"
+                info["rows"] = [{"dry_run": f"present; the GPU call runs: python {' '.join(cmd[1:])}"}]
+                return info
+        else:
+            if a.dry_run and section in LATER:
+                info["status"] = "ok"
+                info["rows"] = [{"dry_run": "a later section: runs on tiny shapes with --device cpu --smoke"}]
+                return info
+            ctx_path = self.write_ctx(task, result_path, seconds)
+            cmd = [sys.executable, str(HERE / "_gpu_child.py"), task.name, str(ctx_path), str(result_path)]
+            if a.dry_run:  # one child does every task's setup (below); this task reads its own result file
+                cmd = self.batch_cmd(section, log)
+                if cmd is None:
+                    return self.child_result(info, result_path, self.batch_rc, "", seconds)
+                env, seconds = self.env, max(self.end - time.monotonic() - RESERVE_S, 1.0)
+        rc, took = run_child(cmd, env, seconds, log)
+        if a.dry_run and task.kind == "child":
+            self.batch_rc = rc
+        info.update(exit_code=rc, seconds=round(took, 1))
+        text = tail(log, 200_000)
+        info["log_tail"] = text[-3000:]
+        self.copy_log(f"{section} / {label}", log)
+        if task.kind == "pytest":
+            info["rows"] = [{**pytest_summary(text, a.dry_run), "returncode": rc}]
+            if rc is None:
+                info["status"] = f"stopped: budget ({seconds:.0f} s)"
+            elif rc in (0, 5) and (not a.dry_run or info["rows"][0].get("collected")):
+                info["status"] = "ok"
+            else:
+                info["status"] = f"failed: pytest exit {rc}: {info['rows'][0]['summary'] or last_error(text)}"[:400]
+            return info
+        if task.kind == "script":
+            data = read_json(result_path)
+            info["rows"] = rows_of(data)
+            if rc is None:
+                info["status"] = f"stopped: budget ({seconds:.0f} s)"
+            elif rc != 0:
+                info["status"] = f"failed: exit {rc}: {last_error(text)}"[:400]
+            else:
+                info["status"] = "ok" if data is not None else "failed: the script wrote no JSON"
+            return info
+        return self.child_result(info, result_path, rc, text, seconds)
+
+    def child_result(self, info: dict, result_path: Path, rc: int | None, text: str, seconds: float) -> dict:
+        """A ``_gpu_child.py`` task's report entry from its result file, its exit code and its log."""
+        data = read_json(result_path)
+        data = data if isinstance(data, dict) else {}
+        info["rows"] = data.get("rows", [])
+        for key in ("traceback",):
+            if key in data:
+                info[key] = data[key]
+        status = data.get("status")
+        if rc is None:
+            info["status"] = f"stopped: budget ({seconds:.0f} s)"
+        elif status is None:
+            info["status"] = f"failed: exit {rc} with no result: {last_error(text)}"[:400]
+        elif status == "running":
+            info["status"] = f"failed: exit {rc} midway: {last_error(text)}"[:400]
+        else:
+            info["status"] = status
+        if info["status"] == "ok" and any(str(r.get("status", "ok")).startswith("failed") for r in info["rows"]):
+            info["status"] = "failed: " + "; ".join(r["name"] + ": " + r["status"] for r in info["rows"]
+                                                     if str(r.get("status", "ok")).startswith("failed"))[:400]
+        return info
+
+    def result_path(self, section: str, task: Task) -> Path:
+        return self.work / "results" / f"{section}-{task.name}{'-exp' if task.env else ''}.json"
+
+    def write_ctx(self, task: Task, result_path: Path, seconds: float) -> Path:
+        a = self.a
+        ctx = {"device": a.device, "dry_run": a.dry_run, "smoke": a.smoke, "work": str(self.work),
+               "seconds": seconds, "trl": a.trl == "on" or (a.trl == "auto" and not a.smoke),
+               "earlier": {k: {"rows": v.get("rows", [])} for k, v in self.report["sections"].items()
+                           if v.get("rows")}}
+        ctx_path = result_path.with_suffix(".ctx.json")
+        _atomic(ctx_path, json.dumps(ctx, default=str))
+        return ctx_path
+
+    def batch_cmd(self, section: str, log: Path) -> list[str] | None:
+        """--dry-run: the first child task starts one child for the child tasks of every selected section
+        (each with its own context and result file, as on the GPU); later ones find their results made.
+        None once that child has run."""
+        if self.batched:
+            return None
+        self.batched = True
+        items = []
+        for name in self.wanted[self.wanted.index(section):]:
+            if name in LATER:
+                continue
+            for t in tasks_of(name, self.a):
+                if t.kind == "child":
+                    path = self.result_path(name, t)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.unlink(missing_ok=True)
+                    items.append({"task": t.name, "env": t.env, "result": str(path),
+                                  "ctx": str(self.write_ctx(t, path, self.end - time.monotonic() - RESERVE_S))})
+        batch = self.work / "results" / "dry_run_batch.json"
+        _atomic(batch, json.dumps(items))
+        return [sys.executable, str(HERE / "_gpu_child.py"), "--batch", str(batch)]
+
+    def summary(self) -> str:
+        lines = [f"{'section':14s} {'s':>6s}  status"]
+        for name in SECTIONS:
+            sec = self.report["sections"][name]
+            if name in self.wanted:
+                lines.append(f"{name:14s} {sec.get('seconds', 0):6.1f}  {str(sec.get('status'))[:200]}")
+        return "\n".join(lines)
 
 
-def planner_runs(cfg: dict) -> list[tuple[str, bool, bool]]:
-    """(shape, lora, checkpointing), most wanted first: the TRL-paired runs, then checkpointing, then 1.5B."""
-    names = list(cfg["shapes"])
-    paired = [(n, lora, False) for n in cfg["trl_shapes"] for lora in (False, True)]
-    rest = [(n, lora, ck) for n in names for ck in (False, True) for lora in (False, True)]
-    return paired + [r for r in rest if r not in paired]
-
-
-def sec_planner(ctx: dict) -> dict:
-    from _gpu_parts import full_steps, step_config
-
-    c = ctx["cfg"]
-    dtype = "bfloat16" if ctx["device"] == "cuda" else "float32"
-    rows = []
-    for name, lora, ck in planner_runs(c):
-        shape = shape_of(name, c["shapes"][name])
-        steps = c["steps_timed"] if (name in c["trl_shapes"] and not ck) else 1
-        ov = step_config(lora, ck, c["G"], c["P"], c["L"], dtype)
-        label = f"{name} {'LoRA' if lora else 'full'} ckpt {'on' if ck else 'off'}"
-        row = ctx["run"](label, lambda: full_steps(shape, ov, ctx["dev"], steps))
-        row.update(shape=name, lora=lora, checkpointing=ck)
-        rows.append(row)
-    ctx["planner_rows"] = rows
-    return {"rows": rows}
-
-
-def sec_vs_trl(ctx: dict) -> dict:
-    from common import _version
-
-    if _version("trl") is None:
-        return {"rows": [], "status": "not installed (trl)"}
-    if not ctx["trl"]:
-        return {"rows": [], "status": "skipped: --trl off"}
-    import vs_trl
-    import common
-
-    c = ctx["cfg"]
-    slim = {(r.get("shape"), r.get("lora")): r for r in ctx.get("planner_rows", []) if not r.get("checkpointing")}
-    prompts = write_prompts(ctx["work"] / "prompts.jsonl", 8)
-    rows = []
-    for name in c["trl_shapes"]:
-        shape = shape_of(name, c["shapes"][name])
-        dtype = "bfloat16" if ctx["device"] == "cuda" else "float32"
-        for lora in (False, True):
-            label = f"{name} {'LoRA' if lora else 'full'}"
-
-            def one(shape=shape, lora=lora):
-                folder = common.build_model_folder(shape_dict(shape), dtype=dtype, root=ctx["work"] / "models",
-                                                   corpus=synthetic_corpus())
-                s = vs_trl.Settings(workload="gpu-suite", model_path=str(folder), dtype=dtype, device=ctx["device"],
-                                    prompts_path=str(prompts), num_generations=c["G"], completion_length=c["L"],
-                                    max_prompt_length=c["P"], steps=c["steps_timed"], beta=0.0, lora=lora)
-                r = vs_trl.run_one("trl", 1, s, ctx["work"] / "runs", common.MemoryCap(None), c["L"],
-                                   timeout=max(ctx["remaining"]() - 5, 1))  # the child is killed first
-                if not r.ok:
-                    raise RuntimeError(r.outcome.error or "TRL run failed")
-                return {"trl_peak_alloc_mib": r.peak_cuda_mib(), "trl_peak_reserved_mib": r.peak_cuda_reserved_mib(),
-                        "trl_s_per_step": r.s_per_step(), "trl_steps": len(r.steps)}
-
-            row = ctx["run"](label, one)
-            mine = slim.get((name, lora), {})
-            row.update(slim_peak_alloc_mib=mine.get("peak_alloc_mib"), slim_s_per_step=mine.get("s_per_step"))
-            if row.get("trl_peak_alloc_mib") and row.get("slim_peak_alloc_mib"):
-                row["vram_ratio"] = row["slim_peak_alloc_mib"] / row["trl_peak_alloc_mib"]
-            if row.get("trl_s_per_step") and row.get("slim_s_per_step"):
-                row["time_ratio"] = row["slim_s_per_step"] / row["trl_s_per_step"]
-            rows.append(row)
-    return {"rows": rows}
-
-
-def synthetic_corpus() -> list[str]:
-    """Text to train the benchmark tokenizer on (the GPU machine has no GSM8K copy)."""
-    words = ["apple", "number", "plus", "minus", "times", "answer", "question", "total", "each", "more"]
-    return [f"Question {i}: {words[i % 10]} {i} {words[(3 * i) % 10]} {i * 7 % 97} = {i * 13 % 89}. "
-            f"The answer is {i % 41}." for i in range(2000)]
-
-
-def write_prompts(path: Path, count: int) -> Path:
-    """Prompts of about 200 tokens (the Oxen setting caps prompts at 256)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    corpus = synthetic_corpus()
-    rows = [{"prompt": " ".join(corpus[i * 20:(i + 1) * 20])[:700] + "\nAnswer:", "answer": "1"} for i in range(count)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-RUNNERS: dict[str, Callable[[dict], dict]] = {
-    "env": sec_env, "cuda_tests": sec_cuda_tests, "loss": sec_loss, "update_only_long": sec_update_only_long,
-    "quantized": sec_quantized, "rollout": sec_rollout, "planner": sec_planner, "vs_trl": sec_vs_trl,
-    "long_context": sec_long_context,
-}
-
-# ----------------------------------------------------------------------------- driver
-
-
-def install_wheels(folder: Path) -> list[str]:
-    """pip-install every wheel of ``folder`` offline into a private target and put it first on the path
-    (of this process and of every child)."""
-    wheels = sorted(folder.glob("*.whl"))
-    if not wheels:
-        return []
-    target = Path(os.environ.get("SLIMGRPO_WHEEL_TARGET", "/tmp/slimgrpo-wheels"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--no-cache-dir", "--upgrade", "--target", str(target), *map(str, wheels)], check=True)
-    sys.path.insert(0, str(target))
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), os.environ.get("PYTHONPATH")) if p)
-    return [w.name for w in wheels]
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--smoke", action="store_true", help="tiny shapes: checks the plumbing in seconds")
+    p.add_argument("--dry-run", action="store_true",
+                   help="CPU, no CUDA work: every section's setup, the install guards and the report (CI)")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes for the later sections (with --device cpu)")
     p.add_argument("--out", default=os.environ.get("OUT") or str(REPO / ".bench" / "gpu_suite"),
-                   help="folder for gpu_suite.json and gpu_suite.md (default: $OUT, else .bench/gpu_suite)")
-    p.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections (env always runs)")
+                   help="folder for gpu_suite.json, gpu_suite.md and gpu_suite_children.log (default: $OUT)")
+    p.add_argument("--only", nargs="+", choices=SECTIONS, help="run these sections (setup always runs)")
     p.add_argument("--skip", nargs="+", choices=SECTIONS, default=[], help="leave these sections out")
     p.add_argument("--time-limit", type=float, default=540.0, help="seconds for the whole suite")
     p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every section's budget")
-    p.add_argument("--wheels", help="folder of wheels to install offline first (TRL and its missing deps)")
+    p.add_argument("--wheels", help="folder of wheels to install offline first (default: .whl/ when present)")
     p.add_argument("--trl", choices=["auto", "on", "off"], default="auto",
                    help="run the TRL child (auto: yes unless --smoke)")
-    p.add_argument("--work", default=str(REPO / ".bench" / "gpu_suite_work"), help="model folders and run logs")
-    return p.parse_args(argv)
+    p.add_argument("--work", default=str(REPO / ".bench" / "gpu_suite_work"), help="models, logs, children's results")
+    a = p.parse_args(argv)
+    if a.dry_run and a.device == "cuda":
+        a.device = "cpu"  # no CUDA work: the children plan for cuda but run nothing there
+    return a
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    t0 = time.perf_counter()
-    import torch
-
-    if a.device == "cuda" and not torch.cuda.is_available():
-        print("gpu_suite: no CUDA device; use --device cpu --smoke for the CPU smoke run", file=sys.stderr)
-        return 2
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    work = Path(a.work)
-    work.mkdir(parents=True, exist_ok=True)
-    ctx: dict[str, Any] = {"device": a.device, "dev": torch.device(a.device), "smoke": a.smoke,
-                           "cfg": settings(a.smoke), "work": work, "trl": a.trl == "on" or (a.trl == "auto" and not a.smoke)}
-    if a.wheels:
-        ctx["wheels_installed"] = install_wheels(Path(a.wheels))
-    report: dict[str, Any] = {"suite": "slimgrpo gpu_suite", "smoke": a.smoke, "device": a.device,
-                              "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                              "time_limit_s": a.time_limit, "settings": ctx["cfg"], "sections": {}}
-    wanted = [s for s in SECTIONS if (not a.only or s in a.only or s == "env") and s not in a.skip]
-    for name in SECTIONS:
-        if name not in wanted:
-            report["sections"][name] = {"status": "skipped: not selected", "rows": [], "seconds": 0.0}
-            continue
-        start = time.perf_counter()
-        budget = BUDGETS[name] * a.budget_scale if not a.smoke else 120.0
-        left_total = a.time_limit - (start - t0)
-        deadline = start + max(min(budget, left_total - 2), 0)
-        ctx["remaining"] = lambda deadline=deadline: deadline - time.perf_counter()
-        ctx["run"] = lambda label, fn, _ctx=ctx: run_guarded(label, fn, _ctx)
-        print(f"[{time.perf_counter() - t0:6.0f} s] {name} (budget {deadline - start:.0f} s)", file=sys.stderr, flush=True)
-        try:
-            if deadline - start <= 0:
-                raise Budget("suite time limit reached")
-            result = RUNNERS[name](ctx)
-            result.setdefault("status", "ok")
-        except Budget as e:
-            result = {"status": f"skipped: budget ({e})", "rows": []}
-        except Exception as e:  # the suite goes on; the report names the failure
-            result = {"status": f"failed: {type(e).__name__}: {e}"[:500], "rows": [],
-                      "traceback": traceback.format_exc()[-3000:]}
-        result["seconds"] = round(time.perf_counter() - start, 1)
-        result["budget_s"] = round(deadline - start, 1)
-        report["sections"][name] = result
-        report["elapsed_s"] = round(time.perf_counter() - t0, 1)
-        write_report(report, out)
-    print(f"wrote {out / 'gpu_suite.json'} and {out / 'gpu_suite.md'} in {time.perf_counter() - t0:.0f} s",
-          file=sys.stderr)
-    return 0
-
-
-def run_guarded(label: str, fn: Callable[[], dict], ctx: dict) -> dict:
-    """One measurement inside a section: its own time limit (what is left of the section's budget);
-    a failure or an exhausted budget becomes the row's status."""
-    from _gpu_parts import fresh_memory
-
-    t = time.perf_counter()
+    suite = Suite(a)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
     try:
-        with time_limit(ctx["remaining"]()):
-            row = {"name": label, **fn(), "status": "ok"}
-    except Budget as e:
-        row = {"name": label, "status": f"skipped: budget ({e})"}
-    except Exception as e:
-        row = {"name": label, "status": f"failed: {type(e).__name__}: {e}"[:400]}
-        if "out of memory" in str(e).lower():
-            row["status"] = "failed: CUDA out of memory"
-    with contextlib.suppress(Exception):
-        fresh_memory(ctx["dev"])
-    row["seconds"] = round(time.perf_counter() - t, 1)
-    print(f"    {label}: {row['status']} ({row['seconds']} s)", file=sys.stderr, flush=True)
-    return row
-
-
-def write_report(report: dict, out: Path) -> None:
-    (out / "gpu_suite.json").write_text(json.dumps(report, indent=2, default=str))
-    (out / "gpu_suite.md").write_text(markdown(report))
+        (suite.out / "gpu_suite_children.log").unlink(missing_ok=True)
+    except OSError:
+        pass
+    try:
+        suite.run()
+    except Stop as e:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a second signal must not cut the last report
+            signal.signal(sig, signal.SIG_IGN)
+        for proc in list(_CURRENT):
+            kill_group(proc)
+        suite.report["stopped"] = str(e)
+    except BaseException as e:  # last resort: the report still lands
+        suite.report["driver_error"] = f"{type(e).__name__}: {e}"
+        suite.report["driver_traceback"] = traceback.format_exc()[-3000:]
+    for name in suite.wanted:
+        if suite.report["sections"][name]["status"] in ("pending", "running"):
+            suite.report["sections"][name]["status"] = "not run: the suite stopped first"
+    suite.write()
+    print(suite.summary(), file=sys.stderr)
+    print(f"wrote {suite.out / 'gpu_suite.json'} and {suite.out / 'gpu_suite.md'} in "
+          f"{time.monotonic() - suite.t0:.0f} s", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,309 @@
+"""The first GPU call's own measurements (issue 42, item 8), one function per child task of
+benchmarks/gpu_suite.py. Each takes the child's ``ctx`` (``_gpu_child.py``) and returns a section result
+``{"rows": [...], "status": ...}``; rows go through ``ctx["run"]`` (a time limit, the failure as the row's
+status, saved at once). With ``ctx["dry_run"]`` every task does its setup (model folders, configs, plans)
+and no CUDA work.
+
+- ``train`` / ``resume``: ``slimgrpo train`` end to end on a tiny random model (bf16 LoRA, beta 0.04,
+  ``loss.num_iterations=2``, completions that stop at EOS, checkpoints, ``memory.budget=auto``, checkpoints
+  offloaded to pinned host memory), then one more step in a second process resumed from the checkpoint; the
+  run's plan against the process's peak allocated, peak reserved and pinned host bytes.
+- ``oxen``: full GRPO steps at the Oxen settings on the Qwen2.5-0.5B shape, full and LoRA: plan against
+  peak allocated and reserved (run once with the default allocator and once with
+  ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, set by the driver).
+- ``qlora_8b``: the 24 GB Qwen3-8B QLoRA row of docs/benchmarks.md#issue-29-now, update only, offloaded
+  checkpoints and 8-bit AdamW: device peak against the plan, pinned host bytes against the plan's host line.
+- ``trl_pair``: TRL 1.16 on the 0.5B pair, beside the ``oxen`` rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+MIB = 2**20
+
+# A tiny Qwen2 whose checkpointed layer inputs (16 rows x 160 tokens x 512 x 2 bytes = 2.5 MiB) pass the
+# offload's 1 MiB threshold, so pinned host memory is really used; a small vocabulary, so a random model
+# ends a good share of its completions at EOS within 96 tokens.
+TINY = {"family": "qwen2", "hidden": 512, "intermediate": 1024, "layers": 4, "heads": 8, "kv_heads": 4,
+        "vocab": 512, "tie": True, "max_positions": 1024}
+TINY_SMOKE = {**TINY, "hidden": 64, "intermediate": 128, "heads": 4, "kv_heads": 2, "layers": 2}
+TRAIN_STEPS = 4  # the first process; the resume process trains one more
+
+
+def _dtype(ctx: dict) -> str:
+    return "bfloat16" if ctx["device"] == "cuda" else "float32"
+
+
+# ----------------------------------------------------------------------------- (b) slimgrpo train
+
+
+def train_files(ctx: dict) -> tuple[Path, list[str]]:
+    """The tiny model folder, prompts and config of the end-to-end run (made once, reused by ``resume``).
+    Returns (config path, the overrides both processes pass)."""
+    import common
+    from _gpu_legacy import synthetic_corpus
+
+    root = ctx["work"] / "train_e2e"
+    cfg_path = root / "cfg.yaml"
+    if cfg_path.is_file() and ctx["task"] == "resume":
+        return cfg_path, json.loads((root / "overrides.json").read_text())
+    root.mkdir(parents=True, exist_ok=True)
+    smoke = ctx["smoke"] and not ctx["dry_run"]  # a CPU run of the plumbing: smaller still
+    model = common.build_model_folder(TINY_SMOKE if smoke else TINY, dtype=_dtype(ctx), root=ctx["work"] / "models",
+                                      corpus=synthetic_corpus())
+    corpus = synthetic_corpus()
+    (root / "prompts.jsonl").write_text("".join(
+        json.dumps({"prompt": corpus[i][:160], "answer": str(i % 41)}) + "\n" for i in range(64)))
+    # A reward that tells completions apart (the built-in length reward scores every short completion 1,
+    # and equal rewards leave GRPO nothing to update with).
+    (root / "suite_rewards.py").write_text(
+        "def vowels(prompts, completions, **kwargs):\n"
+        "    return [sum(ch in 'aeiou' for ch in c) / max(len(c), 1) for c in completions]\n")
+    import yaml
+
+    cfg = {"model": {"path": str(model), "dtype": _dtype(ctx)},
+           "data": {"path": str(root / "prompts.jsonl"), "max_prompt_length": 64},
+           "rollout": {"num_generations": 4 if smoke else 8,
+                       "max_completion_length": 24 if smoke else 96},  # stops at EOS (no minimum)
+           "rewards": {"functions": [str(root / "suite_rewards.py") + ":vowels"]},
+           "loss": {"beta": 0.04, "num_iterations": 2},
+           "lora": {"enabled": True, "r": 16, "alpha": 32},
+           "memory": {"budget": "auto", "gradient_checkpointing": True, "offload_activations": True},
+           "optim": {"learning_rate": 1e-4},
+           "run": {"max_steps": TRAIN_STEPS, "save_steps": 2, "batch_size": 8 if smoke else 16, "output_dir": str(root / "run"),
+                   "seed": 0, "device": ctx["device"]},
+           "log": {"progress": False}}
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    overrides: list[str] = []
+    (root / "overrides.json").write_text(json.dumps(overrides))
+    return cfg_path, overrides
+
+
+def run_plan(cfg_path: Path, overrides: list[str], device: str) -> dict[str, Any]:
+    """The plan ``slimgrpo plan CONFIG --device DEVICE`` prints, as numbers (the same functions: config ->
+    plan inputs -> plan_memory); memory.budget=auto changes nothing for a model this small."""
+    from slimgrpo.config import load_config
+    from slimgrpo.memory.check import plan_inputs, shape_of
+    from slimgrpo.memory.planner import plan_memory
+
+    cfg = load_config(str(cfg_path), list(overrides), validate=False)
+    shape = shape_of(cfg)
+    plan = plan_memory(shape, plan_inputs(cfg, device, vocab=shape.vocab))
+    return {"plan_mib": plan.tensor_peak_bytes / MIB, "plan_with_overhead_mib": plan.peak_bytes / MIB,
+            "plan_phase": plan.peak_phase, "plan_host_mib": plan.host_bytes / MIB}
+
+
+def _metrics(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def _process_peaks(dev) -> dict[str, Any]:
+    import torch
+
+    from _gpu_parts import host_stats
+
+    if dev.type != "cuda":
+        return {"peak_alloc_mib": None, "peak_reserved_mib": None}
+    torch.cuda.synchronize()
+    return {"peak_alloc_mib": torch.cuda.max_memory_allocated() / MIB,
+            "peak_reserved_mib": torch.cuda.max_memory_reserved() / MIB, **host_stats()}
+
+
+def _train_row(ctx: dict, max_steps: int, fresh: bool) -> dict[str, Any]:
+    """``slimgrpo train CONFIG run.max_steps=N`` in this process (cli.main, as the command line runs it),
+    then what the run wrote and this process's CUDA and pinned-host peaks against the plan."""
+    from slimgrpo.cli import main
+
+    cfg_path, overrides = train_files(ctx)
+    run = cfg_path.parent / "run"
+    if fresh:
+        shutil.rmtree(run, ignore_errors=True)
+    plan = run_plan(cfg_path, overrides, "cuda" if ctx["dry_run"] else ctx["device"])
+    if ctx["dry_run"]:
+        return {**plan, "status": "dry run: tiny model, config and plan made; nothing trained",
+                "config": str(cfg_path)}
+    t = time.perf_counter()
+    rc = main(["train", str(cfg_path), *overrides, f"run.max_steps={max_steps}"])
+    seconds = time.perf_counter() - t
+    row: dict[str, Any] = {**plan, **_process_peaks(ctx["dev"]), "exit_code": rc, "train_s": seconds}
+    metrics = _metrics(run)
+    steps = [m.get("step") for m in metrics]
+    row.update(steps_logged=len(metrics), last_step=steps[-1] if steps else None,
+               checkpoints=sorted(p.name for p in (run / "checkpoints").glob("checkpoint-*")),
+               final_saved=(run / "final").is_dir(),
+               metric_peak_mib=max((m.get("memory/peak_mib") or 0 for m in metrics), default=None),
+               clipped_ratio=[m.get("completions/clipped_ratio") for m in metrics],
+               mean_length=[m.get("completions/mean_length") for m in metrics],
+               kl=[m.get("kl") for m in metrics])
+    if row.get("peak_alloc_mib"):
+        row["ratio"] = row["plan_mib"] / row["peak_alloc_mib"]
+    if row.get("pinned_peak_mib") is not None:
+        row["host_ratio"] = (row["plan_host_mib"] / row["pinned_peak_mib"]) if row["pinned_peak_mib"] else None
+    problems = []
+    if rc != 0:
+        problems.append(f"exit code {rc}")
+    if steps != list(range(1, max_steps + 1)):
+        problems.append(f"steps logged {steps}, expected 1..{max_steps}")
+    if not row["final_saved"]:
+        problems.append("no final/ folder")
+    clipped = [c for c in row["clipped_ratio"] if c is not None]
+    if clipped and min(clipped) >= 1.0 and not ctx["smoke"]:  # a few rows on CPU may all run to the end
+        problems.append("no completion stopped at EOS")
+    if problems and ctx["remaining"]() <= 0:  # the time limit's Budget, raised inside the run, ended it
+        row["status"] = f"skipped: budget (the run was stopped at its time limit after {seconds:.0f} s)"
+    else:
+        row["status"] = "ok" if not problems else "failed: " + "; ".join(problems)
+    return row
+
+
+def task_train(ctx: dict) -> dict:
+    row = ctx["run"](f"train {TRAIN_STEPS} steps (bf16 LoRA, beta 0.04, num_iterations 2, offload, budget auto)",
+                     lambda: _train_row(ctx, TRAIN_STEPS, fresh=True))
+    return {"rows": [row]}
+
+
+def task_resume(ctx: dict) -> dict:
+    run = ctx["work"] / "train_e2e" / "run"
+    if not ctx["dry_run"] and not (run / "checkpoints" / f"checkpoint-{TRAIN_STEPS}").is_dir():
+        return {"rows": [], "status": f"skipped: no checkpoint-{TRAIN_STEPS} from the train task to resume"}
+    row = ctx["run"](f"resume from checkpoint-{TRAIN_STEPS}, one more step (a new process)",
+                     lambda: _train_row(ctx, TRAIN_STEPS + 1, fresh=False))
+    return {"rows": [row]}
+
+
+# ----------------------------------------------------------------------------- (e) memory against the plan
+
+
+def allocator_label() -> str:
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    return "expandable_segments" if "expandable_segments:True" in conf else "default allocator"
+
+
+def oxen_runs(ctx: dict) -> list[tuple[str, bool]]:
+    """(shape, lora) of the Oxen rows: the 0.5B pair (full, LoRA); with the expandable allocator the full one
+    alone (the allocator ratio needs one run)."""
+    name = next(iter(ctx["cfg"]["shapes"]))
+    runs = [(name, False), (name, True)]
+    return runs[:1] if allocator_label() == "expandable_segments" else runs
+
+
+def task_oxen(ctx: dict) -> dict:
+    from _gpu_legacy import shape_of
+    from _gpu_parts import full_steps, plan_for, step_config
+
+    c = ctx["cfg"]
+    rows = []
+    for name, lora in oxen_runs(ctx):
+        shape = shape_of(name, c["shapes"][name])
+        ov = step_config(lora, False, c["G"], c["P"], c["L"], _dtype(ctx))
+        label = f"{name} {'LoRA' if lora else 'full'}, Oxen settings, {allocator_label()}"
+
+        def one(shape=shape, ov=ov):
+            if ctx["dry_run"]:
+                plan = plan_for(shape, ov, "cuda")
+                return {"plan_mib": plan.tensor_peak_bytes / MIB, "plan_phase": plan.peak_phase,
+                        "dry_run": "plan only"}
+            r = full_steps(shape, ov, ctx["dev"], c["steps_timed"])
+            if r.get("peak_alloc_mib"):
+                r["reserved_over_alloc"] = r["peak_reserved_mib"] / r["peak_alloc_mib"]
+            return r
+
+        row = ctx["run"](label, one)
+        row.update(shape=name, lora=lora, checkpointing=False, allocator=allocator_label())
+        rows.append(row)
+    return {"rows": rows}
+
+
+def task_qlora_8b(ctx: dict) -> dict:
+    """The 24 GB row: Qwen3-8B shape, 4-bit NF4 base (random bf16 weights saved once, loaded in 4-bit),
+    2 x (256 + 71,934) tokens, offloaded checkpoints, 8-bit AdamW, tiled MLP, update only."""
+    import torch
+
+    from _gpu_legacy import QWEN3_8B, shape_of
+    from _gpu_parts import host_stats, long_context_step, plan_for, reset_host_peak, step_config
+
+    s = ctx["cfg"]["long_ctx"]
+    r = s["rows"][0]  # the 24 GB row (offloaded, 8-bit AdamW); --smoke: its tiny stand-in
+    opt = r.get("optimizer", "adamw")
+    spec = QWEN3_8B if s["shape"] == "qwen3-8b" else ctx["cfg"].get("long_shape")
+    shape = shape_of(s["shape"], spec)
+    label = (f"{s['shape']} QLoRA 2 x ({s['P']} + {r['L']:,}), {'offload' if r.get('offload') else 'no offload'} + "
+             f"{'8-bit AdamW' if opt == 'adamw_8bit' else opt}, tiled MLP (24 GB row)")
+    if ctx["dry_run"] or ctx["device"] != "cuda":
+        def plan_only():
+            ov = step_config(True, True, 2, s["P"], r["L"], "bfloat16", optimizer=opt, micro=1,
+                             offload=r.get("offload", False), load_in_4bit=True)
+            ov["memory"]["tiled_mlp"] = "on"
+            plan = plan_for(shape, ov, "cuda")
+            from _gpu_parts import update_plan_mib
+
+            return {"plan_mib": update_plan_mib(plan), "plan_host_mib": plan.host_bytes / MIB,
+                    "dry_run": "plan only" if ctx["dry_run"] else "needs CUDA and bitsandbytes: plan only"}
+
+        return {"rows": [ctx["run"](label, plan_only)]}
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception as e:
+        return {"rows": [], "status": f"not installed (bitsandbytes: {type(e).__name__}: {e})"[:300]}
+    from slimgrpo.train.synthetic import random_causal_lm
+
+    folder = ctx["work"] / "qwen3_8b_random"
+
+    def make_model():
+        t = time.perf_counter()
+        if not (folder / "config.json").is_file():
+            model = random_causal_lm(shape, torch.bfloat16, ctx["dev"])
+            model.save_pretrained(str(folder))
+            del model
+        return {"save_s": time.perf_counter() - t}
+
+    rows = [ctx["run"]("random bf16 base saved (load in 4-bit follows)", make_model)]
+
+    def step():
+        reset_host_peak()
+        out = long_context_step(shape, ctx["dev"], s["P"], r["L"], folder, True, offload=r.get("offload", False),
+                                optimizer=opt)
+        out.update(host_stats())
+        if out.get("pinned_peak_mib"):
+            out["host_ratio"] = out["plan_host_mib"] / out["pinned_peak_mib"]
+        return out
+
+    if rows[0]["status"] == "ok":
+        rows.append(ctx["run"](label, step))
+    return {"rows": rows}
+
+
+# ----------------------------------------------------------------------------- (f) TRL beside it
+
+
+def task_trl_pair(ctx: dict) -> dict:
+    from _gpu_legacy import trl_rows, write_prompts
+    from common import _version
+
+    name = next(iter(ctx["cfg"]["shapes"]))
+    oxen = [r for r in ctx.get("earlier", {}).get("memory", {}).get("rows", [])
+            if r.get("allocator") == "default allocator"]
+    if ctx["dry_run"]:
+        write_prompts(ctx["work"] / "prompts.jsonl", 8)
+        have = _version("trl")
+        return {"rows": [], "status": f"dry run: prompts written; trl {have or 'not installed'}"}
+    return trl_rows(ctx, [name], oxen)
+
+
+TASKS = {"train": task_train, "resume": task_resume, "oxen": task_oxen, "qlora_8b": task_qlora_8b,
+         "trl_pair": task_trl_pair}
