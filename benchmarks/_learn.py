@@ -35,6 +35,11 @@ NOT_TRAINING = ("model.path", "data.path", "data.prompt_column", "rewards.functi
 # Recipe keys TRL 1.16 has no setting for, left out of its config: it never cuts prompts (a limit on prompt
 # length that a prompt shorter than it never meets changes nothing).
 NO_TRL_SETTING = ("data.max_prompt_length",)
+# Recipe keys for slimgrpo's held-out evaluation during training and the model it keeps (run.keep_best, early
+# stopping): left out of TRL's config, so TRL's runs stay as before (the final model is the last step's).
+KEEP_BEST_KEYS = ("run.keep_best", "run.best_metric", "run.greater_is_better", "run.early_stopping_patience",
+                  "run.early_stopping_threshold", "run.save_total_limit")
+VAL_PROMPTS = 32  # the validation prompts keep_best judges by: the last rows of train.jsonl (never the scored ones)
 
 
 def pending_runs(results: dict, seeds: list[int], trainers: list[str]):
@@ -98,15 +103,31 @@ def evaluate(recipe: Path, model: Path, heldout: Path, out: Path, threads: int, 
     return result
 
 
+def validation_file(train: Path) -> Path:
+    """``val.jsonl`` beside ``train``: its last ``VAL_PROMPTS`` rows. run.keep_best judges by them, so the
+    held-out questions the suite scores never choose the model (they would flatter it)."""
+    val = train.with_name("val.jsonl")
+    if not val.is_file():
+        rows = [line for line in train.read_text().splitlines() if line.strip()]
+        val.write_text("\n".join(rows[-VAL_PROMPTS:]) + "\n")
+    return val
+
+
 def train_slimgrpo(recipe: Path, seed: int, model: Path, steps: int, threads: int, train: Path, run_dir: Path,
-                   log: Path) -> dict:
+                   log: Path, keep_best: bool = False) -> dict:
     """``slimgrpo train RECIPE`` as a user runs it (the recipe's settings, slimgrpo's defaults elsewhere), with
     the model, data, output folder, seed, steps and threads set by the harness. Wall time and peak RSS from
-    outside; the reward curve from metrics.jsonl."""
+    outside; the reward curve from metrics.jsonl. ``keep_best``: the recipe's run.keep_best with its eval.*
+    settings, judged on ``validation_file(train)``; the newest checkpoint and the best one are on disk until
+    the run is scored (``drop_checkpoints``). Off: no held-out evaluation and no checkpoints at all (only the
+    final model is scored; a checkpoint is 1.6 GB)."""
+    if keep_best:
+        extra = [f"eval.data={validation_file(train)}", "run.save_total_limit=1"]
+    else:
+        extra = ["run.keep_best=false", "eval.data=", "run.save_checkpoints=false"]
     cmd = slimgrpo_cmd("train", str(recipe), f"model.path={model}", f"data.path={train}",
                        f"run.output_dir={run_dir}", f"run.seed={seed}", f"run.max_steps={steps}",
-                       f"run.num_threads={threads}", "log.progress=false", "log.log_completions_steps=0",
-                       "run.save_checkpoints=false")  # only the final model is scored (a checkpoint: 1.6 GB)
+                       f"run.num_threads={threads}", "log.progress=false", "log.log_completions_steps=0", *extra)
     run = common.run_measured(cmd, log, common.choose_memory_cap(None), "slimgrpo")
     if run.returncode != 0:
         raise SystemExit(f"slimgrpo seed {seed} failed ({run.error}); log: {run.log_path}")
@@ -114,7 +135,24 @@ def train_slimgrpo(recipe: Path, seed: int, model: Path, steps: int, threads: in
     steps_ = [s for s in steps_ if "reward" in s and "step" in s]
     curve = [{"step": s["step"], "reward": s["reward"],
               **{k: v for k, v in s.items() if k.startswith("rewards/") and k.endswith("/mean")}} for s in steps_]
-    return {"wall_s": run.wall_s, "peak_rss_mib": run.peak_rss_mib, "curve": curve, "model": str(run_dir / "final")}
+    out = {"wall_s": run.wall_s, "peak_rss_mib": run.peak_rss_mib, "curve": curve, "model": str(run_dir / "final")}
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    for key in ("best_metric", "best_step", "best_value", "final_step", "stopped_by"):
+        if key in summary:
+            out[key] = summary[key]
+    out["eval_s"] = sum(s.get("time/eval_s", 0.0) for s in steps_all(run_dir))  # held-out evaluation's share
+    return out
+
+
+def steps_all(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def drop_checkpoints(run_dir: Path) -> None:
+    """A scored run's checkpoints (1.6 GB each for SmolLM2): final/ and last/ stay."""
+    import shutil
+
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
 
 
 def reward_specs(recipe_path: Path, recipe: dict) -> list[str]:
@@ -179,7 +217,8 @@ def trl_own_defaults(recipe: dict, overrides: dict) -> dict:
     names = trl_names()
     kwargs: dict = {}
     for key, value in settings.items():
-        if key in NOT_TRAINING or key in NO_TRL_SETTING or key.startswith("log."):
+        if (key in NOT_TRAINING or key in NO_TRL_SETTING or key in KEEP_BEST_KEYS or key.startswith("log.")
+                or key.startswith("eval.")):
             continue
         special = _special(key, value)
         if special is not None:

@@ -77,8 +77,11 @@ def run_task(task: str, a, results: dict, save) -> None:
     r = _learn.load_recipe(recipe)
     steps = a.steps or r["run"]["max_steps"]
     model = a.model.resolve() if a.model else recipe_model(recipe)
+    keep_best = bool(r.get("run", {}).get("keep_best")) and not a.no_keep_best  # the recipe's, unless told off
     settings = {"recipe": str(recipe), "model": str(model), "steps": steps, "eval_samples": a.eval_samples,
                 "eval_limit": a.eval_limit}
+    if keep_best:  # (a campaign from before keep_best has no such key: it stays comparable with --no-keep-best)
+        settings["keep_best"] = True
     entry = results.setdefault(name, {"settings": settings})
     if entry["settings"] != settings:  # a resumed campaign must not mix runs of different settings
         raise SystemExit(f"{name}: {a.out / 'results.json'} holds runs with {entry['settings']}, not {settings}; "
@@ -97,19 +100,31 @@ def run_task(task: str, a, results: dict, save) -> None:
         t = time.perf_counter()
         if trainer == "slimgrpo":
             run = _learn.train_slimgrpo(recipe, seed, model, steps, a.num_threads, train, out / key,
-                                        out / f"{key}.log")
+                                        out / f"{key}.log", keep_best=keep_best)
         else:
             spec = _learn.trl_spec(recipe, r, model, train, seed, steps, a.num_threads, out / key)
             run = _learn.run_trl(spec, out / f"{key}.spec.json", out / f"{key}.log", seed)
             run["trl_config"] = spec["grpo_config"]
         run["eval"] = score(Path(run["model"]), f"eval-{key}")
+        if trainer == "slimgrpo":
+            _learn.drop_checkpoints(out / key)
         run["collapsed"] = collapsed(run["eval"], base)
         run["load_after"] = os.getloadavg()[0]
         entry[key] = run
         save()
         print(f"{name} {key}: wall {run['wall_s']:.0f} s, peak {run['peak_rss_mib']:,.0f} MiB, held-out sampled "
               f"{run['eval']['sampled_accuracy']:.1%} greedy {run['eval']['greedy_accuracy']:.1%}"
-              f"{' COLLAPSED' if run['collapsed'] else ''} ({time.perf_counter() - t:.0f} s with eval)", flush=True)
+              f"{' COLLAPSED' if run['collapsed'] else ''}{best_text(run)} ({time.perf_counter() - t:.0f} s with eval)",
+              flush=True)
+
+
+def best_text(run: dict) -> str:
+    """``; kept step 20 of 40 (val greedy 59.4%)`` for a run.keep_best run, else ''."""
+    if run.get("final_step") is None:
+        return ""
+    value = run.get("best_value")
+    shown = f"{value:.1%}" if isinstance(value, (int, float)) else "?"
+    return f"; kept step {run['final_step']} ({run.get('best_metric')} {shown} on the validation prompts)"
 
 
 def _runs(entry: dict, trainer: str) -> list[tuple[int, dict]]:
@@ -150,8 +165,9 @@ def summary(results: dict) -> list[str]:
     lines += ["", "(gains: held-out accuracy after minus before, sampled, in points; ± is the sd over seeds; "
                   f"collapsed: held-out accuracy, sampled or greedy, more than {100 * COLLAPSE_POINTS:.0f} points "
                   "below the base model's; wall ratio: slimgrpo / TRL, mean wall time per run)", "",
-              "| task | trainer | seed | wall s | peak RSS MiB | held-out sampled | gain | greedy | gain | collapsed |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "| task | trainer | seed | wall s | peak RSS MiB | held-out sampled | gain | greedy | gain | collapsed | "
+              "best step (value) |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for name, entry in results.items():
         if "base" not in entry:
             continue
@@ -161,8 +177,18 @@ def summary(results: dict) -> list[str]:
                 s, g = v["eval"]["sampled_accuracy"], v["eval"]["greedy_accuracy"]
                 lines.append(f"| {name} | {LABELS[trainer]} | {seed} | {v['wall_s']:.0f} | "
                              f"{common.format_mib(v['peak_rss_mib'])} | {s:.1%} | {100 * (s - b['sampled_accuracy']):+.1f} | "
-                             f"{g:.1%} | {100 * (g - b['greedy_accuracy']):+.1f} | {'yes' if v['collapsed'] else ''} |")
+                             f"{g:.1%} | {100 * (g - b['greedy_accuracy']):+.1f} | {'yes' if v['collapsed'] else ''} | "
+                             f"{best_cell(v)} |")
     return lines
+
+
+def best_cell(run: dict) -> str:
+    """The table's ``best step (value)``: the step whose model was scored and its validation value (run.keep_best;
+    ``-`` for a run that kept its last step by design, TRL's and campaigns without keep_best)."""
+    if run.get("final_step") is None:
+        return "-"
+    value = run.get("best_value")
+    return f"{run['final_step']} ({value:.1%})" if isinstance(value, (int, float)) else str(run["final_step"])
 
 
 def plot(results: dict, png: Path) -> None:
@@ -208,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-threads", type=int, default=os.cpu_count())
     p.add_argument("--eval-samples", type=int, default=4, help="sampled completions per held-out prompt")
     p.add_argument("--eval-limit", type=int, default=None, help="score only the first N held-out prompts")
+    p.add_argument("--no-keep-best", action="store_true",
+                   help="slimgrpo's runs return their last step's model (the suite before issue 46), even where the "
+                        "recipe says run.keep_best; with it, they are judged on the last 32 training prompts")
     p.add_argument("--out", type=Path, default=common.BENCH_DIR / "runs" / "learn_suite", help="campaign folder")
     p.add_argument("--png", type=Path, default=None, help="write the plot here")
     a = p.parse_args(argv)

@@ -108,7 +108,10 @@ def test_summary_means_and_ratio():
                         "slimgrpo-s1": run(0.0, 210, True)}}
     table = learn_suite.summary(results)
     assert "| sort | 20.0% / 20.0% | +40.0 ± 14.1 (2) | +10.0 ± 42.4 (2) | 0 / 1 | 410 / 205 | 0.50x |" in table
-    assert "| sort | slimgrpo | 1 | 210 | 1,000 | 0.0% | -20.0 | 0.0% | -20.0 | yes |" in table
+    assert "| sort | slimgrpo | 1 | 210 | 1,000 | 0.0% | -20.0 | 0.0% | -20.0 | yes | - |" in table
+    kept = {**run(0.6, 200), "final_step": 20, "best_value": 0.59375, "best_metric": "eval/accuracy_greedy"}
+    row = "| sort | slimgrpo | 0 | 200 | 1,000 | 60.0% | +40.0 | 60.0% | +40.0 |  | 20 (59.4%) |"  # run.keep_best's step
+    assert row in learn_suite.summary({"sort": {**results["sort"], "slimgrpo-s0": kept}})
     one_seed = {"sort": {k: v for k, v in results["sort"].items() if not k.endswith("s1")}}
     assert "| sort | 20.0% / 20.0% | +30.0 (1) | +40.0 (1) | 0 / 0 | 400 / 200 | 0.50x |" in learn_suite.summary(one_seed)
 
@@ -135,3 +138,13 @@ def test_trl_gets_the_recipe_keys_and_its_own_defaults(tmp_path):
     assert (args.learning_rate, args.max_steps, args.seed, args.per_device_train_batch_size) == (1e-5, 40, 3, 16)
     assert str(args.lr_scheduler_type.value) == "constant" and args.bf16 is False
     assert args.adam_beta2 == 0.999 and args.save_strategy.value == "no" and args.logging_steps == 1  # TRL's default
+
+
+def test_keep_best_keys_stay_out_of_trl_and_validation_is_training_rows(tmp_path):
+    recipe = {"run": {"keep_best": True, "save_total_limit": 1, "early_stopping_patience": 2},
+              "eval": {"data": "data/heldout.jsonl", "steps": 10}, "optim": {"learning_rate": 1e-5}}
+    assert _learn.trl_own_defaults(recipe, {}) == {"learning_rate": 1e-5}  # TRL keeps its last step's model
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(40)))
+    rows = _learn.validation_file(train).read_text().splitlines()
+    assert [json.loads(r)["prompt"] for r in rows] == [f"q{i}" for i in range(8, 40)]  # the last 32
