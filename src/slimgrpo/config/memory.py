@@ -31,7 +31,21 @@ class MemoryConfig:
     micro-batch and a lower planned peak; ``on`` / ``off`` (or true / false) as said. Llama, Mistral, Qwen2
     and Qwen3 MLPs; another MLP class runs untiled only if the plan without tiling fits ``budget``."""
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
-    """``adamw_8bit``: bitsandbytes 8-bit AdamW on CUDA, torchao elsewhere when installed."""
+    """``adamw_8bit``: 8-bit AdamW, about 2 B of state per trained parameter instead of 2 moments: torchao's
+    (``pip install 'slimgrpo[ao]'``) on CPU, under FSDP2 (its parameters are DTensors, which bitsandbytes'
+    does not take) and for bfloat16 full fine-tuning (its stochastic rounding, ``bf16_update``);
+    bitsandbytes' (``slimgrpo[gpu]``) on one GPU otherwise (LoRA, float32 weights)."""
+    bf16_update: Literal["auto", "fp32_master", "stochastic_round", "plain"] = "auto"
+    """How the optimizer moves weights trained in bfloat16 (full fine-tuning with ``model.dtype=bfloat16``,
+    or ``auto`` on a GPU; LoRA adapters train in float32 and need nothing). A plain bfloat16 step rounds
+    away: at learning rate 1e-6 about 98% of the elements of N(0, 0.02) weights do not move
+    (docs/benchmarks.md#bf16-full-fine-tuning). ``fp32_master``: a float32 copy of each weight (beside it,
+    sharded like it under FSDP2) and float32 AdamW moments take the step; the bfloat16 weight is the
+    copy rounded (4 B per parameter more, and 4 B more of moments with ``adamw``). ``stochastic_round``:
+    torchao's optimizer rounds the float32 result to bfloat16 up or down at random, in proportion, so
+    updates survive on average at no memory cost (needs torchao). ``auto``: ``stochastic_round`` with
+    ``optimizer=adamw_8bit``, ``fp32_master`` with ``adamw``. ``plain``: bfloat16 steps as they round
+    (the update is lost; for comparisons)."""
     budget: str | None = None
     """Memory budget, e.g. ``16GiB``; ``auto`` = the device's free memory. The run is refused before
     loading the model when the plan does not fit."""
@@ -44,3 +58,16 @@ class MemoryConfig:
     """When the plan exceeds ``budget``, apply the suggested changes instead of refusing. ``trace``: also
     check the settings by tracing one full-size step on fake tensors (``slimgrpo plan --trace``; seconds to
     minutes, no memory) and tighten them until the traced peak fits the budget too."""
+
+
+BF16_RULES = ("fp32_master", "stochastic_round", "plain")
+
+
+def bf16_update_rule(bf16_update: str, optimizer: str) -> str:
+    """What ``memory.bf16_update`` means for bfloat16 trainable weights under ``memory.optimizer``: one of
+    ``BF16_RULES``. One place, read by the optimizer (train/optim.py) and the planner (memory/planner.py),
+    so that the plan counts the bytes the run holds. ``auto`` depends on the config alone (not on what is
+    installed), so a plan made on one machine holds on another."""
+    if bf16_update != "auto":
+        return bf16_update
+    return "stochastic_round" if optimizer == "adamw_8bit" else "fp32_master"

@@ -1,0 +1,48 @@
+"""Weight precision and the optimizer: the combinations that cannot train, refused before weights load.
+
+- float16 full fine-tuning: slimgrpo has no gradient scaler and steps the weights it trains in their own
+  dtype, so AdamW would run on float16 weights (small updates round away, large values overflow).
+- ``memory.bf16_update=fp32_master`` with 8-bit AdamW: the master copy is for ``adamw``; 8-bit AdamW keeps
+  bfloat16 updates by stochastic rounding.
+- A setting that needs torchao where it is not installed: 8-bit AdamW under FSDP2 (its DTensor parameters
+  are not taken by bitsandbytes) and stochastic rounding of bfloat16 weights.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from slimgrpo.config.memory import bf16_update_rule
+from slimgrpo.config.tree import Config
+
+
+def trains_bf16(cfg: Config, on_cpu: bool) -> bool:
+    """Whether the weights the optimizer steps are bfloat16: full fine-tuning (LoRA adapters are float32)
+    with ``model.dtype=bfloat16``, or ``auto`` on a GPU (modeling.resolve_dtype)."""
+    return not cfg.lora.enabled and (cfg.model.dtype == "bfloat16" or (cfg.model.dtype == "auto" and not on_cpu))
+
+
+def precision_problem(cfg: Config, on_cpu: bool) -> str | None:
+    """Why this config's weights cannot be trained as set (with the keys to change), or None."""
+    mem = cfg.memory
+    if cfg.model.dtype == "float16" and not cfg.lora.enabled:
+        return ("model.dtype=float16 with full fine-tuning (lora.enabled=false): slimgrpo has no gradient scaler "
+                "and no float16 master weights, so AdamW would step float16 weights directly (updates below "
+                "their precision are lost, large values overflow). Use model.dtype=bfloat16 (float32 master "
+                "weights or stochastic rounding: memory.bf16_update) or model.dtype=float32; float16 suits LoRA, "
+                "whose adapters train in float32")
+    if mem.bf16_update == "fp32_master" and mem.optimizer == "adamw_8bit":
+        return ("memory.bf16_update=fp32_master with memory.optimizer=adamw_8bit: the float32 master copy is for "
+                "memory.optimizer=adamw; 8-bit AdamW keeps bfloat16 updates by memory.bf16_update="
+                "stochastic_round (the default, auto, chooses it)")
+    if importlib.util.find_spec("torchao") is not None:
+        return None
+    if mem.optimizer == "adamw_8bit" and cfg.distributed.strategy == "fsdp":
+        return ("distributed.strategy=fsdp with memory.optimizer=adamw_8bit needs torchao's 8-bit AdamW, which "
+                "takes FSDP2's sharded (DTensor) parameters; bitsandbytes' does not (illegal memory access). "
+                "pip install 'slimgrpo[ao]', or use memory.optimizer=adamw")
+    if trains_bf16(cfg, on_cpu) and bf16_update_rule(mem.bf16_update, mem.optimizer) == "stochastic_round":
+        return (f"memory.bf16_update={mem.bf16_update} with memory.optimizer={mem.optimizer} rounds bfloat16 "
+                "weights stochastically in torchao's optimizer, and torchao is not installed: pip install "
+                "'slimgrpo[ao]', or use memory.optimizer=adamw (float32 master weights and moments: 12 B of optimizer state per parameter)")
+    return None
