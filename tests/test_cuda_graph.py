@@ -350,3 +350,59 @@ def test_cuda_backend_never_empties_the_allocator(monkeypatch):
     assert ran == [1, 2, 2]  # the fake records by running; the real one does not
     assert all(isinstance(g, FakeGraph) for g in graphs)
     assert calls.count(("begin", "pool-0")) == 2 and calls.count("end") == 2  # one shared pool
+
+
+def test_static_step_never_waits_for_the_device():
+    """A recorded step may not synchronise: count host syncs inside the step (the stand-in replays the
+    real step), and the loop's, over a call whose rows leave on EOS."""
+    from test_rollout import counted_host_syncs
+
+    model = tiny_model(arch="llama")
+    engine = graph_engine(model, drop_finished_fraction=0.0)
+    params = eos_params(model)
+    engine.generate(PROMPTS, 2, params)  # recordings happen here
+    with counted_host_syncs(engine) as counts:
+        ro = engine.generate(PROMPTS, 2, params)
+    assert counts["step"] == 0 and 0 < counts["loop"] < int(ro.completion_lengths.max())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("lora", [False, True])
+def test_real_graphs_kept_across_calls_see_in_place_updates(lora):
+    """CUDA: graphs recorded in the first call are replayed in the next (nothing recorded), an in-place weight
+    update is read by the replay (tokens equal the eager path's on the updated model), a replaced weight
+    records again."""
+    from slimgrpo.rollout.cuda_graph import cuda_graph_cache
+
+    model = tiny_model(arch="llama").cuda()
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "up_proj"])).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.2)
+    base = model.get_base_model() if lora else model
+    prompts = PROMPTS
+    free = TorchRolloutEngine(model).generate(prompts, 1, greedy(16, ())).completion_ids.cpu()
+    params = greedy(16, (int(free[0, 3]), int(free[2, 9])))
+
+    def eager():
+        return TorchRolloutEngine(model, drop_finished_fraction=0.0).generate(prompts, 2, params).completion_ids
+
+    engine = TorchRolloutEngine(model, drop_finished_fraction=0.0)
+    engine.graph_cache = cache = cuda_graph_cache(torch.device("cuda", torch.cuda.current_device()))
+    assert torch.equal(engine.generate(prompts, 2, params).completion_ids, eager())
+    recorded = cache.captures
+    assert recorded >= 1
+    assert torch.equal(engine.generate(prompts, 2, params).completion_ids, eager())
+    assert cache.captures == recorded
+    with torch.no_grad():
+        for p in base.model.layers[0].parameters():
+            p.mul_(1.3)
+    assert torch.equal(engine.generate(prompts, 2, params).completion_ids, eager())
+    assert cache.captures == recorded and cache.invalidations == 0
+    layer = base.model.layers[1].mlp.down_proj
+    layer.weight = nn.Parameter(layer.weight.detach() * -1.0)
+    assert torch.equal(engine.generate(prompts, 2, params).completion_ids, eager())
+    assert cache.captures > recorded and cache.invalidations == 1

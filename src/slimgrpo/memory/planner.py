@@ -34,7 +34,7 @@ from .formulas import (ADAMW_8BIT_BYTES_PER_PARAM, ADAMW_STATES, BACKWARD_WORKSP
                        CUDA_FRAMEWORK_OVERHEAD_BYTES, CUDA_TRACE_MARGIN, FULL_LOGITS_COPIES, GEN_LOGITS_COPIES,
                        GRAD_ACCUMULATION_TEMPORARIES, GiB, KiB, LORA_ADAPTER_BYTES, LOSS_CHUNK_COPIES,
                        LOSS_PER_TOKEN_TENSORS, NORM_BACKWARD_FP32_TENSORS, NORM_BACKWARD_RESIDUAL_GRADS, MiB,
-                       NF4_BYTES_PER_PARAM, OFFLOAD_RESIDENT_LAYERS,
+                       NF4_BYTES_PER_PARAM, OFFLOAD_RESIDENT_LAYERS, offloaded_bytes,
                        PREFILL_CHUNK_TOKENS, QLORA_COMPUTE_BYTES, TILED_MLP_AUTO_TOKENS, TILED_MLP_BACKWARD_BUFFERS,
                        TILED_MLP_MIN_GAIN, _compute_bytes, _n, _tiles, activation_bytes_per_token_layer,
                        attention_mask_bytes, inference_bytes_per_token_layer, kv_cache_bytes, logits_bytes,
@@ -255,10 +255,9 @@ def _activation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
                              math.ceil(CHECKPOINT_RECOMPUTE_LAYERS * layer_bytes) + workspace, "update",
                              f"backward re-runs one layer: {CHECKPOINT_RECOMPUTE_LAYERS:g}·(one layer) + "
                              f"{ws_what}; {what}"))
-        if on_host:
-            out.append(Component("offloaded checkpoints", L * inputs_per_layer + final_norm, "update",
-                                 f"L·m·S·H·B + final norm m·S·(4+2B)·H = {L}·{m}·{_n(S)}·{H}·{B} + "
-                                 f"{_n(final_norm)} in host RAM", location="host"))
+        if on_host:  # what offload.py moves, into exact-size pinned buffers (formulas.offloaded_bytes)
+            host_bytes, host_what = offloaded_bytes(shape, x, tokens)
+            out.append(Component("offloaded checkpoints", host_bytes, "update", host_what, location="host"))
     out.append(Component("attention mask", mask_shared, "update",
                          f"S² mask shared by the layers: {_n(mask_shared)} B" if mask_shared else
                          f"unpadded rows, {kname} causal kernel: no mask"))
