@@ -116,3 +116,44 @@ def test_a_slide_of_the_held_out_metric_alone_is_named_too():
     # without the held-out drop the same climbing reward is no stall (test_stall's rule stays)
     climbing = [step(reward=0.3 + 0.1 * i, entropy=0.1, zero_std=0.5) for i in range(4)]
     assert run(start + climbing)[0].stalls == []
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def _stopped_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    records = []
+    for s, acc in enumerate((0.3, 0.5, 0.4, 0.45)):
+        r = {"step": s, "eval/accuracy_greedy": acc, "best/step": 1 if s else 0, "best/value": 0.5 if s else 0.3,
+             "best/improved": int(s <= 1), "early_stopping/wait": max(0, s - 1)}
+        if s:
+            r.update({"reward": 0.2 * s, "reward_std": 0.1})
+        if s == 3:
+            r["early_stopping/stopped"] = 1
+        records.append(r)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = {"steps": 3, "stopped_by": "early_stopping", "early_stopping_patience": 2, "best_metric":
+               "eval/accuracy_greedy", "best_step": 1, "best_value": 0.5, "final_step": 1}
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "config.yaml").write_text("run: {max_steps: 8, keep_best: true}\neval: {data: x.jsonl}\n")
+    return run, records, summary
+
+
+def test_the_report_names_the_best_step_and_shades_the_stretch(tmp_path):
+    from slimgrpo.report import build_report
+    from slimgrpo.report.data import Metrics, best_step, early_stop_span, run_status
+
+    run, records, summary = _stopped_run(tmp_path)
+    m = Metrics(records)
+    assert best_step(m) == (1, 0.5) and early_stop_span(m) == (1, 3)
+    kind, text = run_status(m, summary, {"run": {"max_steps": 8}})
+    assert kind == "stopped" and text == (
+        "Stopped early at step 3 of 8: eval/accuracy_greedy stopped improving (run.early_stopping_patience=2). "
+        "final/ is the best model by eval/accuracy_greedy = 0.5: step 1; the last step's model is in last/.")
+    page = build_report(run).read_text()
+    assert "Stopped early at step 3 of 8" in page and "Dashed: the step whose model final/ holds" in page
+    assert (run / "report" / "eval.png").is_file()
+    done = {**summary, "steps": 8, "final_step": 8, "stopped_by": None}
+    assert run_status(m, done, {"run": {"max_steps": 8}})[1].endswith("step 8 (the last step's; run.keep_best).")

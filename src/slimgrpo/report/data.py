@@ -152,13 +152,17 @@ def run_status(m: Metrics, summary: dict[str, Any], config: dict[str, Any] | Non
     max_steps = config_value(config, "run.max_steps")
     of = f" of {max_steps}" if isinstance(max_steps, int) else ""
     step = int(summary.get("steps", m.last_step)) if summary else m.last_step
+    best = kept_model_text(summary)
+    if summary.get("stopped_by") == "early_stopping":
+        return "stopped", (f"Stopped early at step {step}{of}: {summary.get('best_metric')} stopped improving "
+                           f"(run.early_stopping_patience={summary.get('early_stopping_patience')}). {best}")
     if summary.get("stopped_by") == "stall":
         kept = summary.get("stall_checkpoint")
         return "stopped", (f"Stopped at step {step}{of}: learning stalled (run.stop_on_stall=true); "
                            + (f"the last checkpoint from before the stall is {kept}." if kept else
                               "no checkpoint from before the stall was saved."))
     if summary and (not isinstance(max_steps, int) or step >= max_steps) and not summary.get("preempted_by"):
-        return "complete", f"Complete: {step}{of} steps."
+        return "complete", f"Complete: {step}{of} steps." + (f" {best}" if best else "")
     if summary:
         why = f" by {summary['preempted_by']}" if summary.get("preempted_by") else ""
         return "stopped", (f"Stopped{why} at step {step}{of}; the checkpoint resumes it "
@@ -202,6 +206,37 @@ def stalls(m: Metrics) -> list[tuple[int, int, str]]:
             if isinstance(r.get("stall/reason"), str):
                 span[2] = r["stall/reason"]
     return [tuple(v) for _, v in sorted(spans.items())]
+
+
+def kept_model_text(summary: dict[str, Any]) -> str:
+    """Which step's model final/ holds (run.keep_best), or '' for a run that keeps its last step's."""
+    final, metric, value = summary.get("final_step"), summary.get("best_metric"), summary.get("best_value")
+    if final is None or not metric:
+        return ""
+    shown = f" = {value:.4g}" if isinstance(value, (int, float)) else ""
+    if summary.get("best_checkpoint_problem"):
+        return (f"final/ is the last step's model: the best checkpoint was damaged "
+                f"({summary['best_checkpoint_problem']}).")
+    where = "before training (step 0)" if final == 0 else f"step {final}"
+    last = " (the last step's; run.keep_best)" if final == summary.get("steps") else \
+        "; the last step's model is in last/"
+    return f"final/ is the best model by {metric}{shown}: {where}{last}."
+
+
+def best_step(m: Metrics) -> tuple[int, float] | None:
+    """(step, value) of the best judgement (run.keep_best): the newest record's ``best/step``, ``best/value``."""
+    for r in reversed(m.records):
+        step, value = r.get("best/step"), r.get("best/value")
+        if isinstance(step, int) and isinstance(value, (int, float)):
+            return step, float(value)
+    return None
+
+
+def early_stop_span(m: Metrics) -> tuple[int, int] | None:
+    """(best step, stop step) of a run stopped by early stopping: the stretch without improvement."""
+    stop = next((r.get("step") for r in m.records if r.get("early_stopping/stopped")), None)
+    best = best_step(m)
+    return (best[0], stop) if isinstance(stop, int) and best is not None else None
 
 
 def step_to_x(m: Metrics, step: float) -> float:

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from slimgrpo.report.data import Metrics, Series, stalls, step_to_x
+from slimgrpo.report.data import Metrics, Series, best_step, early_stop_span, stalls, step_to_x
 
 DPI = 200  # 6.4 in wide -> 1280 px, shown at ~640 CSS px: sharp on 2x screens
 RUN_COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray"]
@@ -159,6 +159,25 @@ def shade_stalls(ax, runs: list[Run]) -> bool:
     return shaded
 
 
+def mark_best(ax, runs: list[Run]) -> bool:
+    """run.keep_best: a dashed line at the step whose model final/ holds, and the stretch early stopping
+    found no improvement in shaded (best step to stop step); True when there was either."""
+    marked = False
+    for i, run in enumerate(runs):
+        m = run.metrics
+        best = best_step(m)
+        if best is None:
+            continue
+        ax.axvline(step_to_x(m, best[0]), color=_colour(runs, i, "tab:green"), linestyle="--", linewidth=1.2,
+                   label=None if marked else "best model (kept as final/)")
+        span = early_stop_span(m)
+        if span is not None:
+            ax.axvspan(step_to_x(m, span[0]), step_to_x(m, span[1]), color=_colour(runs, i, "tab:orange"),
+                       alpha=0.12, linewidth=0, label=None if marked else "no improvement (early stopping)")
+        marked = True
+    return marked
+
+
 def plot_reward(runs: list[Run], out: Path) -> Plot | None:
     if not any(r.metrics.has("reward") for r in runs):
         return None
@@ -169,14 +188,17 @@ def plot_reward(runs: list[Run], out: Path) -> Plot | None:
         if run.metrics.has("reward_std") and len(runs) <= 3:
             band(ax, mean, run.metrics.series("reward_std"), line.get_color(), _bounds(run, "reward", mean))
     stalled = shade_stalls(ax, runs)
-    if stalled:
+    best = mark_best(ax, runs)
+    if stalled or best:
         ax.legend(fontsize="small")
     ax.set_title("Total reward (mean ± std over the step's completions)")
     finish(fig, [ax], out / "reward.png", ["reward"], _xlabel(runs))
     return Plot("reward.png", "Total reward", "Weighted sum of all reward functions; bold = smoothed (EMA), faint "
                 "= every step; the band is ± one std, clipped to the observed range."
                 + (" Shaded: steps where learning stalled (most groups without reward spread, or entropy "
-                   "collapsed while the reward was flat; stall/* in metrics.jsonl)." if stalled else ""))
+                   "collapsed while the reward was flat or fell; stall/* in metrics.jsonl)." if stalled else "")
+                + (" Dashed: the step whose model final/ holds (run.keep_best); orange: the judgements without "
+                   "improvement before early stopping." if best else ""))
 
 
 def plot_reward_functions(runs: list[Run], out: Path) -> Plot | None:
@@ -257,6 +279,8 @@ def plot_eval(runs: list[Run], out: Path) -> Plot | None:
             color = _colour(runs, i, f"C{j}")
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=4, linewidth=1.8,
                     linestyle=["-", "--", ":"][j % 3], color=color, label=name)
+    if mark_best(ax, runs):
+        ax.legend(fontsize="small")
     ax.set_ylim(-0.02, 1.02)
     ax.yaxis.set_major_formatter(_percent())
     ax.set_title("Held-out evaluation (eval.data)")
