@@ -21,7 +21,7 @@ def test_decode_graphs_tiny_cpu(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "decode_graphs", module)  # its dataclass looks itself up there
     spec.loader.exec_module(module)
     out = tmp_path / "decode.json"
-    assert module.main(["--device", "cpu", "--tiny", "--reps", "1", "--json", str(out)]) == 0
+    assert module.main(["--device", "cpu", "--tiny", "--reps", "1", "--budget-s", "600", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     rows = {r["variant"]: r for r in data["rows"]}
     assert data["device"] == "cpu" and set(rows) == {"base", "lora", "qlora"}
