@@ -369,10 +369,26 @@ def test_the_correction_scales_each_tokens_advantage():
     assert batch.advantages.shape == (2,)  # measured, not applied
 
 
-def test_training_with_the_vllm_engine_syncs_and_learns_the_same_way(fake_vllm, tmp_path, tiny_model_dir):
+def vllm_sized_model(folder: Path) -> Path:
+    """A tiny Qwen2 model whose head size (32) vLLM's CPU attention takes."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from conftest import build_tokenizer
+
+    tok = build_tokenizer(folder)
+    torch.manual_seed(0)
+    conf = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                       tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    AutoModelForCausalLM.from_config(conf).save_pretrained(str(folder), safe_serialization=True)
+    return folder
+
+
+def test_training_with_the_vllm_engine_syncs_and_learns_the_same_way(fake_vllm, tmp_path):
     """The trainer builds the vLLM engine, syncs after every optimizer step, logs the sync time and the
     mismatch (zero up to float noise: the stand-in samples from exactly the synced weights) and finishes."""
-    cfg = write_run(tmp_path, tiny_model_dir, rollout={"engine": "vllm"}, run={"max_steps": 3, "save_steps": 0})
+    model_dir = vllm_sized_model(tmp_path / "model")
+    cfg = write_run(tmp_path, model_dir, rollout={"engine": "vllm"}, run={"max_steps": 3, "save_steps": 0})
     assert train(cfg) == 0
     llm = FakeLLM.built[-1]
     assert len(llm.reloads) == 3 and llm.shutdowns == 1  # one sync per step, closed at the end
@@ -380,3 +396,14 @@ def test_training_with_the_vllm_engine_syncs_and_learns_the_same_way(fake_vllm, 
     assert len(rows) == 3
     assert all(m["rollout/logprob_diff_max"] < 1e-3 and abs(m["rollout/is_weight_mean"] - 1) < 1e-3 for m in rows)
     assert all("rollout/weight_sync_s" in m for m in rows)
+
+
+def test_a_head_size_vllm_cpu_cannot_run_is_refused(fake_vllm, tiny_model_dir):
+    """The demo's model (head size 16) and the tests' tiny ones (8) are below vLLM-CPU's smallest, 32."""
+    from slimgrpo.demo import MODEL_DIR
+
+    for folder, head in ((tiny_model_dir, 8), (MODEL_DIR, 16)):
+        d = {"model": {"path": str(folder)}, "data": {"path": "p.jsonl"}, "rewards": {"functions": ["length"]},
+             "run": {"device": "cpu"}, "rollout": {"engine": "vllm"}}
+        with pytest.raises(ConfigError, match=f"head size is {head}.*32, 64"):
+            validate_config(from_dict(d))

