@@ -54,6 +54,13 @@ class MemoryConfig:
     full-fine-tuning reference copy, e.g. ``64GiB``. ``auto``: the machine's available memory
     (``MemAvailable``) when the run starts; null: not checked. A run whose plan needs more is refused before
     it starts, with both numbers; ``fit`` does not offload past it."""
+    reference_placement: Literal["auto", "device", "stream", "host"] = "auto"
+    """Where the full-fine-tuning reference policy (``loss.beta > 0`` without LoRA) lives on a CUDA run: ``device``: a
+    frozen copy kept on the GPU (N·B bytes there); ``stream``: the copy in pinned host memory, run on the GPU with
+    its decoder layers copied in one by one while the previous one computes (the embedding, final norm and head for
+    the pass, two layers at most); ``host``: the copy in host memory, run on the CPU (slow: minutes a step from ~1B
+    parameters). ``auto``: ``device`` when the plan with it there fits ``budget`` (or the GPU), else ``stream``. On a
+    CPU device host memory is the device: every value runs there."""
     fit: bool | Literal["trace"] = False
     """When the plan exceeds ``budget``, apply the suggested changes instead of refusing. ``trace``: also
     check the settings by tracing one full-size step on fake tensors (``slimgrpo plan --trace``; seconds to

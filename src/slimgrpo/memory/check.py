@@ -61,6 +61,7 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
         ppo=cfg.ppo, kl_coef=cfg.loss.kl_coef,
         gradient_checkpointing=cfg.memory.gradient_checkpointing,
         offload_activations=cfg.memory.offload_activations,
+        reference_placement=getattr(cfg.memory, "reference_placement", "auto"),
         token_chunk=cfg.loss.token_chunk or auto_token_chunk(vocab),
         vocab_chunk=cfg.loss.vocab_chunk, chunked_loss=True,
         generation_batch_rows=cfg.rollout.max_batch_rows,
@@ -193,6 +194,27 @@ def not_modelled(cfg: Config, plan: MemoryPlan) -> list[str]:
     return out
 
 
+def settle_reference_placement(cfg: Config, shape: ModelShape, device: str, world_size: int = 1) -> Config:
+    """``memory.reference_placement=auto`` on a CUDA full fine-tune with a reference: ``device`` when the plan
+    with the copy on the GPU fits ``memory.budget`` (or, with none, the GPU's whole memory), else ``stream``;
+    returned in the config, which the run builds its policy from (``modeling.reference_placement``)."""
+    import dataclasses
+
+    if device != "cuda" or cfg.lora.enabled or not cfg.needs_reference or \
+            getattr(cfg.memory, "reference_placement", "auto") != "auto":
+        return cfg
+    on_device = dataclasses.replace(plan_inputs(cfg, device, world_size, shape.vocab), reference_placement="device")
+    if cfg.memory.budget:
+        budget = budget_bytes(cfg.memory.budget, device, cfg.run.device)
+    else:
+        import torch
+
+        index = cuda_index(cfg.run.device)
+        budget = int(torch.cuda.mem_get_info(index)[1]) if index is not None else 0
+    placement = "device" if plan_memory(shape, on_device).peak_bytes <= budget else "stream"
+    return dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, reference_placement=placement))
+
+
 def check_before_training(cfg: Config, world_size: int = 1, console: Console | None = None,
                           show: bool = True, trace_fn=None) -> tuple[Config, MemoryPlan | None]:
     """Plan the run before any weights load. With ``memory.budget``: refuse a run that cannot fit
@@ -207,6 +229,7 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
         if cfg.memory.budget:
             raise
         return cfg, None  # an architecture the planner does not model: train without a plan
+    cfg = settle_reference_placement(cfg, shape, device, world_size)
     plan = plan_memory(shape, plan_inputs(cfg, device, world_size, shape.vocab))
     host_budget = host_budget_bytes(cfg, device)
     if not cfg.memory.budget:

@@ -55,6 +55,10 @@ class PlanInputs:
     """Keep only each layer's input in forward and recompute the layer in backward."""
     offload_activations: bool = False
     """Move the checkpointed layer inputs to host memory (needs gradient_checkpointing; CUDA only helps)."""
+    reference_placement: str = "host"
+    """CUDA full fine-tuning with a reference: "host" (the copy in host RAM, run on the CPU), "stream" (in host
+    RAM, its layers streamed to the GPU for the pass), "device" (a copy on the GPU); "auto" is planned as
+    "stream" (``memory.check`` settles it against the budget before a run)."""
     token_chunk: int = 1024
     """Completion tokens pushed through the LM head at a time in the chunked loss."""
     vocab_chunk: int | None = None

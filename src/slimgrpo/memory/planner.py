@@ -73,14 +73,33 @@ def _weight_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
         out.append(Component("reference policy", 0, "always", "beta = 0: no reference model"))
     elif x.lora:
         out.append(Component("reference policy", 0, "always", "LoRA: base with adapters disabled, no copy"))
+    elif x.device == "cuda" and x.reference_placement == "device":
+        out.append(Component("reference policy", N * Bp, "always",
+                             f"full fine-tuning: frozen copy kept on the device, N·{Bp} B = {_n(N)}·{Bp}"))
     elif x.device == "cuda":
         out.append(Component("reference policy", N * Bp, "always",
                              f"full fine-tuning: frozen copy kept in host RAM, N·{Bp} B = {_n(N)}·{Bp}",
                              location="host"))
+        if x.reference_placement in ("stream", "auto"):
+            out.append(_reference_stream_component(shape, x))
     else:
         out.append(Component("reference policy", N * Bp, "always",
                              f"full fine-tuning: frozen copy, N·{Bp} B = {_n(N)}·{Bp}"))
     return out
+
+
+def _reference_stream_component(shape: ModelShape, x: PlanInputs) -> Component:
+    """memory.reference_placement=stream (train/update/reference.py): during the reference pass the modules
+    outside the decoder layers (embedding, head when untied, norms) and two layers (one computing, the next in
+    flight) are on the device. The pass runs before the update, when its gradients and activations are not
+    alive: plan_memory keeps only what exceeds them (``_overlap_reference_stream``)."""
+    Bp, L = x.param_dtype_bytes, shape.layers
+    layer = shape.layer_params
+    rest = shape.num_params - L * layer
+    resident = min(2, L)
+    return Component("reference stream", (rest + resident * layer) * Bp, "update",
+                     f"streamed reference: embedding/head/norms + {resident} layers, "
+                     f"({_n(rest)} + {resident}·{_n(layer)})·{Bp} B")
 
 
 def _trainable(shape: ModelShape, x: PlanInputs) -> tuple[int, int, int]:
@@ -483,6 +502,13 @@ def _overlap_recompute(activations: list[Component], loss: Component, final_norm
                         "the loss working set and the final norm's saved tensors")
 
 
+def _overlap_reference_stream(weights: list[Component], update: list[Component]) -> list[Component]:
+    """The streamed reference's device working set is alive during the reference pass, before the update's
+    gradients and activations exist (they are freed at the end of every step): only what exceeds them adds."""
+    held = sum(c.bytes for c in update if c.location == "device" and c.phase == "update")
+    return _after_freed(weights, "reference stream", held, "the update's gradients and activations")
+
+
 def _overlap_step_workspace(optimizer: list[Component], backward: list[Component]) -> list[Component]:
     """The optimizer step runs after backward has freed activations and the loss working set, so its
     temporaries only add what exceeds them: the step workspace line holds max(0, temporaries - those)."""
@@ -530,8 +556,9 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     final_norm = tokens * ((4 + 2 * _compute_bytes(x)) * shape.hidden + 4)
     activations = _overlap_recompute(_activation_components(shape, x), loss, final_norm, _offloads_to_host(x))
     optimizer = _overlap_step_workspace(_optimizer_components(shape, x), activations + [loss])
+    weights = _overlap_reference_stream(_weight_components(shape, x), optimizer + activations + [loss])
     components = shard_components(shape, x, [
-        *_weight_components(shape, x),
+        *weights,
         *optimizer,
         *activations,
         loss,

@@ -23,6 +23,7 @@ from slimgrpo.train import launch
 from slimgrpo.train.distributed import DistContext
 from slimgrpo.train.update.batch import UpdateBatch, UpdateStats, make_update_batch, merge_stats, split_update
 from slimgrpo.train.update.gradients import accumulate_gradients, batch_logprobs, entropy_cut
+from slimgrpo.train.update.reference import reference_on_device
 from slimgrpo.train.update.settings import UpdateSettings
 from slimgrpo.types import Rollout
 
@@ -73,8 +74,9 @@ class Updater:
             batch.old_logp = batch_logprobs(self.model, batch, settings)
         if cfg.needs_reference:
             sharded_root = self.model if cfg.distributed.strategy == "fsdp" and self.dist.enabled else None
-            with self.policy.reference(sharded_root) as ref_model:
-                batch.ref_logp = batch_logprobs(ref_model, batch, settings)
+            # a streamed full-fine-tuning reference computes on the device (train/update/reference.py)
+            with self.policy.reference(sharded_root) as ref_model, reference_on_device(self.policy, ref_model) as ref:
+                batch.ref_logp = batch_logprobs(ref, batch, settings)
         batch.entropy_cut = entropy_cut(self.model, batch, settings)
         return batch
 
