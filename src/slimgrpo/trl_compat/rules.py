@@ -157,13 +157,6 @@ def _eval_steps(value, trl):
     return SKIP if trl.get("eval_strategy", "no") == "no" else int(value)
 
 
-def _min_p(value, trl):
-    return 0.0 if value is None else float(value)
-
-
-def _lora_targets(value, trl):
-    return SKIP if value is None else value
-
 def _best_metric(value, trl):
     """TRL's ``metric_for_best_model`` names an eval metric with or without its ``eval_`` prefix."""
     if value is None:
@@ -186,6 +179,13 @@ def _best_metric(value, trl):
 def _greater_is_better(value, trl):
     return SKIP if value is None else bool(value)
 
+
+def _min_p(value, trl):
+    return 0.0 if value is None else float(value)
+
+
+def _lora_targets(value, trl):
+    return SKIP if value is None else value
 
 
 def _resume(value, trl):
