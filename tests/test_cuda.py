@@ -62,7 +62,7 @@ def test_rollout_greedy_equals_hf_generate_on_cuda():
 def test_bitsandbytes_adamw_8bit_step():
     pytest.importorskip("bitsandbytes")
     model = random_causal_lm(SMALL, torch.bfloat16, "cuda")
-    runner = UpdateOnly(update_config({"memory": {"optimizer": "adamw_8bit"},
+    runner = UpdateOnly(update_config({"memory": {"optimizer": "adamw_8bit", "bf16_update": "plain"},
                                        "rollout": {"max_completion_length": 64, "num_generations": 2}}), model)
     assert type(runner.trainer.optimizer).__module__.startswith("bitsandbytes")
     before = model.model.layers[0].mlp.up_proj.weight.detach().clone()

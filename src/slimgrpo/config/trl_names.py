@@ -36,8 +36,9 @@ TRL_KEY_HINTS: dict[str, str] = {
     'beta':
         "'beta' is TRL's name: in slimgrpo use loss.beta.",
     'bf16':
-        "'bf16' is TRL's name: in slimgrpo use model.dtype (true = weights in bfloat16 (slimgrpo has no fp32-master "
-        'autocast)).',
+        "'bf16' is TRL's name: in slimgrpo use model.dtype (true = weights in bfloat16; full fine-tuning steps them "
+        'through float32 master weights (memory.bf16_update=auto with adamw) where TRL keeps float32 weights under '
+        'bf16 autocast).',
     'bf16_full_eval':
         "'bf16_full_eval' is TRL's and has no slimgrpo key: slimgrpo's evaluation is eval.data / eval.steps / "
         'eval.num_samples; this knob has no counterpart.',
@@ -173,7 +174,8 @@ TRL_KEY_HINTS: dict[str, str] = {
         "'eval_use_gather_object' is TRL's and has no slimgrpo key: slimgrpo's evaluation is eval.data / eval.steps /"
         ' eval.num_samples; this knob has no counterpart.',
     'fp16':
-        "'fp16' is TRL's name: in slimgrpo use model.dtype (true = weights in float16).",
+        "'fp16' is TRL's name: in slimgrpo use model.dtype (true = weights in float16, with use_peft only (no "
+        'gradient scaler: refused for full fine-tuning, use bf16)).',
     'fp16_full_eval':
         "'fp16_full_eval' is TRL's and has no slimgrpo key: slimgrpo's evaluation is eval.data / eval.steps / "
         'eval.num_samples; this knob has no counterpart.',

@@ -4,6 +4,7 @@ the refusal (or the applied fit) when the plan does not fit. Library code; ``com
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -131,9 +132,11 @@ class MemoryBudgetError(ConfigError):
     exit_code = 4
 
 
-def host_budget_bytes(cfg: Config, device: str) -> int | None:
+def host_budget_bytes(cfg: Config, device: str, strict: bool = True) -> int | None:
     """Host RAM a CUDA run may hold off the device (``memory.host_budget``): a size, ``auto`` = the
-    machine's MemAvailable, None when not checked (null, or a CPU run, where host memory is the device)."""
+    machine's MemAvailable, None when not checked (null, or a CPU run, where host memory is the device).
+    ``strict``: a size above this machine's RAM is refused, naming the key (``slimgrpo plan`` passes False:
+    it may plan for another machine, and says so instead)."""
     spec = cfg.memory.host_budget
     if device != "cuda" or spec is None:
         return None
@@ -143,9 +146,25 @@ def host_budget_bytes(cfg: Config, device: str) -> int | None:
         except (ConfigError, OSError):
             return None  # cannot read it here: not checked
     try:
-        return parse_bytes(spec)
+        value = parse_bytes(spec)
     except ValueError as e:
         raise ConfigError(f"memory.host_budget={spec!r}: {e}") from None
+    total = machine_ram_bytes()
+    if strict and total is not None and value > total:
+        raise ConfigError(f"memory.host_budget={spec} ({format_gib(value)} GiB) is more than this machine's RAM "
+                          f"({format_gib(total)} GiB): give at most that, or auto (the available memory)")
+    return value
+
+
+def machine_ram_bytes() -> int | None:
+    """MemTotal of /proc/meminfo, or None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def check_host_memory(cfg: Config, plan: MemoryPlan, host_budget: int | None) -> None:
@@ -266,9 +285,48 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
         render_plan(plan, console, budget)
     advice = (f"these changes bring it to {format_gib(suggestions[-1].plan_after.peak_bytes)} GiB: {' '.join(fix)} "
               "(or set memory.fit=true to apply them)") if fits else \
-        "no combination of the planner's changes fits; use a smaller model, shorter completions or more memory"
+        f"no combination of the planner's changes fits: {smallest_plan_found(plan, suggestions)}; use a smaller " \
+        "model, shorter completions or more memory"
     raise MemoryBudgetError(f"the run needs about {format_gib(plan.peak_bytes)} GiB at its peak ({plan.peak_phase}), "
                             f"more than memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB); {advice}")
+
+
+def smallest_plan_found(plan: MemoryPlan, suggestions: list[Suggestion]) -> str:
+    """The smallest plan the fit reached and the settings that reach it, for a budget nothing fits."""
+    if not suggestions:
+        return f"the smallest plan found is the config as given, {format_gib(plan.peak_bytes)} GiB"
+    return (f"the smallest plan found is {format_gib(suggestions[-1].plan_after.peak_bytes)} GiB with "
+            f"{' '.join(overrides_for(all_changes(suggestions))) or 'changes that have no config key'}")
+
+
+def fitted_config(cfg: Config, shape: ModelShape, device: str, world_size: int, budget: int, console: Console,
+                  trace_fn=None, show: bool = False) -> tuple[Config, list[str]]:
+    """The config ``slimgrpo train`` runs under ``memory.fit`` for ``budget`` on ``device``, and the overrides
+    it applies (empty when it runs the config as written: no fit asked, or the plan fits). ``memory.fit=trace``
+    needs ``trace_fn`` (as :func:`check_before_training`). Raises MemoryBudgetError where train would refuse.
+    ``slimgrpo plan`` plans and traces what this returns, so that it shows the run train will run."""
+    if not cfg.memory.fit:
+        return cfg, []
+    if cfg.memory.fit == "trace":
+        if trace_fn is None:
+            raise ConfigError("memory.fit=trace needs the tracer (trace_fn)")
+        tried, _ = fit_by_trace(cfg, shape, device, world_size, budget, console, trace_fn, show)
+        before, after = plan_inputs(cfg, device, world_size, shape.vocab), plan_inputs(tried, device, world_size,
+                                                                                        shape.vocab)
+        changed = {f.name: getattr(after, f.name) for f in dataclasses.fields(after)
+                   if getattr(after, f.name) != getattr(before, f.name)}
+        return tried, overrides_for(changed)
+    plan = plan_memory(shape, plan_inputs(cfg, device, world_size, shape.vocab))
+    if plan.peak_bytes <= budget:
+        return cfg, []
+    host_budget = host_budget_bytes(cfg, device, strict=False)
+    _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), budget,
+                                         host_budget)
+    if not fits:
+        raise MemoryBudgetError(f"memory.fit: no combination of the planner's changes fits {format_gib(budget)} GiB: "
+                                f"{smallest_plan_found(plan, suggestions)}")
+    fix = overrides_for(all_changes(suggestions))
+    return from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir, origins=cfg.path_origins), fix
 
 
 FIT_BY_TRACE_ROUNDS = 4  # traces memory.fit=trace may run before it gives up
@@ -278,7 +336,7 @@ def fit_by_trace(cfg: Config, shape: ModelShape, device: str, world_size: int, b
                  trace_step, show: bool = True) -> tuple[Config, MemoryPlan]:
     """``memory.fit=trace``: the planner's fit, checked by a trace (``trace_step``: ``train/trace.py``).
     While the traced device peak is over ``budget``, fit the plan again to a budget smaller by the overshoot."""
-    target, tried, host_budget = budget, cfg, host_budget_bytes(cfg, device)
+    target, tried, host_budget = budget, cfg, host_budget_bytes(cfg, device, strict=False)  # train checked it
     for _ in range(FIT_BY_TRACE_ROUNDS):
         _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), target,
                                              host_budget)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 
 from . import attention as attn_kernels
+from slimgrpo.config.memory import bf16_update_rule
+
 from .plan_types import LORA_MODULES, PlanInputs
 from .shapes import FAMILIES, ModelShape
 
@@ -46,6 +48,10 @@ ADAMW_8BIT_BYTES_PER_PARAM = 2 * (1 + 4 / 256)
 # On CPU torch.optim.AdamW runs per tensor (no foreach): sqrt and division temporaries of the
 # largest trainable tensor. On CUDA slimgrpo uses fused AdamW, which has no temporaries.
 CPU_ADAMW_STEP_TEMPORARIES = 2
+# bfloat16 full fine-tuning with memory.bf16_update=fp32_master (train/optim.py MasterWeightAdamW): a float32
+# copy of every trained weight, float32 moments with AdamW, and one tensor's float32 gradient while it steps.
+# stochastic_round (torchao) and plain keep none of these.
+MASTER_WEIGHT_BYTES = 4
 # From the second micro-batch on, backward hands each parameter a fresh gradient that is then added
 # into the one accumulated so far: one more copy of the largest trainable tensor is alive for a moment
 # (fitted on CPU: full fine-tuning in 1-row micro-batches, where it is the 152K x 896 embedding).
@@ -275,6 +281,13 @@ def _compute_bytes(inputs: PlanInputs) -> int:
 
 def _n(x: float) -> str:
     return f"{int(x):,}"
+
+
+def fp32_master(x: PlanInputs) -> bool:
+    """Whether the run keeps float32 master weights: full fine-tuning of 2-byte weights (bfloat16; float16 full
+    fine-tuning is refused at validation) whose ``bf16_update`` resolves to ``fp32_master``
+    (config/memory.py ``bf16_update_rule``, the rule train/optim.py follows). LoRA adapters are float32."""
+    return not x.lora and x.param_dtype_bytes == 2 and bf16_update_rule(x.bf16_update, x.optimizer) == "fp32_master"
 
 
 def offloaded_bytes(shape: ModelShape, x: PlanInputs, tokens: int) -> tuple[int, str]:

@@ -18,8 +18,8 @@ class PlanInputs:
     device: str = "cuda"
     """Where training runs: "cuda" (device peak = GPU memory) or "cpu" (peak = process RSS)."""
     param_dtype_bytes: int = 2
-    """Bytes per weight as loaded: 2 for bf16/fp16, 4 for fp32. Parameters stay in this dtype
-    (no fp32 master copy); it is also the activation dtype unless the base is 4-bit."""
+    """Bytes per weight as loaded: 2 for bf16/fp16, 4 for fp32. Parameters stay in this dtype (a float32
+    master copy beside them only by ``bf16_update``); it is also the activation dtype unless the base is 4-bit."""
     lora: bool = False
     """Train LoRA adapters on a frozen base instead of all weights."""
     lora_rank: int = 16
@@ -31,6 +31,11 @@ class PlanInputs:
     """QLoRA: store the base projections in 4-bit NF4 (CUDA and LoRA only)."""
     optimizer: str = "adamw"
     """"adamw" (two moments in the trainable parameters' dtype) or "adamw_8bit"."""
+    bf16_update: str = "plain"
+    """memory.bf16_update, for full fine-tuning of 2-byte weights: "fp32_master" (or "auto" with "adamw") adds a
+    float32 copy of every trained weight and widens AdamW's moments to float32 (formulas.fp32_master);
+    "stochastic_round" (or "auto" with "adamw_8bit") and "plain" add nothing. This default stays "plain" so
+    that plans built here directly keep their numbers; ``memory.check.plan_inputs`` passes the config's value."""
     num_generations: int = 8
     """G, completions sampled per prompt."""
     prompts_per_step: int = 1
@@ -114,6 +119,8 @@ class PlanInputs:
             raise ValueError(f"param_dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), got {self.param_dtype_bytes!r}")
         if self.optimizer not in ("adamw", "adamw_8bit"):
             raise ValueError(f"optimizer must be 'adamw' or 'adamw_8bit', got {self.optimizer!r}")
+        if self.bf16_update not in ("auto", "fp32_master", "stochastic_round", "plain"):
+            raise ValueError(f"bf16_update must be auto, fp32_master, stochastic_round or plain, got {self.bf16_update!r}")
         positive = ("lora_rank", "num_generations", "prompts_per_step", "micro_batch_rows",
                     "max_prompt_length", "max_completion_length", "num_iterations", "token_chunk", "fsdp_shards")
         for name in positive:

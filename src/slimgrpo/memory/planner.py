@@ -31,14 +31,14 @@ from . import attention as attn_kernels
 # The constants and closed-form formulas live in formulas.py; imported here, so callers may import them from here.
 from .formulas import (ADAMW_8BIT_BYTES_PER_PARAM, ADAMW_STATES, BACKWARD_WORKSPACE_LAYERS,
                        CHECKPOINT_RECOMPUTE_LAYERS, CPU_ADAMW_STEP_TEMPORARIES, CPU_FRAMEWORK_OVERHEAD_BYTES,
-                       CUDA_FRAMEWORK_OVERHEAD_BYTES, CUDA_TRACE_MARGIN, FULL_LOGITS_COPIES, GEN_LOGITS_COPIES,
+                       CUDA_FRAMEWORK_OVERHEAD_BYTES, MASTER_WEIGHT_BYTES, CUDA_TRACE_MARGIN, FULL_LOGITS_COPIES, GEN_LOGITS_COPIES,
                        GRAD_ACCUMULATION_TEMPORARIES, GiB, KiB, LORA_ADAPTER_BYTES, LOSS_CHUNK_COPIES,
                        LOSS_PER_TOKEN_TENSORS, NORM_BACKWARD_FP32_TENSORS, NORM_BACKWARD_RESIDUAL_GRADS, MiB,
                        NF4_BYTES_PER_PARAM, OFFLOAD_RESIDENT_LAYERS, offloaded_bytes,
                        PREFILL_CHUNK_TOKENS, QLORA_COMPUTE_BYTES, TILED_MLP_AUTO_TOKENS, TILED_MLP_BACKWARD_BUFFERS,
                        TILED_MLP_MIN_GAIN, _compute_bytes, _n, _tiles, activation_bytes_per_token_layer,
                        attention_mask_bytes, inference_bytes_per_token_layer, kv_cache_bytes, logits_bytes,
-                       lora_num_params, lora_targets, mlp_bytes_per_token, norm_backward_bytes_per_token,
+                       fp32_master, lora_num_params, lora_targets, mlp_bytes_per_token, norm_backward_bytes_per_token,
                        tiled_shard_tokens)
 from .plan_types import PHASES, Component, MemoryPlan, PlanInputs
 from .shapes import ModelShape
@@ -117,16 +117,28 @@ def _optimizer_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     n, b, largest = _trainable(shape, x)
     what = "LoRA params" if x.lora else "params"
     grads = Component("gradients", n * b, "update", f"{what}·{b} B = {_n(n)}·{b}")
-    if x.optimizer == "adamw":
+    master = fp32_master(x)
+    if master:  # the moments follow the float32 master copy the step updates
+        state = Component("optimizer state", n * MASTER_WEIGHT_BYTES * ADAMW_STATES, "always",
+                          f"AdamW, {ADAMW_STATES} moments in float32 (master weights): "
+                          f"{_n(n)}·{ADAMW_STATES}·{MASTER_WEIGHT_BYTES} B")
+    elif x.optimizer == "adamw":
         state = Component("optimizer state", n * b * ADAMW_STATES, "always",
                           f"AdamW, {ADAMW_STATES} moments in param dtype: {_n(n)}·{ADAMW_STATES}·{b} B")
     else:
         state = Component("optimizer state", math.ceil(n * ADAMW_8BIT_BYTES_PER_PARAM), "always",
                           f"8-bit AdamW: {_n(n)}·{ADAMW_8BIT_BYTES_PER_PARAM:.3f} B")
+    sb = MASTER_WEIGHT_BYTES if master else b
+    cast = largest * MASTER_WEIGHT_BYTES if master else 0  # one tensor's float32 gradient while it steps
     if x.device == "cpu" and x.optimizer == "adamw":
-        temp = CPU_ADAMW_STEP_TEMPORARIES * largest * b
+        temp = CPU_ADAMW_STEP_TEMPORARIES * largest * sb + cast
         step = Component("optimizer step workspace", temp, "update",
-                         f"per-tensor AdamW temporaries: {CPU_ADAMW_STEP_TEMPORARIES}·{_n(largest)}·{b} B")
+                         f"per-tensor AdamW temporaries: {CPU_ADAMW_STEP_TEMPORARIES}·{_n(largest)}·{sb} B"
+                         + (f" + its float32 gradient, {_n(largest)}·{MASTER_WEIGHT_BYTES} B" if master else ""))
+    elif master:
+        step = Component("optimizer step workspace", cast, "update",
+                         f"fused AdamW on the master copy: one tensor's float32 gradient, "
+                         f"{_n(largest)}·{MASTER_WEIGHT_BYTES} B")
     else:
         step = Component("optimizer step workspace", 0, "update",
                          "fused AdamW (cuda) / blockwise 8-bit kernels: no temporaries")
@@ -136,7 +148,12 @@ def _optimizer_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
                     f"{micro_batches} micro-batches: the next gradient of the largest trainable tensor before it is "
                     f"added, {GRAD_ACCUMULATION_TEMPORARIES}·{_n(largest)}·{b} B" if accumulate else
                     "one micro-batch per step: gradients are written once")
-    return [grads, acc, state, step]
+    out = [grads, acc, state, step]
+    if master:
+        out.append(Component("fp32 master weights", n * MASTER_WEIGHT_BYTES, "always",
+                             f"memory.bf16_update: a float32 copy of each trained bf16 weight, "
+                             f"N·{MASTER_WEIGHT_BYTES} B = {_n(n)}·{MASTER_WEIGHT_BYTES}"))
+    return out
 
 
 def shared_prompt_groups(x: PlanInputs, shape: ModelShape) -> int:
@@ -360,7 +377,12 @@ def _critic_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
                             f"full fine-tuning: a second model (critic.model_path, assumed the policy's shape), "
                             f"N·{b} B + (H+1)·4 = {_n(n)}·{b} + {_n(head)}")
     grads = Component("critic gradients", n * b + head, "update", f"{_n(n)}·{b} + {_n(head)}")
-    if x.optimizer == "adamw":
+    master = fp32_master(x)  # a full-fine-tuning critic shares the policy's optimizer and its rule
+    if master:
+        state = Component("critic optimizer state", (n * MASTER_WEIGHT_BYTES + head) * ADAMW_STATES, "always",
+                          f"AdamW, {ADAMW_STATES} float32 moments (master weights): "
+                          f"({_n(n)}·{MASTER_WEIGHT_BYTES} + {_n(head)})·{ADAMW_STATES}")
+    elif x.optimizer == "adamw":
         state = Component("critic optimizer state", (n * b + head) * ADAMW_STATES, "always",
                           f"AdamW, {ADAMW_STATES} moments: ({_n(n)}·{b} + {_n(head)})·{ADAMW_STATES}")
     else:
@@ -369,7 +391,11 @@ def _critic_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     rows, T = x.rows, x.max_completion_length
     buffers = Component("value buffers", 4 * rows * T * 4, "always",
                         f"old values, returns, advantages, token rewards [rows, T] fp32: 4·{rows}·{T}·4")
-    return [weights, grads, state, buffers]
+    out = [weights, grads, state, buffers]
+    if master:
+        out.append(Component("critic fp32 master weights", n * MASTER_WEIGHT_BYTES, "always",
+                             f"a float32 copy of each critic weight, {_n(n)}·{MASTER_WEIGHT_BYTES} B"))
+    return out
 
 
 def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:

@@ -24,7 +24,8 @@ from .plan_types import Component, PlanInputs
 from .shapes import ModelShape
 
 SHARDED = ("weights", "LoRA adapters", "gradients", "optimizer state", "critic adapter + value head",
-           "critic model + value head", "critic gradients", "critic optimizer state")
+           "critic model + value head", "critic gradients", "critic optimizer state", "fp32 master weights",
+           "critic fp32 master weights")
 
 
 def root_group_params(shape: ModelShape) -> int:

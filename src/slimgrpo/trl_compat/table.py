@@ -183,9 +183,11 @@ RULES: list[r.Rule] = [
       lambda v, t: r.SKIP if v is None else bool(v), source="TrainingArguments"),
     I("gradient_checkpointing_kwargs", "slimgrpo chooses the checkpointing flavour itself"),
     I("activation_checkpointing_kwargs", "slimgrpo chooses the checkpointing flavour itself"),
-    M("bf16", "model.dtype", "true = weights in bfloat16 (slimgrpo has no fp32-master autocast)",
+    M("bf16", "model.dtype", "true = weights in bfloat16; full fine-tuning steps them through float32 master "
+      "weights (memory.bf16_update=auto with adamw) where TRL keeps float32 weights under bf16 autocast",
       r._precision("bfloat16"), source="TrainingArguments"),
-    M("fp16", "model.dtype", "true = weights in float16", r._precision("float16"), source="TrainingArguments"),
+    M("fp16", "model.dtype", "true = weights in float16, with use_peft only (no gradient scaler: refused for "
+      "full fine-tuning, use bf16)", r._precision("float16"), source="TrainingArguments"),
     I("bf16_full_eval", _EVAL), I("fp16_full_eval", _EVAL),
     I("tf32", "slimgrpo leaves torch's TF32 setting as it is"),
     R("torch_compile", "torch.compile of the model is not supported", ok=(False, None)),
