@@ -118,3 +118,30 @@ def test_plan_host_line_equals_pool_bytes(monkeypatch, dtype):
     assert hooks[0].offloaded_bytes == hooks[1].offloaded_bytes == line
     assert pool.peak_bytes_held == pool.bytes_held == line  # the second micro-batch reused the first's buffers
     assert plan.host_bytes == line
+
+
+def test_bytes_pinned_in_place_reach_the_pinned_host_metric(monkeypatch):
+    """``memory/pinned_host_peak_mib`` read only the caching host allocator, which no longer holds the pool's or
+    the streamed reference's bytes: what ``register_host`` pinned is added (the driver faked here)."""
+    from slimgrpo.train import metrics
+    from slimgrpo.train.update import pinned
+
+    class FakeCudart:
+        def cudaHostRegister(self, ptr, size, flags):
+            return 0
+
+        def cudaHostUnregister(self, ptr):
+            return 0
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: FakeCudart())
+    monkeypatch.setattr(pinned, "_registered", {"current": 0, "peak": 0})
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "host_memory_stats", lambda: {"allocated_bytes.peak": 2**20})
+    pool = PinnedPool()  # the real register_host / unregister_host
+    held = [pool.acquire((3 * 2**18,), torch.float32)[1] for _ in range(2)]  # 2 x 3 MiB
+    assert pinned.registered_bytes() == (6 * 2**20, 6 * 2**20)
+    del held
+    pool.trim()
+    assert pinned.registered_bytes() == (0, 6 * 2**20)
+    assert metrics.memory_metrics(torch.device("cuda", 0))["memory/pinned_host_peak_mib"] == 1 + 6

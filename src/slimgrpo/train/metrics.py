@@ -34,13 +34,17 @@ def memory_metrics(device: torch.device) -> dict[str, float]:
     """The step's memory figures, each a peak so far (MiB). ``memory/peak_mib``: CUDA peak allocated (what
     the plan predicts) or, on CPU, peak RSS. On CUDA also what the allocator behind it holds:
     ``memory/peak_reserved_mib`` (the caching allocator's peak, what an out-of-memory error and nvidia-smi
-    see), ``memory/pinned_host_peak_mib`` (pinned host memory the caching host allocator held: offloaded
-    activations, host-streamed weights) and ``memory/host_peak_rss_mib`` (this process's peak RSS)."""
+    see), ``memory/pinned_host_peak_mib`` (pinned host memory: the caching host allocator's peak plus what was
+    pinned in place, the offloaded activations' pool and a streamed reference's weights: train/update/pinned.py)
+    and ``memory/host_peak_rss_mib`` (this process's peak RSS)."""
     out = {"memory/peak_mib": peak_memory_mib(device)}
     if device.type == "cuda":
         out["memory/peak_reserved_mib"] = torch.cuda.max_memory_reserved(device) / 2**20
         stats = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
-        out["memory/pinned_host_peak_mib"] = float(stats.get("allocated_bytes.peak", 0)) / 2**20
+        from slimgrpo.train.update.pinned import registered_bytes  # pinned in place: not in host_memory_stats
+
+        pinned = float(stats.get("allocated_bytes.peak", 0)) + registered_bytes()[1]
+        out["memory/pinned_host_peak_mib"] = pinned / 2**20
         out["memory/host_peak_rss_mib"] = peak_rss_mib()
     return out
 

@@ -31,13 +31,24 @@ log = logging.getLogger("slimgrpo")
 ALIGN = 64  # bytes: buffers are handed out from offset 0, so any dtype's alignment holds
 
 
+_registered = {"current": 0, "peak": 0}  # bytes pinned by register_host, now and at most (train/metrics.py)
+
+
+def registered_bytes() -> tuple[int, int]:
+    """(bytes pinned in place now, the most at once): not in ``torch.cuda.host_memory_stats()``."""
+    return _registered["current"], _registered["peak"]
+
+
 def register_host(t: torch.Tensor) -> None:
     """Page-lock ``t``'s memory in place (``cudaHostRegister``, portable): async copies from / to it overlap."""
     if t.numel() == 0:
         return
-    err = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 1))
+    nbytes = t.numel() * t.element_size()
+    err = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 1))
     if err != 0:
-        raise RuntimeError(f"cudaHostRegister of {t.numel() * t.element_size():,} bytes failed (cudaError {err})")
+        raise RuntimeError(f"cudaHostRegister of {nbytes:,} bytes failed (cudaError {err})")
+    _registered["current"] += nbytes
+    _registered["peak"] = max(_registered["peak"], _registered["current"])
 
 
 def unregister_host(t: torch.Tensor) -> None:
@@ -47,6 +58,7 @@ def unregister_host(t: torch.Tensor) -> None:
     err = int(torch.cuda.cudart().cudaHostUnregister(t.data_ptr()))
     if err != 0:
         raise RuntimeError(f"cudaHostUnregister failed (cudaError {err})")
+    _registered["current"] -= t.numel() * t.element_size()
 
 
 @dataclass(eq=False)  # compared by identity (list.remove), not by the bytes in it
