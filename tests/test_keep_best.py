@@ -223,3 +223,18 @@ def test_the_demo_keeps_the_best_of_before_and_after(tmp_path):
     for algorithm in ("grpo", "ppo"):
         cfg, _ = demo_config(str(tmp_path / "out"), [], algorithm=algorithm)
         assert cfg.run.keep_best and best_metric(cfg) == "eval/accuracy_greedy" and cfg.eval.steps == 0
+
+
+def test_a_training_reward_is_judged_at_each_checkpoint_on_its_mean(tmp_path, tiny_model_dir):
+    """run.best_metric=reward without eval.data: judged every save_steps steps on the mean since the last."""
+    cfg = _config(tmp_path, tiny_model_dir, ["eval.data=", "run.best_metric=reward"], save_steps=2, max_steps=4)
+    trainer = Trainer(cfg)
+    summary = trainer.train()
+    run = tmp_path / "run"
+    records = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    means = {s: (records[s - 2]["reward"] + records[s - 1]["reward"]) / 2 for s in (2, 4)}  # records: steps 1..4
+    best = max(means, key=lambda s: (means[s], -s))
+    assert summary["best_metric"] == "reward" and summary["best_step"] == best
+    assert summary["best_value"] == pytest.approx(means[best])
+    assert [r.get("best/improved") for r in records] == [None, 1, None, int(means[4] > means[2])]
+    assert best in _steps(run)
