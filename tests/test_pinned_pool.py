@@ -145,3 +145,13 @@ def test_bytes_pinned_in_place_reach_the_pinned_host_metric(monkeypatch):
     pool.trim()
     assert pinned.registered_bytes() == (0, 6 * 2**20)
     assert metrics.memory_metrics(torch.device("cuda", 0))["memory/pinned_host_peak_mib"] == 1 + 6
+
+
+def test_trainer_caps_the_pool_at_the_plans_host_line():
+    """The trainer hands the plan's "offloaded checkpoints" bytes to the pool as its cap (an AST check: the
+    trainer cannot start on CUDA here)."""
+    src = (SRC.parent / "trainer.py").read_text()
+    tree = ast.parse(src)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "set_activation_cap"]
+    assert len(calls) == 1
+    assert 'bytes_of("offloaded checkpoints")' in ast.get_source_segment(src, calls[0])

@@ -119,6 +119,11 @@ class Trainer:
         # memory.tiled_mlp: the MLPs run shard by shard where the plan says so (memory/tiled_mlp.py)
         self.tiled_mlp = apply_tiled_mlp(cfg, self.policy.model, memory_plan, show=self.dist.is_main,
                                          distributed=self.dist.enabled)
+        if memory_plan is not None and cfg.memory.offload_activations and self.policy.device.type == "cuda":
+            from slimgrpo.train.update.pinned import set_activation_cap
+
+            # pinned host memory for offloaded activations: at most the plan's host line (train/update/pinned.py)
+            set_activation_cap(self.policy.device, memory_plan.bytes_of("offloaded checkpoints") or None)
         self.dataset: PromptDataset = load_prompt_dataset(resolve_path(cfg, cfg.data.path), self.policy.tokenizer,
                                                           cfg.data)
         check_enough_prompts(len(self.dataset), cfg.prompts_per_step, cfg.run.batch_size, cfg.rollout.num_generations)
