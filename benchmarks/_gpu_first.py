@@ -37,7 +37,12 @@ TRAIN_STEPS = 4  # the first process; the resume process trains one more
 
 
 def _dtype(ctx: dict) -> str:
-    return "bfloat16" if ctx["device"] == "cuda" else "float32"
+    return "bfloat16" if _target(ctx) == "cuda" else "float32"
+
+
+def _target(ctx: dict) -> str:
+    """The device a task sets up for: cuda in a dry run (its files are the GPU call's), else the suite's."""
+    return "cuda" if ctx["dry_run"] else ctx["device"]
 
 
 # ----------------------------------------------------------------------------- (b) slimgrpo train
@@ -77,7 +82,7 @@ def train_files(ctx: dict) -> tuple[Path, list[str]]:
            "memory": {"budget": "auto", "gradient_checkpointing": True, "offload_activations": True},
            "optim": {"learning_rate": 1e-4},
            "run": {"max_steps": TRAIN_STEPS, "save_steps": 2, "batch_size": 8 if smoke else 16, "output_dir": str(root / "run"),
-                   "seed": 0, "device": ctx["device"]},
+                   "seed": 0, "device": _target(ctx)},
            "log": {"progress": False}}
     cfg_path.write_text(yaml.safe_dump(cfg))
     overrides: list[str] = []
@@ -133,7 +138,7 @@ def _train_row(ctx: dict, max_steps: int, fresh: bool) -> dict[str, Any]:
     run = cfg_path.parent / "run"
     if fresh:
         shutil.rmtree(run, ignore_errors=True)
-    plan = run_plan(cfg_path, overrides, "cuda" if ctx["dry_run"] else ctx["device"])
+    plan = run_plan(cfg_path, overrides, _target(ctx))
     if ctx["dry_run"]:
         return {**plan, "status": "dry run: tiny model, config and plan made; nothing trained",
                 "config": str(cfg_path)}

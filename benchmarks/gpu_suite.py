@@ -17,7 +17,8 @@ report; a section that ends early leaves its time to those after it):
                    pinned host memory; then one step resumed in a new process. Plan against peak
                    allocated, peak reserved and pinned host bytes
   bf16_update  30  (c) benchmarks/bf16_update.py: the bf16 full-fine-tuning update check ("missing" if absent)
-  decode       55  (d) benchmarks/decode_graphs.py: eager vs CUDA graphs, LoRA and QLoRA ("missing" if absent)
+  decode       55  (d) benchmarks/decode_graphs.py --budget-s (the task's time less 15 s): eager vs CUDA graphs,
+                   LoRA and QLoRA ("missing" if absent)
   memory      165  (e) the Oxen rows (Qwen2.5-0.5B shape, full and LoRA) against the plan; the full row
                    again with expandable_segments (reserved / allocated); the 24 GB Qwen3-8B QLoRA row of
                    docs/benchmarks.md#issue-29-now, offloaded, pinned host bytes against the plan
@@ -64,6 +65,7 @@ BUDGETS = {"setup": 35, "cuda_tests": 60, "train_e2e": 70, "bf16_update": 30, "d
            "long_context": 520}
 RESERVE_S = 10.0  # kept for the last report and the children's logs
 SMOKE_BUDGET_S = 120.0  # --smoke on a CPU: every section gets this much
+SCRIPT_STARTUP_S = 15.0  # an outside script's imports and model setup, before its own --budget-s counts
 CHILD_LOG_CAP = 400_000  # bytes of one task's log copied into gpu_suite_children.log (head and tail)
 
 
@@ -82,15 +84,18 @@ class Task:
 
 def tasks_of(section: str, a: argparse.Namespace) -> list[Task]:
     b = BUDGETS[section]
+    device = "cuda" if a.dry_run else a.device  # a dry run names the GPU call's commands
     if section == "cuda_tests":
         return [Task("pytest", "pytest", b)]
     if section == "train_e2e":
         return [Task("train", budget=40), Task("resume", budget=30)]
     if section == "bf16_update":
         return [Task("bf16_update", "script", b, script="benchmarks/bf16_update.py",
-                     args=["--device", a.device, "--steps", "10"])]
+                     args=["--device", device, "--steps", "10"])]
     if section == "decode":
-        return [Task("decode", "script", b, script="benchmarks/decode_graphs.py", args=["--device", a.device])]
+        # its own --budget-s: it skips the rows left before the suite's limit kills it ({budget_s}: set per call)
+        return [Task("decode", "script", b, script="benchmarks/decode_graphs.py",
+                     args=["--device", device, "--budget-s", "{budget_s}"])]
     if section == "memory":
         return [Task("oxen", budget=50), Task("oxen", budget=30, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
                 Task("qlora_8b", budget=85)]
@@ -229,8 +234,8 @@ class Suite:
         self.target = self.work / "site"  # the wheels' private folder (first on the children's PYTHONPATH)
         self.env = setup.child_env(REPO, self.target)
         self.cuda = None  # what the import probe said
-        self.batched = False  # --dry-run: the one child of every task's setup has run
-        self.batch_rc: int | None = None
+        self.batch: subprocess.Popen | None = None  # --dry-run: the one child of every task's setup
+        self.batch_done: tuple[int | None, float] | None = None
         wanted = [s for s in SECTIONS if (s in (a.only or FIRST) or s == "setup") and s not in a.skip]
         self.wanted = wanted
         self.report: dict[str, Any] = {
@@ -342,6 +347,8 @@ class Suite:
         install_deadline = time.monotonic() + max((deadline - time.monotonic()) * 2 / 3, 5.0)
         sec["rows"] = setup.install_wheels(wheels, self.target, install_deadline)
         self.write()
+        if a.dry_run:
+            self.start_batch()
         probe = setup.probe_imports(self.env, max(deadline - time.monotonic(), 30.0))
         self.cuda = probe
         sec["probe"] = probe
@@ -390,7 +397,7 @@ class Suite:
         env = {**self.env, **task.env}
         result_path = self.result_path(section, task)
         result_path.parent.mkdir(parents=True, exist_ok=True)
-        if not (a.dry_run and self.batched and task.kind == "child"):
+        if not (a.dry_run and task.kind == "child"):  # the dry run's batch child has made (or is making) it
             result_path.unlink(missing_ok=True)
         if task.kind == "pytest":
             files = cuda_test_files()
@@ -405,7 +412,9 @@ class Suite:
             if not script.is_file():
                 info["status"] = f"missing: {task.script} is not in this tree"
                 return info
-            cmd = [sys.executable, str(script), *task.args, "--json", str(result_path)]
+            budget_s = str(int(max(seconds - SCRIPT_STARTUP_S, 10)))
+            cmd = [sys.executable, str(script), *[x.replace("{budget_s}", budget_s) for x in task.args],
+                   "--json", str(result_path)]
             info["command"] = " ".join(cmd[1:])
             if a.dry_run:
                 info["status"] = "ok"
@@ -416,16 +425,14 @@ class Suite:
                 info["status"] = "ok"
                 info["rows"] = [{"dry_run": "a later section: runs on tiny shapes with --device cpu --smoke"}]
                 return info
+            if a.dry_run:  # one child does every task's setup (started with the setup); read this task's result
+                first = self.batch_done is None
+                rc, took = self.wait_batch()
+                info.update(exit_code=rc, seconds=round(took, 1) if first else 0.0, batched=True)
+                return self.child_result(info, result_path, rc, tail(self.logs / "dry_run_batch.log"), seconds)
             ctx_path = self.write_ctx(task, result_path, seconds)
             cmd = [sys.executable, str(HERE / "_gpu_child.py"), task.name, str(ctx_path), str(result_path)]
-            if a.dry_run:  # one child does every task's setup (below); this task reads its own result file
-                cmd = self.batch_cmd(section, log)
-                if cmd is None:
-                    return self.child_result(info, result_path, self.batch_rc, "", seconds)
-                env, seconds = self.env, max(self.end - time.monotonic() - RESERVE_S, 1.0)
         rc, took = run_child(cmd, env, seconds, log)
-        if a.dry_run and task.kind == "child":
-            self.batch_rc = rc
         info.update(exit_code=rc, seconds=round(took, 1))
         text = tail(log, 200_000)
         info["log_tail"] = text[-3000:]
@@ -446,8 +453,12 @@ class Suite:
                 info["status"] = f"stopped: budget ({seconds:.0f} s)"
             elif rc != 0:
                 info["status"] = f"failed: exit {rc}: {last_error(text)}"[:400]
+            elif data is None:
+                info["status"] = "failed: the script wrote no JSON"
             else:
-                info["status"] = "ok" if data is not None else "failed: the script wrote no JSON"
+                bad = [r for r in info["rows"] if str(r.get("status", "ok")).startswith(("failed", "skipped"))]
+                info["status"] = "ok" if not bad else f"partial: {len(bad)} of {len(info['rows'])} rows " \
+                                                      f"failed or skipped (first: {bad[0]['status']})"[:400]
             return info
         return self.child_result(info, result_path, rc, text, seconds)
 
@@ -486,16 +497,15 @@ class Suite:
         _atomic(ctx_path, json.dumps(ctx, default=str))
         return ctx_path
 
-    def batch_cmd(self, section: str, log: Path) -> list[str] | None:
-        """--dry-run: the first child task starts one child for the child tasks of every selected section
-        (each with its own context and result file, as on the GPU); later ones find their results made.
-        None once that child has run."""
-        if self.batched:
-            return None
-        self.batched = True
+    def start_batch(self) -> None:
+        """--dry-run: one child for the setup of every child task of the selected first-call sections (each
+        with its own context and result file, as on the GPU: one torch import instead of six). It starts
+        right after the wheels, beside the import probe and the test collection."""
+        if self.batch is not None or self.batch_done is not None:
+            return
         items = []
-        for name in self.wanted[self.wanted.index(section):]:
-            if name in LATER:
+        for name in self.wanted:
+            if name in LATER or name == "setup":
                 continue
             for t in tasks_of(name, self.a):
                 if t.kind == "child":
@@ -505,8 +515,33 @@ class Suite:
                     items.append({"task": t.name, "env": t.env, "result": str(path),
                                   "ctx": str(self.write_ctx(t, path, self.end - time.monotonic() - RESERVE_S))})
         batch = self.work / "results" / "dry_run_batch.json"
+        batch.parent.mkdir(parents=True, exist_ok=True)
         _atomic(batch, json.dumps(items))
-        return [sys.executable, str(HERE / "_gpu_child.py"), "--batch", str(batch)]
+        log = self.logs / "dry_run_batch.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.batch_t0 = time.monotonic()
+        with open(log, "wb") as f:
+            self.batch = subprocess.Popen([sys.executable, str(HERE / "_gpu_child.py"), "--batch", str(batch)],
+                                          stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=self.env,
+                                          start_new_session=True)
+        _CURRENT.append(self.batch)
+
+    def wait_batch(self) -> tuple[int | None, float]:
+        """The dry run's batch child's (exit code or None when killed at the suite's limit, seconds)."""
+        if self.batch_done is None:
+            self.start_batch()
+            proc = self.batch
+            try:
+                rc: int | None = proc.wait(timeout=max(self.end - time.monotonic() - RESERVE_S, 0.1))
+            except subprocess.TimeoutExpired:
+                kill_group(proc)
+                rc = None
+            finally:
+                if proc in _CURRENT:
+                    _CURRENT.remove(proc)
+            self.batch_done = (rc, time.monotonic() - self.batch_t0)
+            self.copy_log("dry run: every task's setup", self.logs / "dry_run_batch.log")
+        return self.batch_done
 
     def summary(self) -> str:
         lines = [f"{'section':14s} {'s':>6s}  status"]

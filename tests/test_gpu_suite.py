@@ -25,6 +25,7 @@ from _gpu_report import SECTIONS as REPORT_SECTIONS  # noqa: E402
 from gpu_suite import BUDGETS, FIRST, LATER, RESERVE_S, SECTIONS, tasks_of  # noqa: E402
 
 SUITE = REPO / "benchmarks" / "gpu_suite.py"
+NEXT_PY = f"py3{sys.version_info.minor + 1}"  # a wheel for the next Python (as multiprocess ships one per version)
 
 
 def _env() -> dict[str, str]:
@@ -58,7 +59,7 @@ def _wheels(folder: Path) -> Path:
     """One good wheel, one for a Python that is not this one, one that is no wheel, one corrupt."""
     folder.mkdir(parents=True)
     _wheel(folder, "suite_probe_pkg", "0.1")
-    (folder / "multiprocess-0.70.19-py39-none-any.whl").write_bytes(b"never opened")
+    (folder / f"multiprocess-0.70.19-{NEXT_PY}-none-any.whl").write_bytes(b"never opened")
     (folder / "notes.whl").write_text("not a wheel name")
     (folder / "broken_pkg-1.0-py3-none-any.whl").write_bytes(b"not a zip file")
     return folder
@@ -83,7 +84,7 @@ def test_dry_run_reports_every_section_with_a_status(tmp_path):
 
     by_wheel = {r["wheel"]: r["status"] for r in s["setup"]["rows"]}
     assert by_wheel["notes.whl"] == "skipped: not a wheel file name"
-    assert by_wheel["multiprocess-0.70.19-py39-none-any.whl"].startswith("skipped: built for py39-none-any")
+    assert by_wheel[f"multiprocess-0.70.19-{NEXT_PY}-none-any.whl"].startswith(f"skipped: built for {NEXT_PY}-none-any")
     assert by_wheel["broken_pkg-1.0-py3-none-any.whl"].startswith("failed: pip exit"), by_wheel
     if importlib.util.find_spec("pip"):
         assert by_wheel["suite_probe_pkg-0.1-py3-none-any.whl"] == "installed"
