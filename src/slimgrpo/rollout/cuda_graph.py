@@ -70,6 +70,7 @@ class StaticCacheStepper(LlamaStepper):
         if graphs is True:
             graphs = cuda_graph_cache(device)
         store = graphs if isinstance(graphs, GraphCache) else GraphCache(exact=True)
+        # Not LlamaStepper.__init__: the buffers come from ``store``; only its _rope / _mlp are shared.
         self.parts, self.layers, self.store = parts, list(parts.decoder.layers), store
         n, P = prompt_mask.shape
         self.P, self.t = P, 0
