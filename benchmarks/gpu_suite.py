@@ -331,11 +331,16 @@ class Suite:
         self.write()
 
     def no_cuda_reason(self) -> str | None:
-        if self.a.device != "cuda" or self.a.dry_run:
+        """Why the CUDA sections cannot run, as the import probe saw it; None when they can, or when the probe
+        itself did not answer (too slow, say): then each section tries and reports for itself."""
+        if self.a.device != "cuda" or self.a.dry_run or self.cuda is None or "error" in self.cuda:
             return None
-        if self.cuda is None or self.cuda.get("cuda_available"):
+        torch_mod = self.cuda.get("modules", {}).get("torch", {})
+        if not torch_mod.get("ok", True):
+            return f"torch does not import ({torch_mod.get('error')})"
+        if self.cuda.get("cuda_available"):
             return None
-        return "no CUDA device (" + (self.cuda.get("error") or self.cuda.get("cuda_error") or "torch sees none") + ")"
+        return "no CUDA device (" + (self.cuda.get("cuda_error") or "torch sees none") + ")"
 
     def setup(self, sec: dict, deadline: float) -> None:
         a = self.a

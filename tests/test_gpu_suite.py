@@ -140,6 +140,18 @@ def test_time_left_by_earlier_sections_carries_forward():
     assert suite.allowed(20, 0) == 0
 
 
+def test_only_a_probe_that_answered_skips_the_cuda_sections(tmp_path):
+    suite = gpu_suite.Suite(gpu_suite.parse_args(["--out", str(tmp_path)]))
+    suite.cuda = {"error": "the import probe did not finish in 35 s"}
+    assert suite.no_cuda_reason() is None  # a slow probe proves nothing: the sections try and report
+    suite.cuda = {"modules": {"torch": {"ok": True}}, "cuda_available": False}
+    assert suite.no_cuda_reason() == "no CUDA device (torch sees none)"
+    suite.cuda = {"modules": {"torch": {"ok": False, "error": "ImportError: libcudart"}}}
+    assert suite.no_cuda_reason() == "torch does not import (ImportError: libcudart)"
+    suite.cuda = {"modules": {"torch": {"ok": True}}, "cuda_available": True}
+    assert suite.no_cuda_reason() is None
+
+
 def test_wheel_choice_checks_tags_and_keeps_one_version(tmp_path):
     _wheel(tmp_path, "pkg_a", "1.0")
     _wheel(tmp_path, "pkg_a", "2.0")
