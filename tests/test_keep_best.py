@@ -238,3 +238,27 @@ def test_a_training_reward_is_judged_at_each_checkpoint_on_its_mean(tmp_path, ti
     assert summary["best_value"] == pytest.approx(means[best])
     assert [r.get("best/improved") for r in records] == [None, 1, None, int(means[4] > means[2])]
     assert best in _steps(run)
+
+
+def test_a_sigkilled_run_resumes_to_the_same_best_and_final_model(tmp_path, tiny_model_dir):
+    """The CLI killed by SIGKILL right after installing step 3's checkpoint, then run again: the same judgements,
+    best step and final/ weights as a run never interrupted (CPU: bit for bit), the best checkpoint on disk."""
+    from run_helpers import cli
+
+    runs = {}
+    for name, env in (("plain", {}), ("killed", {"SLIMGRPO_DEBUG_KILL_IN_SAVE": "rename@3"})):
+        folder = tmp_path / name
+        folder.mkdir()
+        _config(folder, tiny_model_dir, save_steps=1, max_steps=5)
+        first = cli("train", str(folder / "cfg.yaml"), env=env)
+        if env:
+            assert first.returncode == -9 and not (folder / "run" / "summary.json").exists()
+            again = cli("train", str(folder / "cfg.yaml"))
+            assert again.returncode == 0, again.stderr[-2000:]
+        else:
+            assert first.returncode == 0, first.stderr[-2000:]
+        runs[name] = folder / "run"
+    a, b = (json.loads((runs[n] / "summary.json").read_text()) for n in ("plain", "killed"))
+    assert (a["best_step"], a["best_value"], a["final_step"]) == (b["best_step"], b["best_value"], b["final_step"])
+    assert _same(_weights(runs["plain"] / "final"), _weights(runs["killed"] / "final"))
+    assert a["best_step"] in _steps(runs["killed"]) and _steps(runs["plain"]) == _steps(runs["killed"])
