@@ -418,3 +418,34 @@ def test_a_torchvision_that_cannot_load_is_named_with_the_fix(fake_vllm, tmp_pat
     monkeypatch.delitem(sys.modules, "torchvision", raising=False)
     with pytest.raises(ConfigError, match="torchvision::nms.*pip uninstall -y torchvision torchaudio torchcodec"):
         validate_config(_cfg())
+
+
+def test_an_engine_dying_mid_run_stops_it_with_the_last_checkpoint_intact(fake_vllm, tmp_path, capsys, monkeypatch):
+    """vLLM fails at the second rollout: the run stops at once with the reason (no hang, no retry), and the
+    checkpoint of step 1 is what it was."""
+    from run_helpers import file_hashes
+
+    model_dir = vllm_sized_model(tmp_path / "model")
+    cfg = write_run(tmp_path, model_dir, rollout={"engine": "vllm"}, run={"max_steps": 3, "save_steps": 1})
+    calls = {"n": 0}
+    real_generate = FakeLLM.generate
+
+    def dies_second(self, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("EngineCore died")
+        return real_generate(self, *a, **kw)
+
+    seen = {}
+
+    def hashes_then(self, *a, **kw):  # the checkpoint as it stood when the engine died
+        if calls["n"] == 1:
+            seen.update(file_hashes(tmp_path / "run" / "checkpoints"))
+        return dies_second(self, *a, **kw)
+
+    monkeypatch.setattr(FakeLLM, "generate", hashes_then)
+    assert train(cfg) != 0
+    err = capsys.readouterr().err
+    assert "vLLM engine failed while sampling" in err and "EngineCore died" in err
+    assert seen and file_hashes(tmp_path / "run" / "checkpoints") == seen
+    assert FakeLLM.built[-1].shutdowns == 1  # shut down on the way out
