@@ -15,8 +15,8 @@ import torch
 
 from slimgrpo.config import Config, ConfigError, from_dict, validate_config
 from slimgrpo.config.memory import bf16_update_rule
-from slimgrpo.train.optim import (MasterWeightAdamW, apply_config_after_resume, build_optimizer, build_scheduler,
-                                  lr_lambda)
+from slimgrpo.train.optim import (MasterWeightAdamW, OptimizerUnavailable, apply_config_after_resume,
+                                  build_optimizer, build_scheduler, lr_lambda)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bf16_update  # noqa: E402
@@ -179,10 +179,14 @@ def test_fsdp2_adamw_8bit_never_reaches_bitsandbytes(one_rank_mesh, monkeypatch)
     fake = types.ModuleType("bitsandbytes")
     fake.optim = types.SimpleNamespace(AdamW8bit=lambda *a, **k: used.append(a) or torch.optim.SGD(a[0], lr=1))
     monkeypatch.setitem(sys.modules, "bitsandbytes", fake)
-    for dtype in (torch.float32, torch.bfloat16):  # LoRA adapters / bf16 full fine-tuning
-        sharded = [torch.nn.Parameter(distribute_tensor(torch.zeros(64, 64, dtype=dtype), one_rank_mesh, [Shard(0)]))]
-        opt = build_optimizer(sharded, _cfg(optimizer="adamw_8bit"), torch.device("cuda"))
-        assert isinstance(opt, AdamW8bit) and not used
+    def sharded(dtype):
+        return [torch.nn.Parameter(distribute_tensor(torch.zeros(64, 64, dtype=dtype), one_rank_mesh, [Shard(0)]))]
+
+    opt = build_optimizer(sharded(torch.float32), _cfg(optimizer="adamw_8bit"), torch.device("cuda"))  # LoRA
+    assert isinstance(opt, AdamW8bit) and not used
+    with pytest.raises(OptimizerUnavailable, match="memory.optimizer=adamw"):  # bf16 full fine-tuning
+        build_optimizer(sharded(torch.bfloat16), _cfg(optimizer="adamw_8bit"), torch.device("cuda"))
+    assert not used
     plain = [torch.nn.Parameter(torch.zeros(64, 64))]  # one GPU, float32: bitsandbytes as before
     build_optimizer(plain, _cfg(optimizer="adamw_8bit"), torch.device("cuda"))
     assert len(used) == 1
@@ -197,6 +201,18 @@ def test_fsdp_adamw_8bit_without_torchao_is_refused_at_validation(monkeypatch):
         validate_config(cfg)
     assert "distributed.strategy=fsdp" in str(e.value) and "memory.optimizer=adamw" in str(e.value)
     assert "slimgrpo[ao]" in str(e.value)
+
+
+def test_fsdp_adamw_8bit_with_bf16_full_finetuning_is_refused_at_validation():
+    cfg = from_dict(_valid(model={"dtype": "bfloat16"}, memory={"optimizer": "adamw_8bit"},
+                           distributed={"strategy": "fsdp"}))
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg)
+    msg = str(e.value)
+    assert "distributed.strategy=fsdp with memory.optimizer=adamw_8bit" in msg and "DTensor" in msg
+    assert "memory.optimizer=adamw" in msg and "lora.enabled=true" in msg
+    validate_config(from_dict(_valid(model={"dtype": "bfloat16"}, memory={"optimizer": "adamw_8bit"},
+                                     distributed={"strategy": "fsdp"}, lora={"enabled": True})))
 
 
 def test_bf16_stochastic_round_without_torchao_is_refused_at_validation(monkeypatch):

@@ -4,6 +4,8 @@
   dtype, so AdamW would run on float16 weights (small updates round away, large values overflow).
 - ``memory.bf16_update=fp32_master`` with 8-bit AdamW: the master copy is for ``adamw``; 8-bit AdamW keeps
   bfloat16 updates by stochastic rounding.
+- 8-bit AdamW under FSDP2 for bfloat16 full fine-tuning: bitsandbytes' takes no DTensors and torchao's
+  fails on bfloat16 DTensors (``FSDP_BF16_8BIT``).
 - A setting that needs torchao where it is not installed: 8-bit AdamW under FSDP2 (its DTensor parameters
   are not taken by bitsandbytes) and stochastic rounding of bfloat16 weights.
 """
@@ -14,6 +16,12 @@ import importlib.util
 
 from slimgrpo.config.memory import bf16_update_rule
 from slimgrpo.config.tree import Config
+
+
+# Seen with torch 2.13 and torchao 0.18 (gloo, CPU): torch.compile of torchao's Adam step converts the
+# DTensor around an 8-bit state of a bfloat16 parameter to a fake tensor through aten.view.dtype, which
+# OptimState8bit does not implement; float32 DTensors (LoRA adapters) and plain bfloat16 tensors step fine.
+FSDP_BF16_8BIT = "torch 2.13, torchao 0.18: OptimState8bit has no aten.view.dtype"
 
 
 def trains_bf16(cfg: Config, on_cpu: bool) -> bool:
@@ -35,6 +43,12 @@ def precision_problem(cfg: Config, on_cpu: bool) -> str | None:
         return ("memory.bf16_update=fp32_master with memory.optimizer=adamw_8bit: the float32 master copy is for "
                 "memory.optimizer=adamw; 8-bit AdamW keeps bfloat16 updates by memory.bf16_update="
                 "stochastic_round (the default, auto, chooses it)")
+    if mem.optimizer == "adamw_8bit" and cfg.distributed.strategy == "fsdp" and trains_bf16(cfg, on_cpu):
+        return ("distributed.strategy=fsdp with memory.optimizer=adamw_8bit and bfloat16 full fine-tuning: "
+                "bitsandbytes' 8-bit AdamW takes no DTensor parameters (illegal memory access), and torchao's "
+                f"fails to compile its step on bfloat16 DTensors ({FSDP_BF16_8BIT}). Use memory.optimizer=adamw "
+                "(float32 master weights, sharded over the ranks like the weights), LoRA (lora.enabled=true: "
+                "float32 adapters, which torchao's 8-bit AdamW steps under FSDP2), or distributed.strategy=ddp")
     if importlib.util.find_spec("torchao") is not None:
         return None
     if mem.optimizer == "adamw_8bit" and cfg.distributed.strategy == "fsdp":

@@ -9,6 +9,7 @@ from torch.optim.adamw import adamw as adamw_update
 
 from slimgrpo.config import Config
 from slimgrpo.config.memory import bf16_update_rule
+from slimgrpo.config.precision import FSDP_BF16_8BIT
 
 
 class OptimizerUnavailable(RuntimeError):
@@ -44,6 +45,10 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: Config, device: torch
     # 8-bit AdamW: torchao's where parameters are sharded DTensors (FSDP2: bitsandbytes' kernels take plain
     # CUDA tensors only and fail with an illegal memory access on DTensors), where bf16 weights need its
     # stochastic rounding, and on CPU; bitsandbytes' on one GPU otherwise. Never a silent 32-bit fallback.
+    if bf16 and _sharded(params):  # validation refuses this first (config/precision.py)
+        raise OptimizerUnavailable(
+            "memory.optimizer=adamw_8bit under FSDP2 with bfloat16 weights: no 8-bit AdamW steps bfloat16 "
+            f"DTensors here ({FSDP_BF16_8BIT}); use memory.optimizer=adamw or LoRA")
     if device.type == "cuda" and not _sharded(params) and rule == "plain":
         try:
             import bitsandbytes as bnb
