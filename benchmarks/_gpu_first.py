@@ -152,6 +152,8 @@ def _train_row(ctx: dict, max_steps: int, fresh: bool) -> dict[str, Any]:
                checkpoints=sorted(p.name for p in (run / "checkpoints").glob("checkpoint-*")),
                final_saved=(run / "final").is_dir(),
                metric_peak_mib=max((m.get("memory/peak_mib") or 0 for m in metrics), default=None),
+               metric_reserved_mib=max((m.get("memory/peak_reserved_mib") or 0 for m in metrics), default=None),
+               metric_pinned_mib=max((m.get("memory/pinned_host_peak_mib") or 0 for m in metrics), default=None),
                clipped_ratio=[m.get("completions/clipped_ratio") for m in metrics],
                mean_length=[m.get("completions/mean_length") for m in metrics],
                kl=[m.get("kl") for m in metrics])

@@ -46,9 +46,10 @@ def reset_host_peak() -> None:
 
 
 def host_stats() -> dict[str, Any]:
-    """Pinned host memory from ``torch.cuda.host_memory_stats()`` (the caching host allocator that
-    ``pin_memory=True`` draws from): the peak of the pool (blocks rounded up to powers of two) and of
-    the blocks handed out, in MiB; {} off CUDA or where this torch has no such counter."""
+    """Pinned host memory in MiB: ``torch.cuda.host_memory_stats()`` (the caching host allocator that
+    ``pin_memory=True`` draws from; blocks rounded up to powers of two) plus what slimgrpo pinned in place
+    (``train/update/pinned.py``: the offloaded activations' exact-size pool), as the run's
+    ``memory/pinned_host_peak_mib`` adds them; {} off CUDA or where this torch has no such counter."""
     if not torch.cuda.is_available() or not hasattr(torch.cuda, "host_memory_stats"):
         return {}
     try:
@@ -62,7 +63,15 @@ def host_stats() -> dict[str, Any]:
                 return stats[k] / MIB
         return None
 
-    return {"pinned_peak_mib": mib("allocated_bytes.peak", "reserved_bytes.peak"),
+    cached = mib("allocated_bytes.peak", "reserved_bytes.peak")
+    try:  # the offload's exact-size pool pins in place (cudaHostRegister): not in host_memory_stats
+        from slimgrpo.train.update.pinned import registered_bytes
+
+        registered = registered_bytes()[1] / MIB
+    except Exception:
+        registered = None
+    return {"pinned_peak_mib": (cached or 0.0) + (registered or 0.0) if cached is not None or registered else None,
+            "pinned_cached_peak_mib": cached, "pinned_registered_peak_mib": registered,
             "pinned_active_peak_mib": mib("active_bytes.peak"),
             "pinned_now_mib": mib("allocated_bytes.current", "reserved_bytes.current"),
             "host_stats_keys": sorted(k for k in stats if "bytes" in k)[:24]}

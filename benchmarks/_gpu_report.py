@@ -128,7 +128,8 @@ def _train(rows):
                     ", ".join(_f(c, "{:.2f}") for c in r.get("clipped_ratio") or []) or "-",
                     ", ".join(r.get("checkpoints") or []) or "-"] for r in rows]) + [
         "", "Peaks of the training process (`torch.cuda.max_memory_allocated` / `max_memory_reserved`; pinned: "
-            "`torch.cuda.host_memory_stats()` `allocated_bytes.peak`, blocks rounded to powers of two) against "
+            "`torch.cuda.host_memory_stats()` `allocated_bytes.peak` plus the bytes slimgrpo pinned in place, "
+            "`train/update/pinned.py`) against "
             "the plan of the same config (`slimgrpo plan` numbers: tensors; tensors + CUDA context; host line); "
             "`memory/peak_mib`: the run's own metric (CUDA peak allocated; peak RSS on a CPU). "
             "A clipped ratio under 1 means some completions stopped at EOS."]
@@ -144,7 +145,7 @@ def _memory(rows):
                     str(r.get("status", "-"))[:160]] for r in rows]) + [
         "", "Oxen rows: full steps (generate 4 x 786 pinned tokens for a 256-token prompt + the update), plan = "
             "`MemoryPlan.tensor_peak_bytes`. The 8B row: update only, plan = the plan's always + update phases; "
-            "pinned host bytes from `torch.cuda.host_memory_stats()`."]
+            "pinned host bytes: `torch.cuda.host_memory_stats()` plus the offload pool's bytes pinned in place."]
 
 
 def _cuda_tests(rows):

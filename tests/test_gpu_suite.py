@@ -247,3 +247,19 @@ def test_smoke_with_trl_child(tmp_path):
     report = _run(tmp_path, "--device", "cpu", "--smoke", "--trl", "on", "--only", "planner", "vs_trl")
     rows = report["sections"]["vs_trl"]["rows"]
     assert rows and all(r["status"] == "ok" and r["trl_steps"] >= 1 for r in rows), rows
+
+
+def test_pinned_host_bytes_add_the_pool_pinned_in_place(monkeypatch):
+    """The offload's pool pins in place (cudaHostRegister), which torch.cuda.host_memory_stats() does not
+    count: the suite's pinned figure adds both, as the run's memory/pinned_host_peak_mib does."""
+    import torch
+
+    import _gpu_parts
+    from slimgrpo.train.update import pinned
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "host_memory_stats", lambda: {"allocated_bytes.peak": 2 * 2**20}, raising=False)
+    monkeypatch.setattr(pinned, "registered_bytes", lambda: (0, 3 * 2**20))
+    stats = _gpu_parts.host_stats()
+    assert stats["pinned_cached_peak_mib"] == 2 and stats["pinned_registered_peak_mib"] == 3
+    assert stats["pinned_peak_mib"] == 5
