@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--layers", type=int, default=2, help="decoder layers of the random model (SmolLM2 has 30)")
+    p.add_argument("--layers", type=int, default=1, help="decoder layers of the random model (SmolLM2 has 30)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     device = torch.device(args.device)
