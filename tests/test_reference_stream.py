@@ -164,3 +164,28 @@ def test_plan_counts_each_placement_and_auto_settles_against_the_budget():
     assert settled(f"{(device.peak_bytes - 1) / 2**30:.6f}GiB") == "stream"  # the copy would not fit
     cfg = update_config({"loss": {"beta": 0.04}, "lora": {"enabled": True}})
     assert settle_reference_placement(cfg, shape, "cuda").memory.reference_placement == "auto"  # no copy: untouched
+
+
+def test_trace_counts_a_device_reference_on_the_device():
+    """``plan --trace`` / ``memory.fit=trace`` with ``reference_placement=device``: the copy is device memory,
+    as the plan's line is; with the default it stays in the host account."""
+    from slimgrpo.config import from_dict, merge_overrides
+    from slimgrpo.memory.check import plan_inputs
+    from slimgrpo.memory.planner import plan_memory
+    from slimgrpo.train.trace import trace_step
+
+    shape = ModelShape("llama", hidden=64, intermediate=96, layers=2, heads=4, kv_heads=2, vocab=300, tie=False,
+                       max_positions=4096)
+    base = ["model.dtype=bfloat16", "run.device=cuda", "loss.beta=0.04", "rollout.num_generations=2",
+            "run.batch_size=2", "data.max_prompt_length=16", "rollout.max_completion_length=32"]
+    ref_bytes = shape.num_params * 2
+    for placement in ("host", "device"):
+        cfg = from_dict(merge_overrides({}, base + [f"memory.reference_placement={placement}"]))
+        plan = plan_memory(shape, plan_inputs(cfg, "cuda", vocab=shape.vocab))
+        trace = trace_step(cfg, shape, device="cuda", generation=False)
+        on_device = trace.phases["update"].by_tag.get("reference policy", 0)
+        # (the trace also counts the rotary tables' few bytes)
+        if placement == "device":
+            assert plan.host_bytes == 0 and 0 <= on_device - ref_bytes < 1024 and trace.host_peak_bytes == 0
+        else:
+            assert plan.host_bytes == ref_bytes and 0 <= trace.host_peak_bytes - ref_bytes < 1024 and on_device == 0
