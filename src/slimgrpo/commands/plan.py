@@ -10,10 +10,10 @@ from rich.console import Console
 
 from slimgrpo.config import ConfigError, check_context_length, from_dict, load_config, merge_overrides
 from slimgrpo.exit_codes import DOES_NOT_FIT
-from slimgrpo.memory.advice import fit_to_budget, format_gib, render_plan
-from slimgrpo.memory.check import (MemoryBudgetError, all_changes, budget_bytes, check_host_memory,
-                                   host_budget_bytes, not_modelled, overrides_for, plan_device, plan_inputs,
-                                   shape_of)
+from slimgrpo.memory.advice import blocked_ways, fit_to_budget, format_gib, render_plan
+from slimgrpo.memory.check import (MemoryBudgetError, all_changes, budget_bytes, check_host_memory, fitted_config,
+                                   host_budget_bytes, machine_ram_bytes, not_modelled, overrides_for, plan_device,
+                                   plan_inputs, shape_of, smallest_plan_found)
 from slimgrpo.memory.planner import plan_memory
 from slimgrpo.memory.shapes import preset_shapes
 from slimgrpo.units import human_count
@@ -67,10 +67,14 @@ def plan_command(args) -> int:
     # rope scaling) is refused, naming the limit, instead of planned.
     check_context_length(cfg, shape.max_positions, args.model or cfg.model.path)
     nproc = _nproc(args, cfg)
-    inputs = plan_inputs(cfg, device, nproc, vocab=shape.vocab)
-    plan = plan_memory(shape, inputs)
     spec = args.budget or cfg.memory.budget
     budget = budget_bytes(spec, device, cfg.run.device) if spec else None
+    host_budget = host_budget_bytes(cfg, device, strict=False)
+    _host_budget_note(cfg, host_budget, console)
+    # memory.fit: plan (and trace) the run `slimgrpo train` runs, not the config as written
+    cfg, _ = _fitted(args, cfg, shape, device, nproc, budget, console)
+    inputs = plan_inputs(cfg, device, nproc, vocab=shape.vocab)
+    plan = plan_memory(shape, inputs)
     per_rank = "" if nproc == 1 else (f" (one rank of {nproc}, distributed.strategy={cfg.distributed.strategy}"
                                       + (": sharded state / {nproc}".format(nproc=nproc) if inputs.fsdp_shards > 1
                                          else "") + ")")
@@ -90,7 +94,6 @@ def plan_command(args) -> int:
 
         console.print()
         render_trace(plan, trace_step(cfg, shape, device), console, budget)
-    host_budget = host_budget_bytes(cfg, device)
     if host_budget is not None and plan.host_bytes:
         what = ("this machine's available memory; memory.host_budget=SIZE for another"
                 if cfg.memory.host_budget == "auto" else f"memory.host_budget={cfg.memory.host_budget}")
@@ -105,15 +108,57 @@ def plan_command(args) -> int:
         return 0
     _, suggestions, fits = fit_to_budget(shape, inputs, budget, host_budget)
     console.print("\n[bold]To fit the budget[/bold], cheapest first:")
+    blocked = [f"  - not taken, host RAM: {b.description}: {' '.join(overrides_for(b.change))}"
+               for b in blocked_ways(shape, inputs, budget, host_budget, suggestions)]
     for s in suggestions:
+        if blocked and "max_completion_length" in s.change:  # every way that keeps the task, first
+            console.print("\n".join(blocked), soft_wrap=True)
+            blocked = []
         console.print(f"  - {s.description}: {' '.join(overrides_for(s.change)) or '(no config key)'} "
                       f"-> {format_gib(s.plan_after.peak_bytes)} GiB", soft_wrap=True)
+    if blocked:
+        console.print("\n".join(blocked), soft_wrap=True)
     if fits:
-        console.print(f"\nall together: [bold]{' '.join(overrides_for(all_changes(suggestions)))}[/bold] "
-                      "(or memory.fit=true)")
+        console.print(f"\nall together: [bold]{' '.join(overrides_for(all_changes(suggestions)))}[/bold]"
+                      + ("" if cfg.memory.fit else " (or memory.fit=true)"))
         return DOES_NOT_FIT
-    console.print("\nno combination fits this budget.")
+    console.print(f"\nno combination fits this budget: {smallest_plan_found(plan, suggestions)}.", soft_wrap=True)
     return DOES_NOT_FIT
+
+
+def _host_budget_note(cfg, host_budget: int | None, console: Console) -> None:
+    """``memory.host_budget`` above this machine's RAM: `train` refuses it here; the plan may be for another
+    machine, so it says so and goes on."""
+    total = machine_ram_bytes()
+    if host_budget is not None and total is not None and host_budget > total and cfg.memory.host_budget != "auto":
+        console.print(f"[yellow]note[/yellow]: memory.host_budget={cfg.memory.host_budget} is more than this "
+                      f"machine's RAM ({format_gib(total)} GiB): planned as given; `slimgrpo train` refuses it here",
+                      soft_wrap=True)
+
+
+def _fitted(args, cfg, shape, device: str, nproc: int, budget: int | None, console: Console):
+    """``(config, overrides)``: with ``memory.fit`` and a budget, the config `slimgrpo train` would run (the
+    planner's fit, or ``memory.fit=trace``'s traced one) and the overrides it applies; else the config as is."""
+    if not cfg.memory.fit or budget is None:
+        return cfg, []
+    trace_fn = None
+    if cfg.memory.fit == "trace":
+        from slimgrpo.train.console import quiet_third_party
+        from slimgrpo.train.trace import trace_step as trace_fn
+
+        quiet_third_party(cfg.log.verbose)
+    try:
+        fitted, applied = fitted_config(cfg, shape, device, nproc, budget, console, trace_fn,
+                                        show=cfg.memory.fit == "trace")
+    except MemoryBudgetError as e:
+        console.print(f"[red]memory.fit={str(cfg.memory.fit).lower()}[/red]: `slimgrpo train` would refuse this run: {e}",
+                      soft_wrap=True)
+        return cfg, []
+    if applied:
+        console.print(f"memory.fit={str(cfg.memory.fit).lower()}: `slimgrpo train` applies [bold]{' '.join(applied)}[/bold] to fit "
+                      f"{format_gib(budget)} GiB; the plan{' and trace' if getattr(args, 'trace', False) else ''} "
+                      "below are of that run", soft_wrap=True)
+    return fitted, applied
 
 
 
@@ -143,7 +188,7 @@ def longest_command(args, cfg, shape, device: str, console: Console) -> int:
     # The trace's device peak is tensors x (1 + margin) + overhead on CUDA: search against the budget that leaves it.
     margin = CUDA_TRACE_MARGIN if device == "cuda" else 0.0
     target = int((budget - overhead) / (1 + margin)) + overhead if budget > overhead else budget
-    host_budget = host_budget_bytes(cfg, device)
+    host_budget = host_budget_bytes(cfg, device, strict=False)
     limit = (f"position limit {shape.max_positions:,} after rope scaling" if shape.max_positions
              else "no position limit known")
     console.print(f"[bold]{args.model or cfg.model.path}[/bold]: longest context in {format_gib(budget)} GiB on {device}"

@@ -205,23 +205,39 @@ def suggest_fixes(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str
     x = inputs
     plan = plan_memory(shape, x)
     steps: list[Suggestion] = []
+    same_task = [r for r in ladder if r in LADDER_SAME_TASK]
     while plan.peak_bytes > budget:
-        for rung in ladder:
-            proposal = rung(_micro_rows(x))
-            if proposal is None:
-                continue
-            change, description = proposal
-            candidate = dataclasses.replace(_micro_rows(x), **change)
-            after = plan_memory(shape, candidate)
-            if host_budget is not None and after.host_bytes > max(host_budget, plan.host_bytes):
-                continue  # would park more in host RAM than the machine gives the run
-            if plan.peak_bytes - after.peak_bytes >= MIN_GAIN_FRACTION * (plan.peak_bytes - budget):
-                x, plan = candidate, after
-                steps.append(Suggestion(change=change, description=description, plan_after=after))
-                break
-        else:
+        excess = plan.peak_bytes - budget
+        # Cheapest first with a useful gain; then any change that keeps the task, however small its gain (an
+        # 8-bit optimizer's 0.3 GiB), before the rungs that change the task (shorter completions)
+        found = (_first_rung(shape, ladder, x, plan, host_budget, MIN_GAIN_FRACTION * excess, same_task_only=True)
+                 or _first_rung(shape, same_task, x, plan, host_budget, 1)
+                 or _first_rung(shape, ladder, x, plan, host_budget, MIN_GAIN_FRACTION * excess))
+        if found is None:
             break  # no rung lowers the peak any more
+        x, plan, step = found
+        steps.append(step)
     return steps
+
+
+def _first_rung(shape: ModelShape, ladder, x: PlanInputs, plan: MemoryPlan, host_budget: int | None, min_gain: float,
+                same_task_only: bool = False):
+    """``(inputs, plan, Suggestion)`` of the first rung of ``ladder`` that lowers the peak by at least ``min_gain``
+    bytes without parking more in host RAM than ``host_budget``; None when none does."""
+    for rung in ladder:
+        if same_task_only and rung not in LADDER_SAME_TASK:
+            continue
+        proposal = rung(_micro_rows(x))
+        if proposal is None:
+            continue
+        change, description = proposal
+        candidate = dataclasses.replace(_micro_rows(x), **change)
+        after = plan_memory(shape, candidate)
+        if host_budget is not None and after.host_bytes > max(host_budget, plan.host_bytes):
+            continue  # would park more in host RAM than the machine gives the run
+        if plan.peak_bytes - after.peak_bytes >= min_gain:
+            return candidate, after, Suggestion(change=change, description=description, plan_after=after)
+    return None
 
 
 def fit_to_budget(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str,
@@ -289,6 +305,11 @@ def render_plan(plan: MemoryPlan, console: Any = None, budget_bytes: int | str |
         console.print(f"host RAM held besides the device peak: {format_gib(plan.host_bytes)} GiB")
     for note in plan.notes:
         console.print(Text("note: ", style="yellow") + Text(note))
+    from .tricks import assumed_tricks
+
+    console.print("memory tricks this plan assumes (and what decided each):")
+    for line in assumed_tricks(plan):
+        console.print(Text("  - " + line), soft_wrap=True)
     if budget_bytes is not None:
         budget = parse_bytes(budget_bytes)
         if plan.peak_bytes <= budget:
@@ -300,3 +321,36 @@ def render_plan(plan: MemoryPlan, console: Any = None, budget_bytes: int | str |
         else:
             console.print(f"[red]does not fit[/red] in {format_gib(budget)} GiB: "
                           f"over by {format_gib(plan.peak_bytes - budget)} GiB")
+
+
+def blocked_ways(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str, host_budget: int | None,
+                 suggestions: list[Suggestion]) -> list[Suggestion]:
+    """Ways to fit that the fit did not take because ``host_budget`` is too small: offloading the activation
+    checkpoints (CUDA) on top of the suggestions that keep the task, fitted further with the same-task rungs
+    as ``memory.fit`` would. Each comes back as one Suggestion (``change``: every change on top of ``inputs``'s
+    same-task suggestions; ``plan_after.host_bytes``: the host RAM it needs), to be read as the alternative to
+    changing the task. Empty where nothing was blocked."""
+    if host_budget is None or inputs.device != "cuda":
+        return []
+    budget = parse_bytes(budget_bytes)
+    x = _micro_rows(inputs)
+    for s in suggestions:  # the changes that keep the task, up to the first that does not
+        if "max_completion_length" in s.change:
+            break
+        x = dataclasses.replace(_micro_rows(x), **s.change)
+    if x.offload_activations:
+        return []
+    change = {"gradient_checkpointing": True, "offload_activations": True}
+    final, more, _ = fit_to_budget(shape, dataclasses.replace(x, **change), budget, None, LADDER_SAME_TASK)
+    plan = more[-1].plan_after if more else plan_memory(shape, final)
+    if plan.host_bytes <= host_budget:
+        return []
+    for step in more:
+        change.update(step.change)
+    if x.gradient_checkpointing:
+        del change["gradient_checkpointing"]
+    verdict = "fits" if plan.peak_bytes <= budget else "does not fit"
+    return [Suggestion(change=change, plan_after=plan, description=(
+        f"offload activation checkpoints to host RAM: {format_gib(plan.peak_bytes)} GiB on the device ({verdict} "
+        f"{format_gib(budget)} GiB) with {format_gib(plan.host_bytes)} GiB of host RAM; this machine gives the run "
+        f"{format_gib(host_budget)} GiB (memory.host_budget)"))]
