@@ -47,6 +47,7 @@ class FakeLLM:
         self.engine = TorchRolloutEngine(self.model)
         self.reloads: list[dict[str, torch.Tensor]] = []
         self.prefix_resets = 0
+        self.worker_calls: list[str] = []
         self.shutdowns = 0
         self.llm_engine = SimpleNamespace(engine_core=SimpleNamespace(shutdown=self._shutdown))
         FakeLLM.built.append(self)
@@ -54,7 +55,10 @@ class FakeLLM:
     def _shutdown(self):
         self.shutdowns += 1
 
-    def collective_rpc(self, method, kwargs):
+    def collective_rpc(self, method, kwargs=None):
+        if callable(method):  # run on the worker (the tied-head refresh): the stand-in shares weights as HF does
+            self.worker_calls.append(method.__name__)
+            return [None]
         assert method == "reload_weights"
         got = {name: t.detach().clone() for name, t in kwargs["weights_iterator"]}
         self.reloads.append(got)
@@ -290,6 +294,7 @@ def test_sync_once_per_step_with_the_live_tensors(fake_vllm, tiny_model_dir):
     for step in range(3):
         r = engine.generate(prompts, 3, _params(), g)
         assert len(llm.reloads) == step + 1 and llm.prefix_resets == step + 1  # one sync per changed step
+        assert llm.worker_calls == ["refresh_tied_head"] * (step + 1)
         sent = llm.reloads[-1]
         live = dict(model.named_parameters())
         assert set(sent) == set(live) and all(torch.equal(sent[k], live[k]) for k in sent)
@@ -328,6 +333,19 @@ def test_close_shuts_down_and_a_later_call_rebuilds(fake_vllm, tiny_model_dir):
     assert first.shutdowns == 1 and engine._llm is None
     engine.generate([[5, 6]], 2, _params())
     assert len(FakeLLM.built) == 2 and len(FakeLLM.built[-1].reloads) == 1  # rebuilt, then given the live weights
+
+
+def test_a_tied_head_is_repacked_after_each_reload():
+    """vLLM skips a tied head's processing on reload (its packed CPU copy went stale): it is redone; an untied
+    head is left to the reload."""
+    shared = torch.nn.Parameter(torch.zeros(4, 2))
+    done = []
+    head = SimpleNamespace(weight=shared, quant_method=SimpleNamespace(process_weights_after_loading=done.append))
+    model = SimpleNamespace(lm_head=head, model=SimpleNamespace(embed_tokens=SimpleNamespace(weight=shared)))
+    worker = SimpleNamespace(model_runner=SimpleNamespace(model=model))
+    assert ve.refresh_tied_head(worker) and done == [head]
+    model.model.embed_tokens = SimpleNamespace(weight=torch.nn.Parameter(torch.zeros(4, 2)))
+    assert not ve.refresh_tied_head(worker) and done == [head]
 
 
 def test_a_start_failure_names_the_way_out(fake_vllm, tiny_model_dir, monkeypatch):

@@ -5,7 +5,8 @@ Checks, on a tiny Qwen2 model whose head size vLLM's CPU attention takes (32):
 1. greedy completions equal the built-in engine's on the same weights;
 2. a perturbed weight (an in-place edit of the live policy) changes vLLM's greedy output to the built-in
    engine's on the perturbed weights, and restoring it restores the first output exactly;
-3. sampled tokens' log-probs (temperature 1) match the policy's own forward (fp32);
+3. sampled tokens' log-probs (temperature 1) match the policy's own forward (fp32), also after the tied
+   embedding / LM head changed (vLLM's packed CPU head must be refreshed);
 4. LoRA: after an adapter change (merged into the synced weights) greedy output equals the peft model's.
 Prints one JSON line with the figures (sync seconds, start-up, log-prob differences); exits non-zero on failure.
 """
@@ -101,6 +102,12 @@ def main(workdir: str) -> int:
     assert out["logprob_diff_max_fp32"] < 1e-3, out
     r2 = engine.generate(prompts * 4, 4, sampled, torch.Generator().manual_seed(3))
     out["same_seed_same_samples"] = bool(torch.equal(r.completion_ids, r2.completion_ids))
+    # The tied embedding / LM head: vLLM reloads the embedding only; its packed CPU head must follow.
+    with torch.no_grad():
+        model.model.embed_tokens.weight.add_(torch.randn_like(model.model.embed_tokens.weight))
+    r = engine.generate(prompts * 4, 4, sampled, g)
+    out["logprob_diff_max_tied_head_changed"] = float((r.sampler_logprobs - policy_logprobs(model, r)).abs()[r.completion_mask].max())
+    assert out["logprob_diff_max_tied_head_changed"] < 1e-3, out
     engine.close()
 
     from peft import LoraConfig, get_peft_model
