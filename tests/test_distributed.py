@@ -252,20 +252,22 @@ def kill_and_resume(tmp_path: Path, straight: Path, broken: Path, timeout: float
     assert code == 0, ref_log[-6000:]
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "ddp-lora", "fsdp-lora"])
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp-lora", "fsdp-lora", "fsdp-bf16"])
 def test_killed_run_resumes_to_the_same_weights(tmp_path, tiny_model_dir, prompts, strategy):
     """SIGKILL of torchrun and its ranks once a checkpoint exists; the same command resumes and ends where
     an uninterrupted run ends. Both use real sampling: each rank's generator is restored. FSDP2 shards
     full weights and AdamW state; DDP with LoRA saves only the trainable adapter; FSDP2 with LoRA shards
-    the frozen base and the adapter and saves the adapter's shards."""
+    the frozen base and the adapter and saves the adapter's shards; bf16 full fine-tuning under FSDP2 shards
+    the float32 master weights (memory.bf16_update) and restores them at full precision."""
     lora = {"enabled": strategy.endswith("lora"), "r": 4}
+    model = {"dtype": "bfloat16"} if strategy.endswith("bf16") else {}
 
     def config(name: str) -> Path:
         return write_config(tmp_path / f"{name}.yaml", tiny_model_dir, prompts, tmp_path / name,
                             ["my_rewards.py:vowel_share", "my_rewards.py:stalls_after_gate"],
                             distributed={"strategy": strategy.split("-")[0]}, loss={"beta": 0.04}, lora=lora,
                             run={"max_steps": 5, "save_steps": 1, "save_total_limit": 2},
-                            rollout={"temperature": 1.0})
+                            rollout={"temperature": 1.0}, model=model)
 
     kill_and_resume(tmp_path, config("straight"), config("broken"), timeout=150, wait=120)
 
