@@ -467,3 +467,18 @@ def test_an_engine_dying_mid_run_stops_it_with_the_last_checkpoint_intact(fake_v
     assert "vLLM engine failed while sampling" in err and "EngineCore died" in err
     assert seen and file_hashes(tmp_path / "run" / "checkpoints") == seen
     assert FakeLLM.built[-1].shutdowns == 1  # shut down on the way out
+
+
+def test_settings_follow_the_config(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(vllm_sized_model(tmp_path / "m"))
+    cfg = from_dict({"model": {"path": "m"}, "data": {"path": "p.jsonl", "max_prompt_length": 100},
+                     "rewards": {"functions": ["length"]}, "run": {"device": "cpu", "batch_size": 16, "seed": 9},
+                     "rollout": {"engine": "vllm", "max_completion_length": 28}})
+    s = ve.VllmSettings.from_config(cfg, "m", model)
+    assert (s.dtype, s.device, s.max_model_len, s.max_num_seqs, s.seed, s.sleep_mode) == ("float32", "cpu", 128, 16, 9, False)
+    assert s.kv_cache_bytes == ve.kv_cache_bytes(model.config, 16 * 128, 4)
+    cfg.rollout.vllm_dtype, cfg.rollout.vllm_kv_cache_gb, cfg.rollout.max_batch_rows = "bfloat16", 0.5, 4
+    s = ve.VllmSettings.from_config(cfg, "m", model)
+    assert (s.dtype, s.kv_cache_bytes, s.max_num_seqs) == ("bfloat16", 2**29, 4)
