@@ -34,7 +34,8 @@ class MemoryConfig:
     """``adamw_8bit``: 8-bit AdamW, about 2 B of state per trained parameter instead of 2 moments: torchao's
     (``pip install 'slimgrpo[ao]'``) on CPU, under FSDP2 (its parameters are DTensors, which bitsandbytes'
     does not take) and for bfloat16 full fine-tuning (its stochastic rounding, ``bf16_update``);
-    bitsandbytes' (``slimgrpo[gpu]``) on one GPU otherwise (LoRA, float32 weights)."""
+    bitsandbytes' (``slimgrpo[gpu]``) on one GPU otherwise (LoRA, float32 weights). Not with FSDP2 and bfloat16
+    full fine-tuning: no 8-bit AdamW steps bfloat16 DTensors there (refused; docs/benchmarks.md#bf16-full-fine-tuning)."""
     bf16_update: Literal["auto", "fp32_master", "stochastic_round", "plain"] = "auto"
     """How the optimizer moves weights trained in bfloat16 (full fine-tuning with ``model.dtype=bfloat16``,
     or ``auto`` on a GPU; LoRA adapters train in float32 and need nothing). A plain bfloat16 step rounds
