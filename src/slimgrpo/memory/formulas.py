@@ -80,6 +80,11 @@ OFFLOAD_MIN_BYTES = 1 << 20
 # and a compute-dtype copy for the weight matmul, plus an fp32 clone when entropy is logged:
 # at most 3 fp32-sized copies (loss/chunked_head.py).
 LOSS_CHUNK_COPIES = 3
+# With a 16-bit compute dtype the chunk also lives in bf16 (the head's output and the gradient cast back for the
+# weight matmul) beside the fp32 copies: traced about 4 fp32-sized blocks at the head's backward (issue 43's matrix,
+# tests/test_plan_matrix.py: CUDA, bf16, vocabulary 32,000 over hidden 64, LoRA and full: trace / plan 1.29-1.35
+# with 3 copies). At full size a block is at most 64 MiB (config.auto_token_chunk): ~0.1 GiB optimistic before.
+LOSS_CHUNK_COPIES_HALF = 4
 # Full-logits path (TRL-like): logits and their gradient in the compute dtype.
 FULL_LOGITS_COPIES = 2
 # Per-token fp32 tensors of the GRPO objective (log-probs, ratio, clipped terms, KL, masks...).

@@ -33,6 +33,7 @@ from .formulas import (ADAMW_8BIT_BYTES_PER_PARAM, ADAMW_STATES, BACKWARD_WORKSP
                        CHECKPOINT_RECOMPUTE_LAYERS, CPU_ADAMW_STEP_TEMPORARIES, CPU_FRAMEWORK_OVERHEAD_BYTES,
                        CUDA_FRAMEWORK_OVERHEAD_BYTES, MASTER_WEIGHT_BYTES, CUDA_TRACE_MARGIN, FULL_LOGITS_COPIES, GEN_LOGITS_COPIES,
                        GRAD_ACCUMULATION_TEMPORARIES, GiB, KiB, LORA_ADAPTER_BYTES, LOSS_CHUNK_COPIES,
+                       LOSS_CHUNK_COPIES_HALF,
                        LOSS_PER_TOKEN_TENSORS, NORM_BACKWARD_FP32_TENSORS, NORM_BACKWARD_RESIDUAL_GRADS, MiB,
                        NF4_BYTES_PER_PARAM, OFFLOAD_RESIDENT_LAYERS, offloaded_bytes,
                        PREFILL_CHUNK_TOKENS, QLORA_COMPUTE_BYTES, TILED_MLP_AUTO_TOKENS, TILED_MLP_BACKWARD_BUFFERS,
@@ -338,10 +339,11 @@ def _loss_component(shape: ModelShape, x: PlanInputs) -> Component:
     vc = min(x.vocab_chunk or V, V)
     # A trained head (full fine-tuning) accumulates its gradient over the chunks in fp32.
     head_grad = 0 if x.lora else V * H * 4
-    b = logits_bytes(chunk, vc, 1, 4, LOSS_CHUNK_COPIES) + m * T * H * 4 + head_grad + per_token
+    copies = LOSS_CHUNK_COPIES if B == 4 else LOSS_CHUNK_COPIES_HALF
+    b = math.ceil(logits_bytes(chunk, vc, 1, 4, copies)) + m * T * H * 4 + head_grad + per_token
     head = " + V·H·4 (fp32 head-grad accumulator)" if head_grad else ""
     return Component("loss working set", b, "update",
-                     f"chunked: {LOSS_CHUNK_COPIES}·{_n(chunk)} tokens·{_n(vc)} vocab·4 B + m·T·H·4 (hidden grad)"
+                     f"chunked: {copies:g}·{_n(chunk)} tokens·{_n(vc)} vocab·4 B + m·T·H·4 (hidden grad)"
                      f"{head} + {LOSS_PER_TOKEN_TENSORS}·m·T·4")
 
 
