@@ -85,7 +85,7 @@ KNOWN_OFF = {
     "cpu-lora-ckpt-untiled-unpadded-keep-smallV": f"update 0.89: {_SAFE_SUM}",
     "cuda-full-nockpt-untiled-shared-keep-smallV": f"generation 0.85, update 0.89: {_PREFILL}; {_SAFE_SUM}",
     "cuda-full-nockpt-tiled-shared-keep-smallV": f"generation 0.85, update 0.87: {_PREFILL}; {_SAFE_SUM}",
-    "cuda-full-ckpt-tiled-unpadded-keep-smallV": f"update 1.21: {_CKPT_TILED_CUDA}",
+    "cuda-full-ckpt-tiled-unpadded-keep-smallV": f"update 1.17: {_CKPT_TILED_CUDA}",
     "cuda-full-ckpt-tiled-unpadded-offload-smallV": f"update 1.16: {_CKPT_TILED_CUDA}",
     "cuda-lora-nockpt-untiled-unpadded-keep-smallV": "generation 1.12: the LoRA decode's KV / sampling buffers "
                                                      "outweigh the plan's on a 2-layer, 320-token model (optimistic)",
