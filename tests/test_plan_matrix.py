@@ -94,7 +94,7 @@ KNOWN_OFF = {
     "cuda-lora-ckpt-untiled-unpadded-offload-smallV": "generation 1.12: as the nockpt row",
     "cuda-lora-nockpt-untiled-shared-keep-smallV": f"generation 0.78, update 0.87: {_PREFILL}; {_SAFE_SUM}",
     "cuda-lora-nockpt-tiled-shared-keep-smallV": f"generation 0.71, update 0.83: {_PREFILL}; {_SAFE_SUM}",
-    "cuda-lora-ckpt-tiled-unpadded-keep-smallV": f"generation 1.12, update 1.45: {_CKPT_TILED_CUDA}",
+    "cuda-lora-ckpt-tiled-unpadded-keep-smallV": f"generation 1.12, update 1.28: {_CKPT_TILED_CUDA}",
     "cuda-lora-ckpt-tiled-unpadded-offload-smallV": f"generation 1.12, update 1.37: {_CKPT_TILED_CUDA}",
     "cuda-lora-nockpt-untiled-shared-keep-bigV": "generation 0.90: the prefill working set of the 448-token prompt",
     "cuda-lora-nockpt-tiled-shared-keep-bigV": "generation 0.90: the prefill working set of the 448-token prompt",
