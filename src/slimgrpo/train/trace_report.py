@@ -13,7 +13,7 @@ from slimgrpo.train.trace import CUDA_TRACE_MARGIN, TraceResult
 CATEGORIES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("weights + adapters", ("weights", "LoRA adapters"), ("weights", "LoRA adapters")),
     ("reference copy", ("reference policy",), ("reference policy",)),
-    ("optimizer state", ("optimizer state",), ("optimizer state",)),
+    ("optimizer state", ("optimizer state", "fp32 master weights"), ("optimizer state",)),  # the master is state
     ("rollout / log-prob buffers", ("rollout buffers", "log-prob buffers"), ("buffers",)),
     ("KV cache, prefill, sampling", ("KV cache", "generation logits", "prefill working set", "decode weights"),
      ("generation",)),
