@@ -247,7 +247,7 @@ class TorchRolloutEngine:
                 seen.scatter_(1, tokens[:, None], True)
             last = t == max_new - 1
             n_done = 0
-            if eos.numel():
+            if eos.numel() and t >= params.min_new_tokens:  # before min_new_tokens EOS was never drawn: no wait
                 hit = torch.isin(tokens, eos) & ~done  # [b] rows that end at this token
                 # Recorded for every slot on the device (the others keep their values): no host round trip.
                 lengths.index_copy_(0, alive, torch.where(hit, t + 1, lengths.index_select(0, alive)))
