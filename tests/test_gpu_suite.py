@@ -86,7 +86,9 @@ def test_dry_run_reports_every_section_with_a_status(tmp_path):
     assert by_wheel["notes.whl"] == "skipped: not a wheel file name"
     assert by_wheel[f"multiprocess-0.70.19-{NEXT_PY}-none-any.whl"].startswith(f"skipped: built for {NEXT_PY}-none-any")
     assert by_wheel["broken_pkg-1.0-py3-none-any.whl"].startswith("failed: pip exit"), by_wheel
-    if importlib.util.find_spec("pip"):
+    # pip's presence from its metadata: find_spec("pip") in this process would switch off setuptools' distutils
+    # shim, and a later torch.compile (torchao's 8-bit AdamW in test_memory_tricks.py) then fails to build.
+    if _has_distribution("pip"):
         assert by_wheel["suite_probe_pkg-0.1-py3-none-any.whl"] == "installed"
         assert (tmp_path / "work" / "site" / "suite_probe_pkg" / "__init__.py").is_file()
     probe = s["setup"]["probe"]
@@ -263,3 +265,13 @@ def test_pinned_host_bytes_add_the_pool_pinned_in_place(monkeypatch):
     stats = _gpu_parts.host_stats()
     assert stats["pinned_cached_peak_mib"] == 2 and stats["pinned_registered_peak_mib"] == 3
     assert stats["pinned_peak_mib"] == 5
+
+
+def _has_distribution(name: str) -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.distribution(name)
+        return True
+    except metadata.PackageNotFoundError:
+        return False

@@ -257,7 +257,7 @@ def test_chunked_loss_versus_full_logits():
     full = plan_memory(QWEN_05B, dataclasses.replace(x, chunked_loss=False)).bytes_of("loss working set")
     chunked = plan_memory(QWEN_05B, x).bytes_of("loss working set")
     assert full >= logits_bytes(4, 2048, QWEN_05B.vocab, 2, 2)
-    assert chunked < full / 4
+    assert chunked < full / 3  # four fp32 [token_chunk, vocab_chunk] blocks + the hidden gradient (traced)
     # Full fine-tuning adds the chunked head's fp32 gradient accumulator for the [V, H] head.
     full_ft = plan_memory(QWEN_05B, dataclasses.replace(x, lora=False)).bytes_of("loss working set")
     assert full_ft - chunked == QWEN_05B.vocab * QWEN_05B.hidden * 4
@@ -315,9 +315,10 @@ def test_explains_unsloth_and_trl_rows():
     # Unsloth's 9.8 GB is the same full-logits formula for one row at a time (78.3 / 8).
     one_row = plan_memory(LLAMA_8B, dataclasses.replace(trl_like, micro_batch_rows=1))
     assert round((one_row.bytes_of("loss working set") - per_token / 8) / GiB, 1) == 9.8
-    # slimgrpo's chunked head is smaller still.
+    # slimgrpo's chunked head is smaller still (a quarter of it: four fp32 blocks of a bf16 head, as traced, and
+    # the row's fp32 hidden gradient).
     chunked = plan_memory(LLAMA_8B, dataclasses.replace(trl_like, micro_batch_rows=1, chunked_loss=True))
-    assert chunked.bytes_of("loss working set") < 2 * GiB
+    assert chunked.bytes_of("loss working set") < 9.8 * GiB / 4
     # "Inference cost 16 GB": a second bf16 copy of the weights (8.03e9 · 2 B), which we never make.
     assert round(plan.bytes_of("weights") / 1e9) == 16
     # "KV cache 2.5 GB" matches one 20K-token sequence; 8 rows of 20K hold 8 times that.
