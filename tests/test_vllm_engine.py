@@ -269,13 +269,10 @@ def _engine(model_dir, model):
 
 
 def _policy_logprobs(model, rollout):
-    """The policy's own log-probs of the sampled tokens (temperature 1), [rows, T]."""
-    ids, mask = rollout.row_prompt_ids()
-    full = torch.cat([ids, rollout.completion_ids], 1)
-    am = torch.cat([mask, rollout.completion_mask], 1).long()
-    with torch.no_grad():
-        logits = model(input_ids=full, attention_mask=am).logits[:, ids.shape[1] - 1:-1]
-    return torch.log_softmax(logits.float(), -1).gather(-1, rollout.completion_ids[..., None])[..., 0]
+    """The policy's own log-probs of the sampled tokens (temperature 1), [rows, T]: the real check's."""
+    from vllm_real_check import policy_logprobs
+
+    return policy_logprobs(model, rollout)
 
 
 def test_sync_once_per_step_with_the_live_tensors(fake_vllm, tiny_model_dir):

@@ -70,14 +70,10 @@ class StaticCacheStepper(LlamaStepper):
         if graphs is True:
             graphs = cuda_graph_cache(device)
         store = graphs if isinstance(graphs, GraphCache) else GraphCache(exact=True)
-        # Not LlamaStepper.__init__: the buffers come from ``store``; only its _rope / _mlp are shared.
-        self.parts, self.layers, self.store = parts, list(parts.decoder.layers), store
+        # Not LlamaStepper.__init__: the buffers come from ``store``; its layer reading, _rope and _mlp are shared.
+        self._read_layers(parts, prompt_mask)
+        self.store = store
         n, P = prompt_mask.shape
-        self.P, self.t = P, 0
-        first = self.layers[0].self_attn
-        self.head_dim = first.head_dim
-        self.scaling = getattr(first, "scaling", self.head_dim**-0.5)
-        self.has_qk_norm = hasattr(first, "q_norm") and hasattr(first, "k_norm")
         config = parts.config.get_text_config() if hasattr(parts.config, "get_text_config") else parts.config
         self.hidden = config.hidden_size
         self.captures = 0  # graphs this stepper recorded (for tests and metrics)

@@ -48,15 +48,18 @@ class LlamaStepper:
         # directly would skip them.
         return not any("FSDP" in type(m).__name__ or hasattr(m, "_fsdp_state") for m in decoder.modules())
 
-    def __init__(self, parts: CausalLMParts, cache, prompt_mask: torch.Tensor, max_new: int) -> None:
-        decoder = parts.decoder
-        self.parts, self.layers = parts, list(decoder.layers)
-        n, P = prompt_mask.shape
-        self.P, self.t = P, 0
+    def _read_layers(self, parts: CausalLMParts, prompt_mask: torch.Tensor) -> None:
+        """The decoder's layers and attention shape, and the prompt width (shared with the static-cache stepper)."""
+        self.parts, self.layers = parts, list(parts.decoder.layers)
+        self.P, self.t = prompt_mask.shape[1], 0
         first = self.layers[0].self_attn
         self.head_dim = first.head_dim
         self.scaling = getattr(first, "scaling", self.head_dim**-0.5)
         self.has_qk_norm = hasattr(first, "q_norm") and hasattr(first, "k_norm")
+
+    def __init__(self, parts: CausalLMParts, cache, prompt_mask: torch.Tensor, max_new: int) -> None:
+        self._read_layers(parts, prompt_mask)
+        n, P = prompt_mask.shape
         # The stacked packed weights of this generate call (CausalLMParts.fused), looked up once, not per step.
         self.qkv_stacked = [parts.fused.get((l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj))
                             for l in self.layers]
@@ -73,7 +76,7 @@ class LlamaStepper:
         # Rotary tables for every position a row can reach; sin carries the sign of rotate_half.
         positions = torch.arange(P + max_new, device=prompt_mask.device)[None]  # [1, P + max_new]
         probe = torch.zeros(1, 1, 1, dtype=dtype, device=prompt_mask.device)
-        cos, sin = decoder.rotary_emb(probe, positions)  # [1, P + max_new, head_dim] each
+        cos, sin = parts.decoder.rotary_emb(probe, positions)  # [1, P + max_new, head_dim] each
         half = self.head_dim // 2
         self.cos = cos[0]
         self.sin_signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
