@@ -11,7 +11,7 @@ rounded to bfloat16 and, after every optimizer step, hold bfloat16 values:
 - ``plain``: torch's AdamW, then every trained weight and both moments rounded to nearest bfloat16: what
   AdamW does on bfloat16 weights (torch's fused kernel computes in float32 and stores bfloat16).
 - ``fp32_master``: AdamW steps a float32 master copy of each weight; the weight the forward sees is the master
-  rounded to nearest bfloat16, as ``memory.bf16_update=fp32_master`` (train/optim.py MasterWeightAdamW).
+  rounded to nearest bfloat16, as ``memory.bf16_update=fp32_master`` (update/optim.py MasterWeightAdamW).
 
 Activations, gradients and sampling stay float32; a real bfloat16 run on a GPU also rounds those.
 """
@@ -64,7 +64,7 @@ class MasterBf16AdamW(torch.optim.AdamW):
 def main() -> int:
     mode, argv = sys.argv[1], sys.argv[2:]
     import slimgrpo.train.trainer as trainer_module
-    from slimgrpo.cli import main as cli_main
+    from slimgrpo.commands.cli import main as cli_main
 
     real = trainer_module.build_optimizer
 

@@ -94,8 +94,8 @@ def run_plan(cfg_path: Path, overrides: list[str], device: str) -> dict[str, Any
     """The plan ``slimgrpo plan CONFIG --device DEVICE`` prints, as numbers (the same functions: config ->
     plan inputs -> plan_memory); memory.budget=auto changes nothing for a model this small."""
     from slimgrpo.config import load_config
-    from slimgrpo.memory.check import plan_inputs, shape_of
-    from slimgrpo.memory.planner import plan_memory
+    from slimgrpo.plan.check import plan_inputs, shape_of
+    from slimgrpo.plan.planner import plan_memory
 
     cfg = load_config(str(cfg_path), list(overrides), validate=False)
     shape = shape_of(cfg)
@@ -132,7 +132,7 @@ def _process_peaks(dev) -> dict[str, Any]:
 def _train_row(ctx: dict, max_steps: int, fresh: bool) -> dict[str, Any]:
     """``slimgrpo train CONFIG run.max_steps=N`` in this process (cli.main, as the command line runs it),
     then what the run wrote and this process's CUDA and pinned-host peaks against the plan."""
-    from slimgrpo.cli import main
+    from slimgrpo.commands.cli import main
 
     cfg_path, overrides = train_files(ctx)
     run = cfg_path.parent / "run"
@@ -267,7 +267,7 @@ def task_qlora_8b(ctx: dict) -> dict:
         import bitsandbytes  # noqa: F401
     except Exception as e:
         return {"rows": [], "status": f"not installed (bitsandbytes: {type(e).__name__}: {e})"[:300]}
-    from slimgrpo.train.synthetic import random_causal_lm
+    from slimgrpo.trace.synthetic import random_causal_lm
 
     folder = ctx["work"] / "qwen3_8b_random"
 

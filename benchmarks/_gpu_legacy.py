@@ -72,7 +72,7 @@ QWEN3_8B = {"family": "qwen3", "hidden": 4096, "intermediate": 12288, "layers": 
 
 
 def shape_of(name: str, spec: dict | None):
-    from slimgrpo.memory.shapes import ModelShape, load_shape
+    from slimgrpo.plan.shapes import ModelShape, load_shape
 
     return ModelShape(**spec) if spec else load_shape(name)
 
@@ -124,7 +124,7 @@ def sec_quantized(ctx: dict) -> dict:
     import torch
 
     from _gpu_parts import quantized_step
-    from slimgrpo.train.synthetic import random_causal_lm
+    from slimgrpo.trace.synthetic import random_causal_lm
 
     s = ctx["cfg"]["quant"]
     shape = shape_of(s["shape"], ctx["cfg"]["shapes"].get(s["shape"]))
@@ -159,7 +159,7 @@ def sec_long_context(ctx: dict) -> dict:
     import torch
 
     from _gpu_parts import long_context_step
-    from slimgrpo.train.synthetic import random_causal_lm
+    from slimgrpo.trace.synthetic import random_causal_lm
 
     s = ctx["cfg"]["long_ctx"]
     spec = QWEN3_8B if s["shape"] == "qwen3-8b" else ctx["cfg"].get("long_shape")

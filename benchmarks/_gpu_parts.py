@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from slimgrpo.memory.shapes import ModelShape
+from slimgrpo.plan.shapes import ModelShape
 
 MIB = 2**20
 
@@ -48,7 +48,7 @@ def reset_host_peak() -> None:
 def host_stats() -> dict[str, Any]:
     """Pinned host memory in MiB: ``torch.cuda.host_memory_stats()`` (the caching host allocator that
     ``pin_memory=True`` draws from; blocks rounded up to powers of two) plus what slimgrpo pinned in place
-    (``train/update/pinned.py``: the offloaded activations' exact-size pool), as the run's
+    (``memory/pinned.py``: the offloaded activations' exact-size pool), as the run's
     ``memory/pinned_host_peak_mib`` adds them; {} off CUDA or where this torch has no such counter."""
     if not torch.cuda.is_available() or not hasattr(torch.cuda, "host_memory_stats"):
         return {}
@@ -65,7 +65,7 @@ def host_stats() -> dict[str, Any]:
 
     cached = mib("allocated_bytes.peak", "reserved_bytes.peak")
     try:  # the offload's exact-size pool pins in place (cudaHostRegister): not in host_memory_stats
-        from slimgrpo.train.update.pinned import registered_bytes
+        from slimgrpo.memory.pinned import registered_bytes
 
         registered = registered_bytes()[1] / MIB
     except Exception:
@@ -86,7 +86,7 @@ def sync(device: torch.device) -> None:
 
 
 def run_config(overrides: dict[str, Any]):
-    from slimgrpo.train.synthetic import update_config
+    from slimgrpo.trace.synthetic import update_config
 
     return update_config(overrides)
 
@@ -115,8 +115,8 @@ def update_plan_mib(plan) -> float:
 
 
 def plan_for(shape: ModelShape, overrides: dict[str, Any], device: str):
-    from slimgrpo.memory.check import plan_inputs
-    from slimgrpo.memory.planner import plan_memory
+    from slimgrpo.plan.check import plan_inputs
+    from slimgrpo.plan.planner import plan_memory
 
     cfg = run_config(overrides)
     return plan_memory(shape, plan_inputs(cfg, device, vocab=shape.vocab))
@@ -125,7 +125,7 @@ def plan_for(shape: ModelShape, overrides: dict[str, Any], device: str):
 def _update_runner(shape: ModelShape, overrides: dict[str, Any], device: torch.device, seed: int):
     """``(cfg, plan, model, UpdateOnly runner)`` for a random-init model of ``shape`` on ``device``, memory
     counters reset first so the peak that follows is this run's."""
-    from slimgrpo.train.synthetic import UpdateOnly, random_causal_lm
+    from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm
 
     cfg = run_config(overrides)
     plan = plan_for(shape, overrides, device.type)
@@ -143,7 +143,7 @@ def full_steps(shape: ModelShape, overrides: dict[str, Any], device: torch.devic
     over all steps (weights included) against the plan; s/step = the last step (the first warms up)."""
     from slimgrpo.rollout.engine import TorchRolloutEngine
     from slimgrpo.rollout.sampling import SamplingParams
-    from slimgrpo.train.synthetic import synthetic_advantages
+    from slimgrpo.trace.synthetic import synthetic_advantages
 
     cfg, plan, model, runner = _update_runner(shape, overrides, device, seed)
     engine = TorchRolloutEngine(runner.model, max_batch_rows=cfg.rollout.max_batch_rows)
@@ -174,7 +174,7 @@ def full_steps(shape: ModelShape, overrides: dict[str, Any], device: torch.devic
 def update_only(shape: ModelShape, overrides: dict[str, Any], device: torch.device, rows: int, P: int, L: int,
                 steps: int = 1, seed: int = 0) -> dict[str, Any]:
     """The update alone on synthetic completions (no decoding): peak and s/update against the plan."""
-    from slimgrpo.train.synthetic import synthetic_rollout
+    from slimgrpo.trace.synthetic import synthetic_rollout
 
     cfg, plan, model, runner = _update_runner(shape, overrides, device, seed)
     G = cfg.rollout.num_generations
@@ -246,7 +246,7 @@ def rollout_vs_hf(shape: ModelShape, device: torch.device, dtype: torch.dtype, r
     ``new_tokens`` tokens each (EOS forbidden before), temperature 1; runs alternate, median reported."""
     from slimgrpo.rollout.engine import TorchRolloutEngine
     from slimgrpo.rollout.sampling import SamplingParams
-    from slimgrpo.train.synthetic import random_causal_lm
+    from slimgrpo.trace.synthetic import random_causal_lm
 
     fresh_memory(device)
     model = random_causal_lm(shape, dtype, device).eval()
@@ -307,7 +307,7 @@ def quantized_step(shape: ModelShape, device: torch.device, which: str, rows: in
     from ``folder``) or with bitsandbytes 8-bit AdamW (full fine-tuning)."""
     from slimgrpo.config import ModelConfig
     from slimgrpo.modeling import load_model
-    from slimgrpo.train.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout
+    from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout
 
     G = 2
     if which == "qlora":
@@ -348,7 +348,7 @@ def long_context_step(shape: ModelShape, device: torch.device, P: int, L: int, f
     from slimgrpo.config import ModelConfig
     from slimgrpo.memory.tiled_mlp import tile_mlps
     from slimgrpo.modeling import load_model
-    from slimgrpo.train.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout
+    from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout
 
     G = 2
     dtype = "bfloat16" if device.type == "cuda" else "float32"

@@ -129,7 +129,7 @@ def _train(rows):
                     ", ".join(r.get("checkpoints") or []) or "-"] for r in rows]) + [
         "", "Peaks of the training process (`torch.cuda.max_memory_allocated` / `max_memory_reserved`; pinned: "
             "`torch.cuda.host_memory_stats()` `allocated_bytes.peak` plus the bytes slimgrpo pinned in place, "
-            "`train/update/pinned.py`) against "
+            "`memory/pinned.py`) against "
             "the plan of the same config (`slimgrpo plan` numbers: tensors; tensors + CUDA context; host line); "
             "`memory/peak_mib`: the run's own metric (CUDA peak allocated; peak RSS on a CPU). "
             "A clipped ratio under 1 means some completions stopped at EOS."]

@@ -54,7 +54,7 @@ def config_dict(spec: dict) -> dict:
 def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
     from slimgrpo.config import from_dict, validate_config
-    from slimgrpo.train import checkpointing
+    from slimgrpo.checkpoint import manager as checkpointing
     from slimgrpo.train.runner import run_training
 
     cfg = from_dict(config_dict(spec), base_dir=str(Path.cwd()))

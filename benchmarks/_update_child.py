@@ -26,7 +26,7 @@ from common import emit  # noqa: E402
 def main(argv: list[str]) -> int:
     from slimgrpo.config import load_config
     from slimgrpo.train.trainer import Trainer
-    from slimgrpo.types import Rollout
+    from slimgrpo.containers import Rollout
 
     cfg = load_config(Path(argv[0]), argv[1:])
     trainer = Trainer(cfg)

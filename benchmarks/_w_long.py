@@ -28,8 +28,8 @@ def plan_mib(s, L: int) -> float | None:
     """slimgrpo's plan (peak, MiB) for the W-long run at completion length ``L``."""
     try:
         from slimgrpo.config import auto_token_chunk
-        from slimgrpo.memory.planner import PlanInputs, plan_memory
-        from slimgrpo.memory.shapes import ModelShape
+        from slimgrpo.plan.planner import PlanInputs, plan_memory
+        from slimgrpo.plan.shapes import ModelShape
     except ImportError:
         return None
     sh = s.shape

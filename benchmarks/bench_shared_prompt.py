@@ -49,8 +49,8 @@ def _child(a: argparse.Namespace) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from slimgrpo.loss.objectives import LossSettings, Normaliser
-    from slimgrpo.train.update import UpdateBatch, UpdateSettings
-    from slimgrpo.train.update.gradients import accumulate_gradients
+    from slimgrpo.update import UpdateBatch, UpdateSettings
+    from slimgrpo.update.gradients import accumulate_gradients
 
     if a.threads:
         torch.set_num_threads(a.threads)

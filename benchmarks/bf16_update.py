@@ -72,7 +72,7 @@ def _optimizer(rule: str | None, params: list[torch.nn.Parameter], lr: float, de
     if rule in (None, "plain"):
         return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
     from slimgrpo.config import Config
-    from slimgrpo.train.optim import build_optimizer
+    from slimgrpo.update.optim import build_optimizer
 
     cfg = Config()
     cfg.optim.learning_rate, cfg.optim.adam_beta1, cfg.optim.adam_beta2 = lr, 0.9, 0.99

@@ -107,8 +107,8 @@ def base_config(model_dir: Path, prompts: Path, out_dir: Path, steps: int) -> di
 def predict(cfg_path: Path, overrides: list[str], mode: str = "train") -> int:
     """The plan's peak; for update-only runs (no decoding) always + update."""
     from slimgrpo.config import load_config
-    from slimgrpo.memory.check import plan_inputs, shape_of
-    from slimgrpo.memory.planner import plan_memory
+    from slimgrpo.plan.check import plan_inputs, shape_of
+    from slimgrpo.plan.planner import plan_memory
 
     cfg = load_config(cfg_path, overrides)
     shape = shape_of(cfg)

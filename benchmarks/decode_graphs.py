@@ -35,11 +35,11 @@ from pathlib import Path
 import slimgrpo  # noqa: F401  (before torch, as the slimgrpo command: sets the OpenMP wait policy)
 import torch
 
-from slimgrpo.memory.shapes import ModelShape
+from slimgrpo.plan.shapes import ModelShape
 from slimgrpo.rollout import SamplingParams, TorchRolloutEngine
 from slimgrpo.rollout.cuda_graph import cuda_graph_cache
 from slimgrpo.rollout.graph_cache import GraphCache
-from slimgrpo.train.synthetic import random_causal_lm
+from slimgrpo.trace.synthetic import random_causal_lm
 
 PAD, EOS_FALLBACK = 0, 1
 

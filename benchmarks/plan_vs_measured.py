@@ -107,16 +107,16 @@ ROWS: dict[str, Row] = {
 def plan_of(config: Path, trace: bool) -> tuple[float, float | None, str]:
     """(plan peak MiB, trace device peak MiB or None, the plan's tricks) of a run's own config.yaml."""
     from slimgrpo.config import load_config
-    from slimgrpo.memory.check import plan_inputs, shape_of
-    from slimgrpo.memory.planner import plan_memory
-    from slimgrpo.memory.tricks import assumed_tricks
+    from slimgrpo.plan.check import plan_inputs, shape_of
+    from slimgrpo.plan.planner import plan_memory
+    from slimgrpo.plan.tricks import assumed_tricks
 
     cfg = load_config(str(config), [], validate=False)
     shape = shape_of(cfg)
     plan = plan_memory(shape, plan_inputs(cfg, "cpu", vocab=shape.vocab))
     traced = None
     if trace:
-        from slimgrpo.train.trace import trace_step
+        from slimgrpo.trace.step import trace_step
 
         traced = trace_step(cfg, shape, "cpu").device_peak_bytes / common.MIB
     tricks = "; ".join(t.split(" (")[0] for t in assumed_tricks(plan) if t.startswith(("tiled", "gradient", "update")))

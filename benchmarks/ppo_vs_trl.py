@@ -122,8 +122,8 @@ def slimgrpo_child(spec: dict) -> None:
 
 def plan_gib(spec: dict) -> float:
     """slimgrpo's plan of the run (the one ``slimgrpo train`` prints before it starts)."""
-    from slimgrpo.memory.check import plan_inputs, shape_of
-    from slimgrpo.memory.planner import plan_memory
+    from slimgrpo.plan.check import plan_inputs, shape_of
+    from slimgrpo.plan.planner import plan_memory
 
     cfg = slimgrpo_config(spec)
     shape = shape_of(cfg)

@@ -38,8 +38,8 @@ def _timed_forward(model, ids, device) -> tuple[float, int, torch.Tensor]:
 
 def reference_placements(shape, device, rows: int, tokens: int) -> dict:
     from slimgrpo.modeling import reference_copy
-    from slimgrpo.train.synthetic import random_causal_lm
-    from slimgrpo.train.update.reference import StreamedReference
+    from slimgrpo.trace.synthetic import random_causal_lm
+    from slimgrpo.update.reference import StreamedReference
 
     policy = random_causal_lm(shape, torch.bfloat16 if device.type == "cuda" else torch.float32, device)
     ids = torch.randint(1, shape.vocab, (rows, tokens), device=device)
@@ -58,9 +58,9 @@ def reference_placements(shape, device, rows: int, tokens: int) -> dict:
 
 
 def offload_pool(shape, device, rows: int, tokens: int) -> dict:
-    from slimgrpo.memory.planner import PlanInputs, plan_memory
-    from slimgrpo.train.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout, update_config
-    from slimgrpo.train.update.pinned import activation_pool
+    from slimgrpo.plan.planner import PlanInputs, plan_memory
+    from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout, update_config
+    from slimgrpo.memory.pinned import activation_pool
 
     prompt, completion = tokens // 4, tokens - tokens // 4
     cfg = update_config({"memory": {"gradient_checkpointing": True, "offload_activations": True,
@@ -92,8 +92,8 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: this check needs a GPU (or --device cpu for a smoke test)")
         return 2
-    from slimgrpo.memory.planner import PlanInputs, plan_memory
-    from slimgrpo.memory.shapes import load_shape
+    from slimgrpo.plan.planner import PlanInputs, plan_memory
+    from slimgrpo.plan.shapes import load_shape
 
     shape = load_shape(args.shape)
     result = {"shape": args.shape, "rows": args.rows, "tokens": args.tokens,

@@ -38,7 +38,7 @@ QLORA = ["lora.enabled=true", "model.load_in_4bit=true", "memory.gradient_checkp
 def qwen3_8b():
     """Qwen3-8B's shape from its public config.json (not a bundled preset): 36 layers, hidden 4,096, MLP
     12,288, 32 / 8 heads of 128, vocabulary 151,936, untied head; 131,072 positions with YaRN."""
-    from slimgrpo.memory.shapes import ModelShape
+    from slimgrpo.plan.shapes import ModelShape
 
     return ModelShape("qwen3", hidden=4096, intermediate=12288, layers=36, heads=32, kv_heads=8, vocab=151_936,
                       tie=False, max_positions=131_072, head_dim=128)
@@ -54,10 +54,10 @@ def config(overrides: list[str]):
 
 
 def plan_and_trace(model: str, overrides: list[str], trace: bool = True):
-    from slimgrpo.memory.check import plan_inputs
-    from slimgrpo.memory.planner import plan_memory
-    from slimgrpo.memory.shapes import load_shape
-    from slimgrpo.train.trace import trace_step
+    from slimgrpo.plan.check import plan_inputs
+    from slimgrpo.plan.planner import plan_memory
+    from slimgrpo.plan.shapes import load_shape
+    from slimgrpo.trace.step import trace_step
 
     shape = qwen3_8b() if model == "qwen3-8b" else load_shape(model)
     cfg = config(overrides)
@@ -105,11 +105,11 @@ def smallest(model: str, kind: str = "completion-heavy") -> str:
     """The smallest budget that trains ``model`` QLoRA (QLORA's settings) at its whole window, searched by plan
     with memory.fit's changes and the CUDA allocator margin (``memory.longest.smallest_budget``), then
     confirmed by one trace with those changes."""
-    from slimgrpo.memory.advice import parse_bytes
-    from slimgrpo.memory.check import overrides_for, plan_inputs
-    from slimgrpo.memory.longest import smallest_budget
-    from slimgrpo.memory.shapes import load_shape
-    from slimgrpo.train.trace import CUDA_TRACE_MARGIN, trace_step
+    from slimgrpo.plan.advice import parse_bytes
+    from slimgrpo.plan.check import overrides_for, plan_inputs
+    from slimgrpo.plan.longest import smallest_budget
+    from slimgrpo.plan.shapes import load_shape
+    from slimgrpo.trace.step import CUDA_TRACE_MARGIN, trace_step
 
     shape = qwen3_8b() if model == "qwen3-8b" else load_shape(model)
     base = QLORA + ["rollout.max_completion_length=1024", f"memory.host_budget={HOST_BUDGET}"]
@@ -140,8 +140,8 @@ def fit_unsloth() -> str:
     """Unsloth's setting with ``memory.budget=27GiB memory.fit=trace`` and no other knob, checked as the trainer
     checks a run before it loads weights (``check_before_training``): the planner's fit, traced, and fitted
     again below the budget while the trace is over (its rounds, then the fitted plan, print as they go)."""
-    from slimgrpo.memory.check import check_before_training
-    from slimgrpo.train.trace import trace_step
+    from slimgrpo.plan.check import check_before_training
+    from slimgrpo.trace.step import trace_step
 
     t0 = time.perf_counter()
     cfg = config(UNSLOTH + ["model.path=llama-3.1-8b", f"memory.budget={FIT_BUDGET}", "memory.fit=trace"])

@@ -5,7 +5,7 @@
 
 For each configuration of ``calibrate_memory.py`` that docs/benchmarks.md reports a measured peak RSS
 for, build the same config (the same overrides, completion length pinned), trace one step with
-``slimgrpo.train.trace.trace_step`` (update mode: the update alone, as ``_update_child.py`` runs it;
+``slimgrpo.trace.step.trace_step`` (update mode: the update alone, as ``_update_child.py`` runs it;
 train mode: generation and update) and print:
 
 * trace + runtime: the traced tensor peak plus ``CPU_FRAMEWORK_OVERHEAD_BYTES`` (the Python / torch
@@ -59,10 +59,10 @@ def row_config(overrides: list[str]):
 
 
 def check(name: str, shape_dict: dict, overrides: list[str], mode: str) -> dict:
-    from slimgrpo.memory.check import plan_inputs
-    from slimgrpo.memory.planner import CPU_FRAMEWORK_OVERHEAD_BYTES, plan_memory
-    from slimgrpo.memory.shapes import ModelShape
-    from slimgrpo.train.trace import trace_step
+    from slimgrpo.plan.check import plan_inputs
+    from slimgrpo.plan.planner import CPU_FRAMEWORK_OVERHEAD_BYTES, plan_memory
+    from slimgrpo.plan.shapes import ModelShape
+    from slimgrpo.trace.step import trace_step
 
     shape = ModelShape(**shape_dict)
     cfg = row_config(overrides)

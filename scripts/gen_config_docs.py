@@ -3,7 +3,7 @@
     python scripts/gen_config_docs.py           # regenerate docs/config.md
     python scripts/gen_config_docs.py --check   # exit 1 if docs/config.md is out of date
 
-tests/test_docs.py runs the same rendering and fails when the committed file differs.
+tests/docs/test_docs.py runs the same rendering and fails when the committed file differs.
 """
 
 from __future__ import annotations

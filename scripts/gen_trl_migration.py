@@ -6,7 +6,7 @@
     python scripts/gen_trl_migration.py --hints-only   # only the hints (needs no trl)
 
 The text between the BEGIN/END markers is generated; the rest of the doc is written by hand.
-tests/test_trl_compat.py runs --check, so the doc, the config parser's hints and ``slimgrpo train
+tests/config/test_trl_compat.py runs --check, so the doc, the config parser's hints and ``slimgrpo train
 --trl-config`` cannot disagree. The hints are data the config layer owns: config never imports trl_compat
 (which imports config), see docs/architecture.md.
 Needs trl installed (to say which TRL dataclass holds each key).

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from slimgrpo.demo.tools_run import TOOLS_DIR
+from slimgrpo.commands.demo_tools import TOOLS_DIR
 from test_distributed import HERE, STALL_REWARD
 
 ENV = '''

@@ -1,6 +1,6 @@
 """The update's functions with the argument lists these tests were written against (model, batch, loss
 settings, normaliser, then micro-batch rows, temperature, token / vocab chunk and the switches by name),
-mapped onto ``slimgrpo.train.update``'s typed ``UpdateSettings``: the tests keep their calls, the library
+mapped onto ``slimgrpo.update``'s typed ``UpdateSettings``: the tests keep their calls, the library
 keeps short parameter lists. Nothing here computes anything of its own; ``tiny_update_case`` is the small
 ragged batch on the tiny model that several update tests share."""
 
@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 
 from slimgrpo.loss.objectives import LossSettings
-from slimgrpo.train.update import UpdateBatch, gradients
-from slimgrpo.train.update.settings import UpdateSettings
+from slimgrpo.update import UpdateBatch
+from slimgrpo.update import gradients
+from slimgrpo.update.settings import UpdateSettings
 
 __all__ = ["UpdateBatch", "accumulate_gradients", "batch_logprobs", "tiny_update_case"]
 

@@ -1,4 +1,4 @@
-"""Worker for tests/test_distributed.py, run under ``torchrun`` (N ranks) or in one process.
+"""Worker for tests/distributed/test_distributed.py, run under ``torchrun`` (N ranks) or in one process.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/distributed_worker.py JOB.json
 
@@ -22,9 +22,9 @@ import torch
 
 from slimgrpo.config import load_config
 from slimgrpo.rollout.engine import TorchRolloutEngine, left_pad
-from slimgrpo.train.distributed import from_environment
+from slimgrpo.distributed.context import from_environment
 from slimgrpo.train.trainer import Trainer
-from slimgrpo.types import Rollout
+from slimgrpo.containers import Rollout
 
 
 class FixedEngine:
@@ -157,7 +157,7 @@ def main(job_path: str) -> None:
     out = Path(job["out"])
     ctx = from_environment()
     if ctx.enabled:
-        from slimgrpo.train.launch import init_process_group
+        from slimgrpo.distributed.process_group import init_process_group
 
         init_process_group(load_config(job["cases"][0]["config"] if job.get("cases") else job["generation"][0]),
                            ctx)

@@ -1,4 +1,4 @@
-"""Worker for tests/test_ppo_distributed.py: PPO steps under ``torchrun`` (N ranks) or in one process.
+"""Worker for tests/distributed/test_ppo_distributed.py: PPO steps under ``torchrun`` (N ranks) or in one process.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/ppo_distributed_worker.py JOB.json
 
@@ -19,7 +19,7 @@ import torch
 
 from distributed_worker import full_state, train_fixed
 from slimgrpo.config import load_config
-from slimgrpo.train.distributed import from_environment
+from slimgrpo.distributed.context import from_environment
 from slimgrpo.train.trainer import Trainer
 
 METRICS = ("loss", "grad_norm", "reward", "kl", "value/loss", "value/clipfrac", "value/mean",
@@ -66,7 +66,7 @@ def main(job_path: str) -> None:
     out = Path(job["out"])
     ctx = from_environment()
     if ctx.enabled:
-        from slimgrpo.train.launch import init_process_group
+        from slimgrpo.distributed.process_group import init_process_group
 
         init_process_group(load_config(job["cases"][0]["config"]), ctx)
     for case in job["cases"]:

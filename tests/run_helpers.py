@@ -72,7 +72,7 @@ def train(*argv) -> int:
     """``slimgrpo train ARGV`` in this process; torch's thread count is restored afterwards."""
     import torch
 
-    from slimgrpo.cli import main
+    from slimgrpo.commands.cli import main
 
     threads = torch.get_num_threads()
     try:

@@ -1,5 +1,5 @@
 """The real vLLM engine against the policy it samples for; run inside an environment with vLLM installed
-(tests/test_vllm_slow.py runs it with that environment's Python): ``python tests/vllm_real_check.py WORKDIR``.
+(tests/rollout/test_vllm_slow.py runs it with that environment's Python): ``python tests/vllm_real_check.py WORKDIR``.
 
 Checks, on a tiny Qwen2 model whose head size vLLM's CPU attention takes (32):
 1. greedy completions equal the built-in engine's on the same weights;

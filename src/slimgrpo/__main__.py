@@ -2,6 +2,6 @@
 
 import sys
 
-from slimgrpo.cli import main
+from slimgrpo.commands.cli import main
 
 sys.exit(main())

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from slimgrpo.config import DataConfig
-from slimgrpo.types import Prompt, PromptBatch
+from slimgrpo.containers import Prompt, PromptBatch
 
 
 log = logging.getLogger("slimgrpo")

@@ -1,5 +1,5 @@
 """Exit codes of every ``slimgrpo`` command: one table, the same meaning in train, plan, eval, report, export
-and demo. README.md ("Exit status") and ``slimgrpo --help`` show it; tests/test_docs_blocks.py keeps the
+and demo. README.md ("Exit status") and ``slimgrpo --help`` show it; tests/docs/test_docs_blocks.py keeps the
 README's table equal to :data:`EXIT_CODES`."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from slimgrpo.model_gguf import GGUFError, gguf_config, is_gguf, load_gguf_model
 log = logging.getLogger("slimgrpo")
 
 
-CRITIC_ADAPTER = "critic"  # the peft adapter of PPO's LoRA critic (train/critic.py); not the policy's
+CRITIC_ADAPTER = "critic"  # the peft adapter of PPO's LoRA critic (update/critic.py); not the policy's
 
 
 class ModelLoadError(ValueError):
@@ -102,7 +102,7 @@ def check_weights_readable(folder: Path) -> None:
 
 def resolve_device(name: str) -> torch.device:
     """``run.device`` as a device with an index on CUDA: ``cuda:N`` as given, ``auto`` / ``cuda`` the current
-    device, which under torchrun is the rank's own (``launch.init_process_group`` sets it from LOCAL_RANK
+    device, which under torchrun is the rank's own (``process_group.init_process_group`` sets it from LOCAL_RANK
     before anything loads). Code that reads ``device.index`` (4-bit loading's ``device_map``, DDP's
     ``device_ids``) then never falls back to GPU 0 on every rank."""
     if name == "auto":
@@ -307,7 +307,7 @@ class Policy:
         LoRA: the same model with adapters disabled (``sharded_root``: the FSDP2 root it must run through
         when its weights are sharded). Full fine-tuning: the initial weights as held (``reference_placement``):
         on the device, or in host memory; a "stream" copy is run on the device by the update stage, which
-        moves its layers in one by one (``train/update/reference.py``); the planner counts each placement."""
+        moves its layers in one by one (``update/reference.py``); the planner counts each placement."""
         if is_peft(self.model):
             with self.model.disable_adapter():
                 yield self.model if sharded_root is None else sharded_root
@@ -379,7 +379,7 @@ HOST_ALIGN = 64  # bytes: each tensor of a host copy starts on this boundary (to
 def reference_placement(cfg: Config, device: torch.device) -> str:
     """Where the full-fine-tuning reference lives (``memory.reference_placement``): on a CPU everything is host
     memory ("host", today's path); on CUDA ``auto`` is resolved by the plan before weights load
-    (``memory/check.py`` writes "device" or "stream" into the config); a config that never met the planner
+    (``plan/check.py`` writes "device" or "stream" into the config); a config that never met the planner
     (the Python API, an architecture it does not model) streams, the choice that needs least device memory."""
     value = getattr(cfg.memory, "reference_placement", "auto")
     if device.type != "cuda":

@@ -1,3 +1,2 @@
-"""The subcommands that sit above the library: ``slimgrpo plan`` (``plan.py``, which may run the trainer's
-step on fake tensors through ``train/trace.py``) and ``slimgrpo eval`` (``eval.py``). ``slimgrpo/cli.py``
-parses the command line and calls them; nothing but a command imports them."""
+"""The subcommands, above the library: ``slimgrpo train`` and the parser (cli), plan, eval, report, export,
+demo and demo_tools. Nothing but a command imports them."""

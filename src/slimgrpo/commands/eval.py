@@ -16,7 +16,7 @@ from slimgrpo.evaluate import EvalResult, EvalSettings, evaluate
 from slimgrpo.modeling import (ModelLoadError, adapters_in_input_dtype, load_model, load_tokenizer, resolve_device,
                                resolve_dtype)
 from slimgrpo.rewards.loading import load_reward_functions
-from slimgrpo.rewards.runner import RewardRunner
+from slimgrpo.rewards.scoring import RewardRunner
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.units import column_labels
 
@@ -141,7 +141,7 @@ def eval_command(args) -> int:
         raise ConfigError("slimgrpo eval: give --rewards FN [FN ...] (or a config with rewards.functions)")
     if any(k > args.num_samples for k in args.k):
         raise ConfigError(f"pass@k needs --num-samples >= {max(args.k)}")
-    from slimgrpo.train.console import quiet_third_party
+    from slimgrpo.output.console import quiet_third_party
 
     quiet_third_party(cfg.log.verbose)
     models = [model] + ([args.compare] if args.compare else [])

@@ -1,5 +1,5 @@
 """``slimgrpo plan``: the memory plan of a config or a model shape, what to change to fit a budget, and
-with ``--trace`` one real step traced on fake tensors (``train/trace.py``). A command: it may import the
+with ``--trace`` one real step traced on fake tensors (``trace/step.py``). A command: it may import the
 trainer's code; the library it stands on is ``memory/`` (``check.py``: the plan inputs, the fit, the budget)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from rich.console import Console
 
 from slimgrpo.config import ConfigError, check_context_length, from_dict, load_config, merge_overrides
 from slimgrpo.exit_codes import DOES_NOT_FIT
-from slimgrpo.memory.advice import blocked_ways, fit_to_budget, format_gib, render_plan
-from slimgrpo.memory.check import (MemoryBudgetError, all_changes, budget_bytes, check_host_memory, fitted_config,
+from slimgrpo.plan.advice import blocked_ways, fit_to_budget, format_gib, render_plan
+from slimgrpo.plan.check import (MemoryBudgetError, all_changes, budget_bytes, check_host_memory, fitted_config,
                                    host_budget_bytes, machine_ram_bytes, not_modelled, overrides_for, plan_device,
                                    plan_inputs, shape_of, smallest_plan_found)
-from slimgrpo.memory.planner import plan_memory
-from slimgrpo.memory.shapes import preset_shapes
+from slimgrpo.plan.planner import plan_memory
+from slimgrpo.plan.shapes import preset_shapes
 from slimgrpo.units import human_count
 
 __all__ = ["plan_command"]
@@ -84,13 +84,13 @@ def plan_command(args) -> int:
         console.print(f"[yellow]note[/yellow]: {caveat}", soft_wrap=True)
     render_plan(plan, console, budget)
     if getattr(args, "trace", False):
-        from slimgrpo.train.console import quiet_third_party
-        from slimgrpo.train.trace import trace_step
+        from slimgrpo.output.console import quiet_third_party
+        from slimgrpo.trace.step import trace_step
 
         # As train / eval / export: the traced step runs transformers and torchao code whose FutureWarnings
         # (`past_key_values` is deprecated ...) and import-time logs are not the user's to act on.
         quiet_third_party(cfg.log.verbose)
-        from slimgrpo.train.trace_report import render_trace
+        from slimgrpo.trace.report import render_trace
 
         console.print()
         render_trace(plan, trace_step(cfg, shape, device), console, budget)
@@ -143,8 +143,8 @@ def _fitted(args, cfg, shape, device: str, nproc: int, budget: int | None, conso
         return cfg, []
     trace_fn = None
     if cfg.memory.fit == "trace":
-        from slimgrpo.train.console import quiet_third_party
-        from slimgrpo.train.trace import trace_step as trace_fn
+        from slimgrpo.output.console import quiet_third_party
+        from slimgrpo.trace.step import trace_step as trace_fn
 
         quiet_third_party(cfg.log.verbose)
     try:
@@ -171,13 +171,13 @@ ABOVE_TRACE_MAX_SECONDS = 90.0
 
 def longest_command(args, cfg, shape, device: str, console: Console) -> int:
     """``slimgrpo plan CONFIG --budget B --longest [--trace]``: the longest prompt-heavy and completion-heavy
-    context whose plan, fitted as ``memory.fit`` fits it, is within the budget (``memory/longest.py``); on CUDA
+    context whose plan, fitted as ``memory.fit`` fits it, is within the budget (``plan/longest.py``); on CUDA
     the plan must also leave the allocator margin the trace adds (``CUDA_TRACE_MARGIN``). ``--trace`` traces
     the answer, and a length ``ABOVE_FRACTION`` longer when the first trace was quick."""
     import time
 
-    from slimgrpo.memory.longest import KINDS, longest_context
-    from slimgrpo.memory.planner import CUDA_TRACE_MARGIN
+    from slimgrpo.plan.longest import KINDS, longest_context
+    from slimgrpo.plan.planner import CUDA_TRACE_MARGIN
 
     spec = args.budget or cfg.memory.budget
     if not spec:
@@ -227,8 +227,8 @@ def longest_command(args, cfg, shape, device: str, console: Console) -> int:
 def _trace_line(cfg, shape, device: str, budget: int, found, length: int, console: Console, what: str) -> None:
     """Trace ``found``'s settings with the long part at ``length`` tokens and print the device peak against the
     budget."""
-    from slimgrpo.train.console import quiet_third_party
-    from slimgrpo.train.trace import trace_step
+    from slimgrpo.output.console import quiet_third_party
+    from slimgrpo.trace.step import trace_step
 
     quiet_third_party(cfg.log.verbose)
     key = "data.max_prompt_length" if found.kind == "prompt-heavy" else "rollout.max_completion_length"

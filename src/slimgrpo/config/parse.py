@@ -305,12 +305,12 @@ def resolve_path(cfg: Config, path: str) -> str:
 
 def dump_config(cfg: Config, path: str | os.PathLike) -> None:
     """Write the resolved config as YAML (secrets scrubbed)."""
-    from slimgrpo.secrets import scrub
+    from slimgrpo.redact import scrub
 
     Path(path).write_text(yaml.safe_dump(scrub(_plain(cfg.to_dict())), sort_keys=False))
 
 
 def config_to_json(cfg: Config) -> str:
-    from slimgrpo.secrets import scrub
+    from slimgrpo.redact import scrub
 
     return json.dumps(scrub(_plain(cfg.to_dict())), indent=2)

@@ -160,7 +160,7 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError("set optim.warmup_steps or optim.warmup_ratio, not both (warmup_steps=0.1 is a ratio too)")
     if run.save_total_limit < 1:
         raise ConfigError(f"run.save_total_limit must be >= 1, got {run.save_total_limit}")
-    from slimgrpo.logging_backends import parse_report_to
+    from slimgrpo.config.report_to import parse_report_to
 
     try:
         parse_report_to(cfg.log.report_to)

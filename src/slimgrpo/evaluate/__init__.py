@@ -1,7 +1,7 @@
 """Held-out evaluation: accuracy and unbiased pass@k with the run's reward functions.
 
 ``evaluate`` (here) is what ``slimgrpo eval`` (commands/eval.py) and evaluation during training
-(train/eval_during.py) both call; importing this package does not load the command line.
+(evaluate/during.py) both call; importing this package does not load the command line.
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ HiddenOut = tuple[Tensor, Tensor, Tensor, HeadSpec]  # (hidden [n, H], targets [
 
 def hidden_layout(fn: Callable[[nn.Module, CompletionRows], HiddenOut]) -> Callable[..., HiddenOut]:
     """A forward layout ``fn(model, rows)`` with ``completion_hidden``'s calling convention (``HiddenFn`` in
-    train/update/layout.py), its arguments checked here once for every layout that takes padded rows."""
+    update/layout.py), its arguments checked here once for every layout that takes padded rows."""
 
     def hidden_fn(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion_tokens: int,
                   completion_ids: Tensor, completion_mask: Tensor | None = None) -> HiddenOut:
@@ -223,7 +223,7 @@ def completion_logprobs(
         return_entropy: also return the per-token entropy (no gradient).
         entropy_grad: give the entropy a gradient (the entropy bonus, ``loss.entropy_coef``).
         hidden_fn: replaces ``completion_hidden`` (same signature), e.g.
-            ``train.update.shared_prompt.shared_completion_hidden``.
+            ``update.shared_prompt.shared_completion_hidden``.
 
     Returns:
         ``(logp [rows, T] float32, entropy [rows, T] float32 or None)``.

@@ -3,7 +3,7 @@
 For completion ``i`` with tokens ``t`` (mask ``m_it``, length ``|o_i| = sum_t m_it``), policy
 log-probs ``logp_it``, sampling-time ("old") log-probs ``old_it``, reference log-probs ``ref_it``
 and advantage ``A_i`` (group-normalised rewards, or RLOO leave-one-out baselines, Ahmadian et al.
-arXiv:2402.14740; computed by ``slimgrpo.advantages``)::
+arXiv:2402.14740; computed by ``slimgrpo.advantage.estimators``)::
 
     token ratio     r_it = exp(logp_it - old_it)                       GRPO, arXiv:2402.03300
     sequence ratio  s_i  = exp(sum_t m_it (logp_it - old_it) / |o_i|)   GSPO, arXiv:2507.18071
@@ -27,7 +27,7 @@ arXiv:2402.14740; computed by ``slimgrpo.advantages``)::
                            w = 1 in value but d w / d logp = w.  w_it = 1 otherwise.
 
 PPO (``loss.advantage_estimator = gae``) uses the clipped surrogate with per-token advantages ``A_it``
-(GAE from a learned critic, ``slimgrpo.advantages.gae``) and adds a critic trained on the clipped value
+(GAE from a learned critic, ``slimgrpo.advantage.estimators.gae``) and adds a critic trained on the clipped value
 loss of PPO2 (TRL's PPOTrainer; ``value_loss``), with values ``v_it``, their values at sampling time
 ``v_old_it`` and returns ``R_it``::
 
@@ -60,7 +60,7 @@ from torch import Tensor
 
 import slimgrpo.loss.policy_losses as terms
 from slimgrpo.config.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, LossConfig, objective_problem
-from slimgrpo.types import LossStats
+from slimgrpo.containers import LossStats
 
 CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the clipped surrogate
 

@@ -1,7 +1,7 @@
 """Completion hidden states of a whole micro-batch packed into one sequence: no padding, each prompt once.
 
 Both other layouts of the update pay for padding: the unpadded one (``unpadded.py``) right-pads every
-row to the longest ``prompt + completion``, and the shared-prompt one (``train/update/shared_prompt.py``) pads
+row to the longest ``prompt + completion``, and the shared-prompt one (``update/shared_prompt.py``) pads
 every completion to the longest completion. When completion lengths vary a lot (a real model that
 stops at EOS: most rows end after a few tokens, one rambles to the limit) most of those positions are
 padding. Here only real tokens go through the decoder::

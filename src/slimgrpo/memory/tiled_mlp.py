@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .formulas import tiled_shard_tokens
 
 # MLP classes whose forward is token-wise (a gated MLP with no state across tokens): safe to shard.
 KNOWN_MLP_CLASSES = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
@@ -50,8 +49,14 @@ def shard_bounds(tokens: int, shards: int) -> list[tuple[int, int]]:
     return [(s, min(s + size, tokens)) for s in range(0, tokens, size)]
 
 
-# Tokens in the largest shard when ``tokens`` are split into ceil(tokens / hidden) shards (<= hidden): the
-# planner's formula, so the plan and the tiler cannot disagree.
+# The planner reads the same function (plan/formulas.py), so the plan and the tiler cannot disagree.
+def tiled_shard_tokens(tokens: int, hidden: int) -> int:
+    """Tokens of the largest shard when ``tokens`` are cut into ceil(tokens / hidden) shards (<= hidden)."""
+    if tokens <= 0:
+        return 0
+    return math.ceil(tokens / max(1, math.ceil(tokens / max(1, hidden))))
+
+
 shard_tokens_of = tiled_shard_tokens
 
 

@@ -22,22 +22,8 @@ from slimgrpo.report.page import REPORT_DIR, build_report, page_html, render_pag
 from slimgrpo.report.plots import Plot, Run, make_plots
 
 
-def report_command(args) -> int:
-    """``slimgrpo report``: one run's page in RUN_DIR/report/, or a comparison of several in ``--out``."""
-    run_dirs = getattr(args, "run_dirs", None) or [args.run_dir]
-    x = getattr(args, "x", "step") or "step"
-    if len(run_dirs) > 1:
-        page = build_comparison(run_dirs, getattr(args, "out", None), x)
-    else:
-        if getattr(args, "out", None):
-            raise ValueError("--out is for comparing several runs; one run's report goes to RUN_DIR/report/")
-        page = build_report(run_dirs[0], x)
-    print(page)
-    return 0
-
-
 __all__ = [
     "DELTA_KEYS", "Metrics", "Plot", "REPORT_DIR", "Run", "Series", "build_comparison", "build_report",
     "config_value", "deltas", "load_run", "make_plots", "page_html", "read_config", "read_jsonl", "render_page",
-    "report_command", "run_labels", "run_status", "value_ranges",
+    "run_labels", "run_status", "value_ranges",
 ]

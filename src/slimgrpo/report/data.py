@@ -195,7 +195,7 @@ def is_share(label: str) -> bool:
 
 
 def stalls(m: Metrics) -> list[tuple[int, int, str]]:
-    """(first step, last step, reason) of each stalled stretch (train/stall.py): from ``stall/start_step`` to
+    """(first step, last step, reason) of each stalled stretch (monitor/stall.py): from ``stall/start_step`` to
     the last record that carries it; the reason from the record that detected it."""
     spans: dict[int, list] = {}
     for r in m.records:

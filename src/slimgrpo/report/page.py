@@ -149,7 +149,7 @@ def _change(label: str, a: float, b: float) -> str:
 
 
 def stall_section(m: Metrics) -> str:
-    """Stretches where learning stalled (train/stall.py): steps and the reason the run gave."""
+    """Stretches where learning stalled (monitor/stall.py): steps and the reason the run gave."""
     items = "".join(f"<li><b>Learning stalled at steps {a}–{b}</b> (shaded on the reward plot). {_esc(why)}</li>"
                     for a, b, why in stalls(m))
     return f'<ul class="notes stall">{items}</ul>' if items else ""
@@ -225,7 +225,7 @@ def _shown(value: Any) -> str:
 def config_section(run_dir: Path) -> str:
     import yaml
 
-    from slimgrpo.secrets import scrub
+    from slimgrpo.redact import scrub
 
     path = run_dir / "config.yaml"
     if not path.is_file():
@@ -269,7 +269,7 @@ def _pick_samples(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def samples_section(run_dir: Path) -> str:
-    from slimgrpo.secrets import scrub
+    from slimgrpo.redact import scrub
 
     path = run_dir / "completions.jsonl"
     if not path.is_file():

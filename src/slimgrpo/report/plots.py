@@ -146,7 +146,7 @@ def _bounds(run: Run, key: str, mean: Series) -> tuple[float, float] | None:
 
 
 def shade_stalls(ax, runs: list[Run]) -> bool:
-    """Shade each stretch where learning stalled (train/stall.py), in the run's colour when several runs are
+    """Shade each stretch where learning stalled (monitor/stall.py), in the run's colour when several runs are
     drawn; True when there was one."""
     shaded = False
     for i, run in enumerate(runs):

@@ -27,7 +27,7 @@ from slimgrpo.rewards.loading import (
     load_reward_function,
     load_reward_functions,
 )
-from slimgrpo.rewards.runner import FAULT_KINDS, RewardFunctionError, RewardRunner
+from slimgrpo.rewards.scoring import FAULT_KINDS, RewardFunctionError, RewardRunner
 from slimgrpo.rewards.sandbox import SandboxLimits, SandboxResult, run_sandboxed
 
 __all__ = [

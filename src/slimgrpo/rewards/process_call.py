@@ -96,7 +96,7 @@ def spawned_child_main(conn, modules: list[tuple[str, str]], payload: bytes, chi
 
 def start_child(target: Callable, fn: Callable, kwargs: dict) -> tuple[Any, Any]:
     """Start the reward child: ``(process, parent end of its pipe)``. ``target(conn, fn, kwargs)`` is the
-    child's work (``rewards/runner.py``'s ``_child_main``); under spawn it is reached through
+    child's work (``rewards/scoring.py``'s ``_child_main``); under spawn it is reached through
     :func:`spawned_child_main`. Raises ``TypeError`` when the call cannot be sent to a spawned child."""
     method = start_method()
     if method == "spawn":

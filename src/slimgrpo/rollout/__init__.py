@@ -2,7 +2,7 @@
 
     engine = TorchRolloutEngine(model)                      # the trainer's live model, LoRA or not
     params = SamplingParams(max_new_tokens=256, temperature=1.0, eos_token_ids=(eos,), pad_token_id=pad)
-    rollout = engine.generate(prompt_ids, num_generations=8, params=params)   # -> slimgrpo.types.Rollout
+    rollout = engine.generate(prompt_ids, num_generations=8, params=params)   # -> slimgrpo.containers.Rollout
 """
 
 from .engine import RolloutEngine, TorchRolloutEngine

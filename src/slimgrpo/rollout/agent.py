@@ -38,7 +38,7 @@ from slimgrpo.rollout.environments import Toolbox
 from slimgrpo.rollout.model_parts import eval_mode
 from slimgrpo.rollout.sampling import SamplingParams, SamplingWorkspace, sample_next
 from slimgrpo.rollout.tool_calls import ToolRunner, parse_tool_calls, split_tools
-from slimgrpo.types import PromptBatch, Rollout
+from slimgrpo.containers import PromptBatch, Rollout
 
 _CALL_MARKUP = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.DOTALL)
 

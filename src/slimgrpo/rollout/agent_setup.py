@@ -18,7 +18,7 @@ from slimgrpo.config import ConfigError
 from slimgrpo.rollout.agent import AgentRollout, AgentSettings
 from slimgrpo.rollout.environments import Toolbox
 from slimgrpo.rollout.tool_calls import ToolRunner
-from slimgrpo.types import PromptBatch, Rollout
+from slimgrpo.containers import PromptBatch, Rollout
 
 
 def load_spec(spec: Any, base_dir: str | None, key: str) -> Callable:

@@ -23,7 +23,7 @@ slices its KV buffer and mask to the current length and keeps the step counter i
 Reading the whole buffer costs some extra attention work for short prefixes; at the batch sizes of
 GRPO rollouts the weights dominate each step's memory traffic, so the launch savings win. The
 results equal the dynamic path's up to floating-point summation order (greedy tokens are compared in
-tests/test_cuda_graph.py on CPU, with graphs off and with a stand-in recorder, and in tests/test_cuda.py on
+tests/rollout/test_cuda_graph.py on CPU, with graphs off and with a stand-in recorder, and in tests/distributed/test_cuda.py on
 CUDA).
 
 Opt-in until it has been measured on a GPU: ``SLIMGRPO_CUDA_GRAPHS=1`` makes ``TorchRolloutEngine`` keep a

@@ -29,9 +29,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from ..memory.malloc import generation_heap, mapped
-from ..memory.planner import DECODE_PACK_MIN_BYTES, PREFILL_CHUNK_TOKENS
-from ..types import Rollout
+from slimgrpo.memory.malloc import generation_heap, mapped
+from slimgrpo.plan.planner import DECODE_PACK_MIN_BYTES, PREFILL_CHUNK_TOKENS
+from slimgrpo.containers import Rollout
 from . import cuda_graph
 from .decode import make_stepper
 from .graph_cache import GraphCache
@@ -107,7 +107,7 @@ class TorchRolloutEngine:
         if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or prefill_chunk < 1):
             raise ValueError(f"prefill_chunk must be a positive int or None, got {prefill_chunk!r}")
         self.prefill_chunk = prefill_chunk
-        # FSDP2 with per-layer gathering (train/launch.py): every forward is a collective, so the ranks must
+        # FSDP2 with per-layer gathering (distributed/wrap.py): every forward is a collective, so the ranks must
         # run the same number of them. ``agree_max(v)`` returns the largest ``v`` over the ranks; with it set,
         # prompts are left-padded to the widest rank's and decoding goes on until every rank is done.
         self.agree_max: Callable[[int], int] | None = None
@@ -282,7 +282,7 @@ class TorchRolloutEngine:
         """Run the left-padded prompts ``ids`` [p, P] into ``cache``, ``prefill_chunk`` positions at a time;
         the last position's hidden state [p, H]. A chunk's queries attend to the cached keys of the chunks
         before it and causally within it, so every position sees what it sees in one piece (the same values
-        up to float rounding: tests/test_prefill_chunks.py)."""
+        up to float rounding: tests/rollout/test_prefill_chunks.py)."""
         positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)  # [p, P]
         P = ids.shape[1]
         step = P if self.prefill_chunk is None else self.prefill_chunk

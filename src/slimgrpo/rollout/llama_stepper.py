@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..memory.target import device_kind
+from slimgrpo.plan.target import device_kind
 from .model_parts import CausalLMParts, stacked_product
 
 _LLAMA_LIKE = ("llama", "qwen2", "qwen3", "mistral")

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from ..memory.target import device_kind, planned
+from slimgrpo.plan.target import device_kind, planned
 
 
 class CausalLMParts:
@@ -105,7 +105,7 @@ class CausalLMParts:
         ``decode weights`` line). The merged copies are separate tensors: the base weights are never
         modified.
 
-        Both choices follow :func:`~slimgrpo.memory.target.device_kind`: a trace of a CUDA step (fake
+        Both choices follow :func:`~slimgrpo.plan.target.device_kind`: a trace of a CUDA step (fake
         tensors on the CPU device) takes the CUDA path, which merges and packs nothing.
         """
         if which not in ("auto", "head", "all", "none"):

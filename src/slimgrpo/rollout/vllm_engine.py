@@ -13,7 +13,7 @@ is refused at validation (``vllm_problem``) with the install command, before any
 What vLLM returns becomes a ``Rollout`` exactly like ``TorchRolloutEngine``'s: completions right-padded, the
 EOS kept as the last token, ``is_truncated`` where the length limit cut the row, and the sampled tokens'
 log-probs under the processed (tempered, filtered) distribution (``logprobs_mode="processed_logprobs"``), the
-quantity ``train/update/sampler_correction.py`` compares with the training forward.
+quantity ``update/sampler_correction.py`` compares with the training forward.
 
 Determinism: each call draws one seed from the trainer's generator and passes it to vLLM per request, so the
 same seed and weights give the same samples on one machine and vLLM version; vLLM documents no bit-exactness
@@ -32,8 +32,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from ..config.rollout import device_kind
-from ..types import Rollout
+from slimgrpo.config.rollout import device_kind
+from slimgrpo.containers import Rollout
 from .sampling import SamplingParams
 
 CRITIC_ADAPTER = "critic"  # modeling.CRITIC_ADAPTER, PPO's value adapter (rollout/ may not import modeling)

@@ -1,5 +1,5 @@
 """Run a training job: the process group and the job check (under torchrun), the trace handed to the
-Trainer, preemption signals. The memory plan is checked by the Trainer itself (``memory/check.py``)."""
+Trainer, preemption signals. The memory plan is checked by the Trainer itself (``plan/check.py``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from slimgrpo.config import Config
-from slimgrpo.secrets import install_log_filter, scrub_text
-from slimgrpo.train import checkpoint as ckpt
-from slimgrpo.train.distributed import from_environment
+from slimgrpo.redact import install_log_filter, scrub_text
+from slimgrpo.checkpoint import format as ckpt
+from slimgrpo.distributed.context import from_environment
 from slimgrpo.train.trainer import Trainer
 
 log = logging.getLogger("slimgrpo")
@@ -62,7 +62,7 @@ def run_training(cfg: Config, callbacks=None, train_dataset=None) -> dict[str, A
     install_log_filter(logging.getLogger("slimgrpo"), on_logger=True)  # no secret in our own log lines
     dist_ctx = from_environment()
     if dist_ctx.enabled:
-        from slimgrpo.train.launch import check_job, init_process_group
+        from slimgrpo.distributed.process_group import check_job, init_process_group
 
         init_process_group(cfg, dist_ctx)
         check_job(cfg, dist_ctx)  # the same config on every rank, a batch that splits: before any weight loads
@@ -73,7 +73,7 @@ def run_training(cfg: Config, callbacks=None, train_dataset=None) -> dict[str, A
     finally:
         restore_handlers()
     if dist_ctx.enabled:  # a finished job: the ranks leave together (a failed one exits as it is)
-        from slimgrpo.train.launch import leave_process_group
+        from slimgrpo.distributed.process_group import leave_process_group
 
         leave_process_group(dist_ctx)
     stalled = trainer.watch is not None and trainer.watch.stalled is not None  # run.stop_on_stall said why

@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
-from slimgrpo.advantages import zero_std_fraction
+from slimgrpo.advantage.estimators import zero_std_fraction
 from slimgrpo.rewards.contract import step_means
-from slimgrpo.train.metrics import masked_stats, memory_metrics
-from slimgrpo.train.update.batch import UpdateStats, stat_sums, token_means
-from slimgrpo.types import RewardOutput
+from slimgrpo.output.metrics import masked_stats, memory_metrics
+from slimgrpo.update.batch import UpdateStats, stat_sums, token_means
+from slimgrpo.containers import RewardOutput
 
 
 @dataclass(frozen=True)

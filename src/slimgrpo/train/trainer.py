@@ -2,10 +2,10 @@
 
 One step reads like the pipeline::
 
-    batch -> generate -> score -> advantages -> update (train/update/: prepare, step) -> metrics
+    batch -> generate -> score -> advantages -> update (update/: prepare, step) -> metrics
 
-The loop calls two components beside the update: the run folder and checkpoints (train/checkpointing.py,
-``Checkpointer``) and the run's health (train/watch.py, ``RunWatch``: non-finite streak, collapse, stall).
+The loop calls two components beside the update: the run folder and checkpoints (checkpoint/manager.py,
+``Checkpointer``) and the run's health (monitor/watch.py, ``RunWatch``: non-finite streak, collapse, stall).
 """
 
 from __future__ import annotations
@@ -19,34 +19,34 @@ from typing import Any, Callable
 
 import torch
 
-from slimgrpo import advantages as adv
+from slimgrpo.advantage import estimators as adv
 from slimgrpo import threads
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
 from slimgrpo.data import PromptDataset, PromptSampler, check_enough_prompts, load_prompt_dataset, steps_for_epochs
 from slimgrpo.config.validate import loss_warnings
 from slimgrpo.memory.attention import cpu_gqa
 from slimgrpo.memory.malloc import pin_mmap_threshold
-from slimgrpo.memory.planner import decode_packing
+from slimgrpo.plan.planner import decode_packing
 from slimgrpo.modeling import (Policy, build_policy, generation_eos_ids, looks_like_hub_name, max_positions,
                                read_model_config)
 from slimgrpo.rewards.loading import load_reward_functions
 from slimgrpo.rewards.contract import make_trainer_state
-from slimgrpo.rewards.runner import RewardRunner
+from slimgrpo.rewards.scoring import RewardRunner
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.vllm_engine import resolve_engine
 from slimgrpo.rollout.sampling import SamplingParams
-from slimgrpo.train import checkpoint as ckpt
-from slimgrpo.train.checkpointing import CheckpointParts, Checkpointer
-from slimgrpo.train.critic import build_critic
-from slimgrpo.train import launch
-from slimgrpo.train.distributed import DistContext, from_environment
-from slimgrpo.train.metrics import MetricsWriter, console_line
+from slimgrpo.train import seeding
+from slimgrpo.checkpoint.manager import CheckpointParts, Checkpointer
+from slimgrpo.update.critic import build_critic
+from slimgrpo.distributed import wrap as launch
+from slimgrpo.distributed.context import DistContext, from_environment
+from slimgrpo.output.metrics import MetricsWriter, console_line
 from slimgrpo.train.step_metrics import UpdateOutcome, completion_samples, scorable_total, step_metrics
-from slimgrpo.train.optim import build_optimizer, build_scheduler
-from slimgrpo.train.update.sampler_correction import correct_for_sampler
-from slimgrpo.train.update.updater import Updater, trainable_parameters
-from slimgrpo.train.watch import NonFiniteError, PolicyCollapsedError, RunWatch
-from slimgrpo.types import PromptBatch, RewardOutput, Rollout
+from slimgrpo.update.optim import build_optimizer, build_scheduler
+from slimgrpo.update.sampler_correction import correct_for_sampler
+from slimgrpo.update.updater import Updater, trainable_parameters
+from slimgrpo.monitor.watch import NonFiniteError, PolicyCollapsedError, RunWatch
+from slimgrpo.containers import PromptBatch, RewardOutput, Rollout
 
 log = logging.getLogger("slimgrpo")
 
@@ -86,8 +86,8 @@ class Trainer:
         self.preempted_by: str | None = None  # signal name when SIGTERM/SIGINT stopped the run
         # The run folder (its lock, held by rank 0 from setup() to the end of train()) and checkpoints
         self.checkpoints = Checkpointer(cfg, self.dist, self.output_dir)
-        self.critic = None  # PPO's value function (train/critic.py), built in setup()
-        self.watch: RunWatch | None = None  # non-finite streak, collapse, stall (train/watch.py), built in setup()
+        self.critic = None  # PPO's value function (update/critic.py), built in setup()
+        self.watch: RunWatch | None = None  # non-finite streak, collapse, stall (monitor/watch.py), built in setup()
 
     # ------------------------------------------------------------------------- setup
 
@@ -95,16 +95,16 @@ class Trainer:
         cfg = self.cfg
         self.thread_info = threads.apply(cfg.run.num_threads, cfg.run.thread_wait_policy)
         pin_mmap_threshold()  # freed update tensors go back to the system (memory/malloc.py, issue 12)
-        ckpt.seed_all(cfg.run.seed)  # torch, Python and NumPy: the same seed gives the same run
+        seeding.seed_all(cfg.run.seed)  # torch, Python and NumPy: the same seed gives the same run
         if cfg.run.full_determinism:  # TRL's switch: deterministic GPU kernels too
-            ckpt.enable_full_determinism()
+            seeding.enable_full_determinism()
         self.checkpoints.lock_folder()  # one writer per folder; rank 0 holds the lock
         model_path = resolve_path(cfg, cfg.model.path)
         if self._policy is None:
             mconf = {} if looks_like_hub_name(model_path) else read_model_config(model_path)
             check_context_length(cfg, max_positions(mconf), model_path)
-            from slimgrpo.memory.check import check_before_training
-            from slimgrpo.train.trace import trace_step  # memory.fit=trace: the trace of this config's step
+            from slimgrpo.plan.check import check_before_training
+            from slimgrpo.trace.step import trace_step  # memory.fit=trace: the trace of this config's step
 
             # Before any weights load: print the plan; refuse (or fit) a run over memory.budget.
             self.cfg, memory_plan = check_before_training(cfg, self.dist.world_size, show=self.dist.is_main,
@@ -114,15 +114,15 @@ class Trainer:
             memory_plan = None
         reward_functions = load_reward_functions(cfg.rewards.functions, cfg.base_dir, cfg.run.device)
         self.policy = self._policy or build_policy(cfg)
-        from slimgrpo.memory.check import apply_tiled_mlp
+        from slimgrpo.plan.check import apply_tiled_mlp
 
         # memory.tiled_mlp: the MLPs run shard by shard where the plan says so (memory/tiled_mlp.py)
         self.tiled_mlp = apply_tiled_mlp(cfg, self.policy.model, memory_plan, show=self.dist.is_main,
                                          distributed=self.dist.enabled)
         if memory_plan is not None and cfg.memory.offload_activations and self.policy.device.type == "cuda":
-            from slimgrpo.train.update.pinned import set_activation_cap
+            from slimgrpo.memory.pinned import set_activation_cap
 
-            # pinned host memory for offloaded activations: at most the plan's host line (train/update/pinned.py)
+            # pinned host memory for offloaded activations: at most the plan's host line (memory/pinned.py)
             set_activation_cap(self.policy.device, memory_plan.bytes_of("offloaded checkpoints") or None)
         self.dataset: PromptDataset = load_prompt_dataset(resolve_path(cfg, cfg.data.path), self.policy.tokenizer,
                                                           cfg.data)
@@ -177,7 +177,7 @@ class Trainer:
             repetition_penalty=r.repetition_penalty,
             eos_token_ids=tuple(sorted(eos)), pad_token_id=tok.pad_token_id,
         )
-        # The update stage (train/update/): old / reference log-probs, the loss, the optimizer steps
+        # The update stage (update/): old / reference log-probs, the loss, the optimizer steps
         self.updater = Updater(cfg, self.policy, self.model, self.optimizer, self.scheduler, self.dist, self.critic)
         # a collapsed policy stops the run (exit 3); run.stop_on_stall stops at a stall (exit 5)
         self.watch = RunWatch(cfg, self.dist, self.output_dir, self.policy.model)
@@ -188,14 +188,14 @@ class Trainer:
             return
         backends = []
         if self.dist.is_main:  # one run per job in wandb / mlflow, not one per rank
-            from slimgrpo.logging_backends import make_backends
+            from slimgrpo.output.backends import make_backends
 
             backends = make_backends(cfg.log.report_to, self.output_dir, cfg.to_dict())
         self.writer = MetricsWriter(self.output_dir, enabled=self.dist.is_main, backends=backends)
         if self.dist.is_main:
             dump_config(cfg, self.output_dir / "config.yaml")
             threads.record(self.output_dir, self.thread_info)
-        from slimgrpo.train.eval_during import make_evaluator
+        from slimgrpo.evaluate.during import make_evaluator
 
         self.evaluator = make_evaluator(self)  # eval.data: held-out prompts, or None
         self.checkpoints.attach(CheckpointParts(self.policy, self.optimizer, self.scheduler, self.sampler,
@@ -309,8 +309,8 @@ class Trainer:
 
     def train_loop(self) -> dict[str, Any]:
         cfg = self.cfg
-        from slimgrpo.train.console import print_banner, print_eval
-        from slimgrpo.train.progress import Progress
+        from slimgrpo.output.console import print_banner, print_eval
+        from slimgrpo.output.progress import Progress
 
         self.t_start = time.perf_counter()
         print_banner(self)
@@ -371,7 +371,7 @@ class Trainer:
         if history:
             last = history[-1]
             summary.update({k: v for k, v in last.items() if k != "step"})
-        from slimgrpo.train.eval_during import eval_summary
+        from slimgrpo.evaluate.during import eval_summary
 
         best_step = self.watch.best.step if self.watch.best is not None else None
         summary.update(eval_summary(history, self.step_idx if self.evaluator else None, best_step))

@@ -1,0 +1,318 @@
+"""PPO's critic (``loss.advantage_estimator: gae``): a value head on a backbone, and the stage that turns a
+step's scores into per-token advantages.
+
+Where the critic's backbone lives (docs/ppo.md has the memory picture):
+
+- LoRA: a second peft adapter (``CRITIC_ADAPTER``, the same ``lora.*`` settings) on the policy's own frozen
+  base, switched on for the critic's passes only. One copy of the base weights serves the policy (adapter
+  ``default``), the critic (adapter ``critic`` + value head) and the reference (adapters off).
+- Full fine-tuning: a second causal LM loaded from ``critic.model_path`` (default ``model.path``) with its own
+  gradients and optimizer state: the cost of a separate value model, which the planner counts. Its LM head is
+  not used (and not trained when it is not tied to the embeddings).
+
+The value head is a ``Linear(hidden, 1)`` in fp32, initialised to zero (every value starts at 0), read at the
+hidden state that predicts each completion token (the state in which that token is chosen), as TRL does.
+
+Under torchrun (docs/distributed.md) the critic is synchronised like the policy, so N ranks with 1/N of the
+rows each take the step one process takes with all of them:
+
+- ``ddp``: every rank holds the whole critic; after its backward the critic's gradients are summed over
+  ranks (one all-reduce; the value loss is divided by the whole job's token count). The LoRA critic's
+  adapter lives in the policy's model, so the policy's DDP wrapper is told to leave it alone
+  (``ddp_ignored``) and its initial weights are broadcast from rank 0.
+- ``fsdp``, full fine-tuning: the value model (backbone + head) is sharded like the policy, one group per
+  decoder layer and a root group, and every critic pass runs through that root's forward.
+- ``fsdp``, LoRA: the adapter is sharded with the policy's base and the critic's passes run through the
+  policy's root (``attach``); the head stays whole on every rank and its gradient is all-reduced.
+- Whitening, explained variance and the value metrics use sums over every rank's tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from slimgrpo.advantage import estimators as adv
+from slimgrpo.loss.objectives import Normaliser, value_loss
+from slimgrpo.loss.unpadded import unpadded_hidden
+from slimgrpo.modeling import CRITIC_ADAPTER, adapters_in_input_dtype, base_causal_lm, is_peft
+from slimgrpo.distributed.context import DistContext
+
+
+class ValueModel(nn.Module):
+    """Backbone and value head as one module: what FSDP2 shards and a distributed checkpoint names
+    (``critic.head.*``; the LoRA critic's adapter is saved with the policy's model that holds it)."""
+
+    def __init__(self, backbone: nn.Module, head: nn.Linear):
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+
+
+def _values(vm: ValueModel, ids: torch.Tensor, am: torch.Tensor, comp: torch.Tensor) -> torch.Tensor:
+    hidden, _, mask, _ = unpadded_hidden(vm.backbone, ids, am, comp.shape[1], comp)
+    v = vm.head(hidden.float()).squeeze(-1)
+    return torch.zeros(mask.shape, dtype=torch.float32, device=v.device).masked_scatter(mask, v)
+
+
+class Critic:
+    """A value function ``V(prefix) -> float`` per completion token: backbone (+ adapter) and value head."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int, device: torch.device, adapter: str | None = None,
+                 dist: DistContext | None = None):
+        self.adapter = adapter
+        head = nn.Linear(hidden_size, 1, dtype=torch.float32, device=device)
+        nn.init.zeros_(head.weight)
+        nn.init.zeros_(head.bias)
+        self.value_model = ValueModel(backbone, head)
+        self.dist = dist or DistContext()
+        self.root: nn.Module | None = None  # FSDP2: the sharded root every critic pass runs through
+        self.policy_root: nn.Module | None = None  # FSDP2 + LoRA: the policy's root (its base holds the adapter)
+        self._trainable = self._backbone_trainable()
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.value_model.backbone
+
+    @property
+    def head(self) -> nn.Linear:
+        return self.value_model.head
+
+    def _run(self, fn, *args):
+        """``fn(value_model, *args)``, inside the FSDP2 root's forward when sharded (it gathers the weights)."""
+        if self.root is not None:
+            return self.root(fn, *args)
+        if self.policy_root is not None:
+            return self.policy_root(lambda _lm, *a: fn(self.value_model, *a), *args)
+        return fn(self.value_model, *args)
+
+    def attach(self, wrapped_policy: nn.Module, strategy: str) -> None:
+        """After the policy is wrapped: with FSDP2, a LoRA critic's passes run through the policy's root (the
+        adapter's parameters are the sharded ones it now holds)."""
+        if self.adapter is not None and strategy == "fsdp" and self.dist.enabled:
+            self.policy_root = wrapped_policy
+            self._trainable = self._backbone_trainable()
+
+    @property
+    def _sharded(self) -> bool:
+        return self.root is not None or self.policy_root is not None
+
+    def _backbone_trainable(self) -> list[tuple[str, nn.Parameter]]:
+        if self.adapter is not None:  # only the critic's own adapter: the policy's adapter and the base stay out
+            return [(n, p) for n, p in self.backbone.named_parameters() if f".{self.adapter}." in n]
+        return [(n, p) for n, p in self.backbone.named_parameters() if p.requires_grad]
+
+    def parameters(self) -> list[nn.Parameter]:
+        """What the optimizer trains for the critic: its adapter (LoRA) or its whole model, and the head."""
+        return [p for _, p in self._trainable] + list(self.head.parameters())
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[nn.Module]:
+        """The backbone with the critic's adapter switched on (LoRA), the policy's restored afterwards.
+        peft's ``set_adapter`` freezes the inactive adapter: gradients of the value loss cannot reach the
+        policy's adapter. Both adapters are trainable again afterwards (one optimizer holds both)."""
+        if self.adapter is None:
+            yield self.backbone
+            return
+        previous = self.backbone.active_adapter
+        self.backbone.set_adapter(self.adapter)
+        try:
+            yield self.backbone
+        finally:
+            self.backbone.set_adapter(previous)
+            for _, p in self._trainable:
+                p.requires_grad_(True)
+
+    def values(self, ids: torch.Tensor, am: torch.Tensor, comp: torch.Tensor) -> torch.Tensor:
+        """``[rows, T]`` float32 values of one micro-batch (0 off the completion); call inside ``active``."""
+        return self._run(_values, ids, am, comp)
+
+    def batch_values(self, batch, micro: int | None, micro_tokens: int | None) -> torch.Tensor:
+        """``[rows, T]`` values of the whole update batch without gradients (the critic at sampling time)."""
+        from slimgrpo.update import plan_micro, trimmed
+
+        out = torch.zeros(batch.rows, batch.T, dtype=torch.float32, device=batch.input_ids.device)
+        with torch.no_grad(), self.active():
+            for sl in plan_micro(batch, micro, micro_tokens):
+                ids, am, comp, ts = trimmed(batch, sl)
+                out[sl, ts] = self.values(ids, am, comp).to(out.device)
+        return out
+
+    def accumulate(self, batch, micro: int | None, micro_tokens: int | None, vf_coef: float,
+                   cliprange_value: float) -> dict[str, float]:
+        """Forward + backward of ``vf_coef`` x the clipped value loss over the micro-batches of ``batch``
+        (gradients summed into ``.grad``; the micro-batch losses add up to the token mean of the whole job's
+        batch, every rank's tokens counted, so the gradients summed over ranks are one process's)."""
+        from slimgrpo.update import plan_micro, trimmed
+
+        counts = torch.tensor([batch.rows, int(batch.loss_mask.sum())], dtype=torch.float64)
+        rows, tokens_all = (int(c) for c in self.dist.all_reduce_sum(counts.to(batch.loss_mask.device)).tolist())
+        norm = Normaliser(num_sequences=max(rows, 1), num_tokens=max(tokens_all, 1))
+        scale = float(self.dist.world_size) if self._sharded else 1.0  # FSDP2 averages over ranks
+        loss_sum = clip_sum = tokens = 0.0
+        with self.active():
+            for sl in plan_micro(batch, micro, micro_tokens):
+                ids, am, comp, ts = trimmed(batch, sl)
+                v = self.values(ids, am, comp)
+                loss, st = value_loss(v, batch.old_values[sl, ts], batch.returns[sl, ts], batch.loss_mask[sl, ts],
+                                      cliprange_value, norm, vf_coef)
+                (loss * scale).backward()
+                loss_sum += st["value/loss"] * st["tokens"]
+                clip_sum += st["value/clipfrac"] * st["tokens"]
+                tokens += st["tokens"]
+        self._sum_gradients_over_ranks(scale)
+        return {"value/loss": loss_sum / max(tokens, 1.0), "value/clipfrac": clip_sum / max(tokens, 1.0)}
+
+    def _sum_gradients_over_ranks(self, scale: float) -> None:
+        """One all-reduce (sum) of the critic's gradients that no wrapper reduced (every one under DDP; the
+        LoRA critic's head under FSDP2, whose sharded adapter FSDP2 reduce-scatters), divided by the loss's
+        ``scale``: the gradient one process computes."""
+        if not self.dist.enabled:
+            return
+        from torch.distributed.tensor import DTensor
+
+        params = [p for p in self.parameters() if p.grad is not None and not isinstance(p.grad, DTensor)]
+        if not params:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        flat = self.dist.all_reduce_sum(flat) / scale
+        offset = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
+
+    def ddp_ignored(self, policy_model: nn.Module) -> list[str]:
+        """Names (in ``policy_model``) of the critic's parameters that live inside the policy's model (the
+        LoRA critic's adapter): the policy's DDP wrapper must not synchronise them (the critic does)."""
+        mine = {id(p) for _, p in self._trainable}
+        return [n for n, p in policy_model.named_parameters() if id(p) in mine]
+
+    def checkpoint_module(self, policy_model: nn.Module) -> nn.Module:
+        """The policy and the critic as one module for a distributed checkpoint (``dist_checkpoint``): its
+        optimizer holds both. A LoRA critic's adapter is named under ``policy.`` (its model holds it)."""
+        return nn.ModuleDict({"policy": policy_model, "critic": self.value_model})
+
+    def stage(self, batch, scores: torch.Tensor, cfg) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``ppo_advantages`` with the run's settings (``Trainer.critic_stage``)."""
+        return ppo_advantages(self, batch, scores, cfg.loss, cfg.memory.micro_batch_size, cfg.memory.micro_batch_tokens,
+                              self.dist.all_reduce_sum)
+
+    def gradients(self, batch, cfg) -> dict[str, float]:
+        """``accumulate`` with the run's settings: the value loss's gradients next to the policy's."""
+        m, c = cfg.memory, cfg.critic
+        return self.accumulate(batch, m.micro_batch_size, m.micro_batch_tokens, c.vf_coef, c.cliprange_value)
+
+    # --- checkpoints -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The critic's trained tensors (adapter or model, and head), for ``critic.safetensors``."""
+        out = {f"backbone.{n}": p.detach().clone().contiguous() for n, p in self._trainable}
+        out.update({f"head.{n}": p.detach().clone().contiguous() for n, p in self.head.named_parameters()})
+        return out
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        mine = {f"backbone.{n}": p for n, p in self._trainable}
+        mine.update({f"head.{n}": p for n, p in self.head.named_parameters()})
+        if set(mine) != set(state):
+            missing, unexpected = sorted(set(mine) - set(state)), sorted(set(state) - set(mine))
+            raise ValueError(f"the saved critic does not fit this run's critic (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]}): keep model, lora and critic settings unchanged")
+        for name, p in mine.items():
+            p.copy_(state[name].to(p.device, p.dtype))
+
+
+def build_critic(cfg, policy, dist: DistContext | None = None) -> Critic:
+    """The LoRA critic (a second adapter on the policy's base) or, for full fine-tuning, a value model of its
+    own; under torchrun made ready for the run's ``distributed.strategy`` (module docstring)."""
+    dist = dist or DistContext()
+    hidden = base_causal_lm(policy.model).config.get_text_config().hidden_size
+    if is_peft(policy.model):
+        from peft import LoraConfig as PeftLoraConfig
+
+        lc = cfg.lora
+        policy.model.add_adapter(CRITIC_ADAPTER, PeftLoraConfig(
+            r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=lc.target_modules,
+            task_type="CAUSAL_LM"))
+        adapters_in_input_dtype(policy.model)
+        policy.model.set_adapter("default")  # the policy's adapter is the active one outside critic passes
+        critic = Critic(policy.model, hidden, policy.device, adapter=CRITIC_ADAPTER, dist=dist)
+        for p in critic.parameters():
+            p.requires_grad_(True)
+        _broadcast_from_rank0(critic.parameters(), dist)  # the adapter's random init: rank 0's on every rank
+        return critic
+    from slimgrpo.config import ModelConfig, resolve_path
+    from slimgrpo.modeling import disable_dropout, load_model
+
+    from slimgrpo.config.paths import check_inputs_exist
+
+    check_inputs_exist(cfg, ("critic.model_path",))  # a missing folder: named with its key, not a hub message
+    path = resolve_path(cfg, cfg.critic.model_path or cfg.model.path)
+    sharded = dist.enabled and cfg.distributed.strategy == "fsdp"
+    # FSDP2: read into host memory; sharding moves each rank's part to the device (as the policy's)
+    device = torch.device("cpu") if sharded else policy.device
+    model = load_model(ModelConfig(**{**cfg.model.__dict__, "path": path}), device, policy.dtype)
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and head.weight is not emb.weight:
+        head.requires_grad_(False)  # a value model never reads its LM head
+    if cfg.memory.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.model.disable_dropout:
+        disable_dropout(model)
+    model.train()
+    critic_hidden = model.config.get_text_config().hidden_size
+    critic = Critic(model, critic_hidden, device, dist=dist)
+    if sharded:
+        from slimgrpo.distributed.wrap import shard_fsdp
+
+        critic.root = shard_fsdp(model, critic.value_model, cfg)
+        critic._trainable = critic._backbone_trainable()  # sharding replaced the parameters by DTensors
+    return critic
+
+
+def _broadcast_from_rank0(params: list[nn.Parameter], dist: DistContext) -> None:
+    with torch.no_grad():
+        for p in params:
+            dist.broadcast_(p.data)
+
+
+def ppo_advantages(critic: Critic, batch, scores: torch.Tensor, loss_cfg, micro: int | None,
+                   micro_tokens: int | None, all_reduce_sum=None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The PPO stage between the update's log-probs and the optimizer: the critic's values at sampling time,
+    per-token rewards (score at the last token, ``kl_coef`` penalty on every token), GAE and whitening.
+
+    Fills ``batch.advantages`` [rows, T], ``batch.returns`` and ``batch.old_values``; rows no reward function
+    could score (NaN) leave the loss. Returns (each row's mean advantage [rows], for the completions log;
+    metrics). ``all_reduce_sum`` (torchrun): sums over ranks, so whitening and the metrics take every rank's
+    tokens as one process takes the whole batch's; GAE itself runs row by row."""
+    reduce = all_reduce_sum or (lambda t: t)
+    L = loss_cfg
+    scorable = ~torch.isnan(scores)
+    batch.loss_mask = batch.loss_mask & scorable.to(batch.loss_mask.device)[:, None]
+    mask = batch.loss_mask
+    old_values = critic.batch_values(batch, micro, micro_tokens)
+    rewards = adv.token_rewards(scores.to(mask.device), mask, batch.old_logp, batch.ref_logp, L.kl_coef)
+    if L.whiten_rewards:
+        rewards = adv.masked_whiten(rewards, mask, shift_mean=False, all_reduce_sum=all_reduce_sum)
+    advantages, returns = adv.gae(rewards, old_values, mask, L.gamma, L.lam)
+    if L.whiten_advantages:
+        advantages = adv.masked_whiten(advantages, mask, all_reduce_sum=all_reduce_sum)
+    batch.advantages, batch.returns, batch.old_values = advantages, returns, old_values
+    m = mask.float()
+    kl = (L.kl_coef * (batch.old_logp - batch.ref_logp) * m).sum() if L.kl_coef and batch.ref_logp is not None \
+        else torch.zeros((), device=m.device)
+    sums = reduce(torch.stack([(old_values * m).sum(), (returns * m).sum(), kl.float(), m.sum()]).double())
+    n = sums[3].clamp(min=1.0)
+    metrics = {
+        "value/explained_variance": adv.explained_variance(old_values, returns, mask, all_reduce_sum),
+        "value/mean": float(sums[0] / n),
+        "value/returns_mean": float(sums[1] / n),
+    }
+    if L.kl_coef and batch.ref_logp is not None:
+        metrics["ppo/kl_penalty"] = float(sums[2] / n)
+    row_mean = (advantages * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+    return row_mean, metrics

@@ -1,0 +1,150 @@
+"""The update stage of a step as one component: ``Updater.prepare`` turns a rollout and its advantages into
+an ``UpdateBatch`` (old / reference log-probs, the entropy cut), ``Updater.step`` runs the optimizer steps on it.
+
+    updater = Updater(cfg, policy, model, optimizer, scheduler, dist, critic)
+    batch = updater.prepare(rollout, advantages)
+    advantages = updater.critic_stage(batch, advantages)   # PPO only: per-token GAE advantages
+    stats, grad_norm, skipped = updater.step(batch, step_idx)
+
+``Trainer.step`` calls it; ``trace/synthetic.py`` (update-only steps) and ``trace/step.py`` (``plan --trace``)
+build one around a given model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from slimgrpo.loss.entropy_control import EntropyController
+from slimgrpo.loss.objectives import Normaliser
+from slimgrpo.distributed import wrap as launch
+from slimgrpo.distributed.context import DistContext
+from slimgrpo.update.batch import UpdateBatch, UpdateStats, make_update_batch, merge_stats, split_update
+from slimgrpo.update.gradients import accumulate_gradients, batch_logprobs, entropy_cut
+from slimgrpo.update.reference import reference_on_device
+from slimgrpo.update.settings import UpdateSettings
+from slimgrpo.containers import Rollout
+
+
+def trainable_parameters(policy, critic=None) -> list[torch.nn.Parameter]:
+    """What the optimizer trains: the policy's parameters, then the critic's (PPO)."""
+    return policy.trainable_parameters() + (critic.parameters() if critic else [])
+
+
+def fill_token_chunk(cfg, model) -> None:
+    """``loss.token_chunk`` unset: the automatic size for the model's vocabulary, written into ``cfg`` (so the
+    run's saved config.yaml names the size it used)."""
+    if cfg.loss.token_chunk is None:
+        from slimgrpo.config import auto_token_chunk
+        from slimgrpo.modeling import base_causal_lm
+
+        cfg.loss.token_chunk = auto_token_chunk(base_causal_lm(model).config.vocab_size)
+
+
+class Updater:
+    """The policy update of one step (module docstring).
+
+    ``cfg``: its ``loss``, ``memory``, ``optim`` and ``rollout`` sections are read (and ``critic`` by PPO's
+    critic); ``policy``: the ``modeling.Policy`` (reference, device, trainable parameters); ``model``: the model
+    the update runs, a DDP / FSDP2 wrapper under torchrun; ``critic``: PPO's value function
+    (``update/critic.py``), trained beside the policy in every optimizer step."""
+
+    def __init__(self, cfg, policy, model, optimizer, scheduler, dist: DistContext | None = None, critic=None):
+        self.cfg, self.policy, self.model, self.critic = cfg, policy, model, critic
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.dist = dist or DistContext()
+        fill_token_chunk(cfg, policy.model)
+        self.settings = UpdateSettings.from_config(cfg)
+        self.entropy_control = EntropyController.from_config(cfg.loss)  # entropy bonus coefficient
+        self.value_metrics: dict[str, Any] = {}  # PPO: the critic's numbers of this step
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return trainable_parameters(self.policy, self.critic)
+
+    def prepare(self, rollout: Rollout, advantages: torch.Tensor) -> UpdateBatch:
+        """The rows of ``rollout`` with what the loss compares against: the old policy's log-probs (when the
+        policy moves before the last pass, or for PPO's KL reward), the reference's (a KL term), the entropy cut."""
+        cfg, settings = self.cfg, self.settings
+        batch = make_update_batch(rollout, advantages, cfg.loss.mask_truncated_completions)
+        if cfg.distributed.strategy == "fsdp" and self.dist.enabled:  # the same micro-batch count on every rank
+            batch.agree_count = self.dist.max_over_ranks
+        if cfg.loss.num_iterations > 1 or cfg.loss.steps_per_generation > 1 or cfg.ppo:
+            batch.old_logp = batch_logprobs(self.model, batch, settings)
+        if cfg.needs_reference:
+            sharded_root = self.model if cfg.distributed.strategy == "fsdp" and self.dist.enabled else None
+            # a streamed full-fine-tuning reference computes on the device (update/reference.py)
+            with self.policy.reference(sharded_root) as ref_model, reference_on_device(self.policy, ref_model) as ref:
+                batch.ref_logp = batch_logprobs(ref, batch, settings)
+        batch.entropy_cut = entropy_cut(self.model, batch, settings)
+        return batch
+
+    def critic_stage(self, batch: UpdateBatch, advantages: torch.Tensor) -> torch.Tensor:
+        """PPO: the scores become per-token advantages in ``batch`` (values, KL reward, GAE); returns each
+        row's mean advantage for the log (``value_metrics``: the critic's numbers). Without a critic: nothing."""
+        if self.critic is None:
+            return advantages
+        advantages, self.value_metrics = self.critic.stage(batch, advantages, self.cfg)
+        return advantages
+
+    def normaliser(self, batch: UpdateBatch) -> Normaliser:
+        """Whole-batch totals across ranks, so micro-batching and sharding leave the loss unchanged."""
+        counts = torch.tensor([batch.rows, int(batch.loss_mask.sum())], dtype=torch.float64)
+        counts = self.dist.all_reduce_sum(counts.to(self.policy.device)).cpu()
+        rows, tokens = int(counts[0]), int(counts[1])
+        # Entropy bonus: a mean over every rank's tokens; with top-entropy masks (whose counts are known only
+        # inside the loss) a per-micro-batch mean, averaged over micro-batches and ranks as in TRL.
+        whole = self.cfg.loss.top_entropy_quantile >= 1.0
+        entropy = dict(entropy_tokens=max(tokens, 1) if whole else None, entropy_parts=1 if whole else self.dist.world_size)
+        if self.cfg.loss.loss_type == "bnpo":  # tokens of this rank's batch (TRL's "local batch")
+            tokens = int(batch.loss_mask.sum()) * self.dist.world_size
+        return Normaliser(num_sequences=rows, num_tokens=max(tokens, 1), **entropy)
+
+    def step(self, batch: UpdateBatch, step_idx: int = 0) -> tuple[UpdateStats, float, bool]:
+        """``num_iterations`` passes over the batch, each one optimizer step per ``steps_per_generation`` slice,
+        then one scheduler step. ``step_idx``: steps before this one (the reference sync counts optimizer steps).
+        Returns ``(stats, grad_norm, skipped)``: skipped when a loss or the gradient norm was not finite (the
+        gradients are dropped and the passes stop there). Every ``.grad`` is None when it returns."""
+        cfg = self.cfg
+        slices = split_update(batch, cfg.loss.steps_per_generation)
+        norms = [self.normaliser(part) for part in slices]
+        params = self.parameters()
+        stats = None
+        grad_norm = float("nan")
+        skipped = False
+        opt_step = step_idx * cfg.loss.num_iterations * len(slices)  # optimizer steps before this one
+        for _ in range(cfg.loss.num_iterations):
+            step_stats = []
+            for part, norm in zip(slices, norms):
+                self.optimizer.zero_grad(set_to_none=True)
+                step_stats.append(accumulate_gradients(
+                    self.model, part, self.settings, norm, entropy_coef=self.entropy_control.applied(),
+                    loss_scale=float(self.dist.world_size), no_sync=getattr(self.model, "no_sync", None)))
+                step_stats[-1].extra.update(self.critic.gradients(part, cfg) if self.critic else {})  # PPO
+                self._update_entropy_control(step_stats[-1])
+                max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
+                grad_norm = launch.clip_grad_norm(params, max_norm)
+                if not math.isfinite(grad_norm) or not math.isfinite(step_stats[-1].loss):
+                    skipped = True  # its gradients are dropped below, with every step's
+                    break
+                self.optimizer.step()
+                opt_step += 1
+                if cfg.loss.sync_ref_model and opt_step % cfg.loss.ref_model_sync_steps == 0:
+                    self.policy.sync_reference(cfg.loss.ref_model_mixup_alpha)
+            stats = merge_stats(step_stats)
+            if skipped:
+                break
+        # Freed now rather than at the next step's first backward: a full fine-tune's gradients are as large as
+        # the trained weights and would otherwise sit through the next generation and prepare.
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return stats, grad_norm, skipped
+
+    def _update_entropy_control(self, stats: UpdateStats) -> None:
+        """Adaptive entropy control after an optimizer step, from every rank's entropy over the bonus tokens."""
+        if not self.entropy_control.adaptive:
+            return
+        local = torch.tensor([stats.bonus_entropy_sum, stats.bonus_tokens], dtype=torch.float64)
+        total, count = self.dist.all_reduce_sum(local.to(self.policy.device)).cpu().tolist()
+        self.entropy_control.update(total, count)

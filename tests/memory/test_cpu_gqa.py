@@ -1,0 +1,83 @@
+"""Grouped-query attention on CPU without repeated keys and values (memory/attention.py ``cpu_gqa``).
+
+Hugging Face's sdpa integration repeats K/V to query width whenever a mask is passed; on CPU slimgrpo asks it
+for ``enable_gqa`` instead (torch's CPU flash kernel takes it with a mask). Same loss and gradients as the
+repeated path, on the masked passes the update runs (shared prompt, padded rows), and the planner's
+kv width follows the device.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from slimgrpo.memory import attention
+from slimgrpo.plan.shapes import ModelShape
+from slimgrpo.update.shared_prompt import shared_completion_hidden
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=97, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+    config._attn_implementation = "sdpa"
+    return AutoModelForCausalLM.from_config(config)
+
+
+def _loss_and_grads(model, device: str):
+    """A masked pass (shared prompt with a left-padded prompt, 7 completion tokens: no chunk divides it)."""
+    torch.manual_seed(1)
+    P, T, G = 5, 7, 3
+    prompts = torch.randint(1, 97, (2, P))
+    prompt_mask = torch.ones(2, P, dtype=torch.long)
+    prompt_mask[1, :2] = 0  # left padding: the pass needs a mask
+    ids = torch.cat([prompts.repeat_interleave(G, 0), torch.randint(1, 97, (2 * G, T))], dim=1)
+    mask = torch.cat([prompt_mask.repeat_interleave(G, 0), torch.ones(2 * G, T, dtype=torch.long)], dim=1)
+    model.zero_grad(set_to_none=True)
+    with attention.cpu_gqa(device):
+        hidden, targets, _, _ = shared_completion_hidden(model, ids, mask, T, ids[:, P:])
+        logits = model.lm_head(hidden)
+        loss = torch.nn.functional.cross_entropy(logits, targets)
+        loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_native_gqa_gives_the_repeated_paths_loss_and_gradients(monkeypatch):
+    monkeypatch.delenv(attention.GQA_ENV, raising=False)
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: seen.append((a[1].shape[1], k.get("enable_gqa", False))) or real(*a, **k))
+    model = _model()
+    loss_native, grads_native = _loss_and_grads(model, "cpu")
+    assert seen and all(kv_heads == 2 and gqa for kv_heads, gqa in seen), seen  # K/V kept at 2 heads
+    seen.clear()
+    loss_repeat, grads_repeat = _loss_and_grads(model, "cuda")  # the switch cleared: HF repeats K/V
+    assert seen and all(kv_heads == 6 and not gqa for kv_heads, gqa in seen), seen
+    torch.testing.assert_close(loss_native, loss_repeat, rtol=1e-6, atol=1e-6)
+    assert grads_native.keys() == grads_repeat.keys()
+    for name in grads_native:
+        torch.testing.assert_close(grads_native[name], grads_repeat[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert attention.GQA_ENV not in os.environ  # restored
+
+
+def test_a_value_the_user_set_is_kept(monkeypatch):
+    monkeypatch.setenv(attention.GQA_ENV, "0")
+    with attention.cpu_gqa("cpu"):
+        assert os.environ[attention.GQA_ENV] == "0"
+    assert not attention.native_gqa("cpu")  # and the planner counts repeated K/V then
+    with attention.cpu_gqa("cuda"):
+        assert os.environ[attention.GQA_ENV] == "0"
+
+
+def test_the_planner_counts_kv_width_by_device():
+    shape = ModelShape.from_hf_config(_model().config.to_dict())
+    if not attention.native_gqa("cpu"):
+        pytest.skip("this transformers has no TRANSFORMERS_SDPA_FORCE_GQA switch")
+    assert attention.kv_width(shape, "sdpa", True, "cpu") == shape.kv_dim
+    assert attention.kv_width(shape, "sdpa", True, "cuda") == shape.q_dim
+    assert attention.kv_width(shape, "sdpa", False, "cuda") == shape.kv_dim
+    assert attention.kv_width(shape, "eager", False, "cpu") == shape.q_dim

@@ -1,0 +1,157 @@
+"""Pinned host memory equals the plan (issue 42, item 5): activation offload holds exact-size buffers from a
+pool (memory/pinned.py), not power-of-two blocks of torch's caching host allocator, and the plan's host
+line is what the pool holds. The driver's pinning is replaced by functions that do nothing (no CUDA here)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from slimgrpo.plan.planner import PlanInputs, plan_memory
+from slimgrpo.plan.shapes import ModelShape
+from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout, update_config
+from slimgrpo.update import gradients
+from slimgrpo.update.offload import AsyncOffload
+from slimgrpo.memory.pinned import PinnedPool
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "slimgrpo" / "train" / "update"
+
+
+def _pool(pinned: list | None = None) -> PinnedPool:
+    pinned = pinned if pinned is not None else []
+    return PinnedPool(pin=lambda t: pinned.append(t.numel()), unpin=lambda t: pinned.remove(t.numel()))
+
+
+def test_pool_holds_exact_sizes_and_reuses_them():
+    pinned: list[int] = []
+    pool = _pool(pinned)
+    size = 9234 * 64  # 590,976 B, not a power of two: the caching host allocator would hold 2**20
+    a, la = pool.acquire((size // 4,), torch.float32)
+    b, lb = pool.acquire((size // 2,), torch.bfloat16)
+    assert a.shape == (size // 4,) and b.dtype == torch.bfloat16
+    assert pool.bytes_held == 2 * size == sum(pinned)  # exact: no rounding up
+    del la, lb  # autograd dropped the saved tensors: the buffers go back
+    a, la = pool.acquire((size // 4,), torch.float32)
+    b, lb = pool.acquire((size // 8,), torch.float32)  # smaller: served by the other free buffer
+    assert pool.bytes_held == 2 * size and len(pinned) == 2  # the next step reuses them
+
+
+def test_pool_gives_back_buffers_too_small_for_a_larger_step():
+    pinned: list[int] = []
+    pool = _pool(pinned)
+    leases = [pool.acquire((1024,), torch.float32)[1] for _ in range(3)]
+    del leases
+    leases = [pool.acquire((1536,), torch.float32)[1] for _ in range(3)]  # longer rows this step
+    assert pool.bytes_held == 3 * 6144 == sum(pinned)  # not 3·4096 + 3·6144: the small ones were released
+    del leases
+    pool.trim()
+    assert pool.bytes_held == 0 and pinned == []
+
+
+def test_pool_cap_overflows_into_unpinned_memory():
+    pool = _pool()
+    pool.cap_bytes = 8192
+    kept = [pool.acquire((1024,), torch.float32) for _ in range(2)]
+    host, lease = pool.acquire((1024,), torch.float32)
+    assert lease is None and pool.bytes_held == 8192 and pool.overflow_bytes == 4096 and host.shape == (1024,)
+    assert kept
+
+
+def test_offload_allocates_no_caching_host_allocator_blocks():
+    """The CUDA path's host buffers come from the pool: ``pin_memory=True`` (the caching host allocator,
+    power-of-two blocks) appears nowhere in the offload code."""
+    for name in ("offload.py", "pinned.py"):
+        tree = ast.parse((SRC / name).read_text())
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+        pins = [kw for c in calls for kw in c.keywords if kw.arg == "pin_memory"
+                and isinstance(kw.value, ast.Constant) and kw.value.value is True]
+        pins += [c for c in calls if isinstance(c.func, ast.Attribute) and c.func.attr == "pin_memory"]
+        assert not pins, f"{name} allocates pinned memory through torch's caching host allocator"
+
+
+def test_tensor_saved_twice_is_copied_once():
+    x = torch.randn(64, 32, requires_grad=True)
+    with AsyncOffload(min_bytes=0, device_types=("cpu",), pool=_pool()) as h:
+        y = x * 2
+        z = (y * y).sum()  # mul saves y twice
+    assert h.offloaded == 1
+    z.backward()
+    assert torch.equal(x.grad, 8 * x.detach())
+
+
+TINY = ModelShape(family="qwen2", hidden=64, intermediate=96, layers=3, heads=4, kv_heads=2, vocab=97, tie=True,
+                  max_positions=4096)
+MIN_BYTES = 16 << 10  # offload's threshold, 1 MiB in a run, lowered so that a small step has tensors above it
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_plan_host_line_equals_pool_bytes(monkeypatch, dtype):
+    """One update step with checkpointing and offload, two micro-batches: the pool holds what the plan's
+    "offloaded checkpoints" line says, to the byte (tensors of >= MIN_BYTES only, as the planner counts them)."""
+    from slimgrpo.plan import formulas
+
+    monkeypatch.setattr(formulas, "OFFLOAD_MIN_BYTES", MIN_BYTES)
+    pool = _pool()
+    hooks = []
+
+    def offloading(enabled, device):
+        hooks.append(AsyncOffload(min_bytes=MIN_BYTES, device_types=("cpu",), pool=pool))
+        return hooks[-1]
+
+    monkeypatch.setattr(gradients, "offload_context", offloading)
+    m, P, T = 2, 40, 100
+    cfg = update_config({"memory": {"gradient_checkpointing": True, "offload_activations": True,
+                                    "micro_batch_size": m, "tiled_mlp": "off"},
+                         "rollout": {"num_generations": 4, "max_completion_length": T},
+                         "data": {"max_prompt_length": P}, "loss": {"beta": 0.0}})
+    runner = UpdateOnly(cfg, random_causal_lm(TINY, dtype, "cpu"), device="cpu")
+    result = runner.step(synthetic_rollout(1, 4, P, T, vocab=TINY.vocab))
+    assert result.loss == result.loss and len(hooks) == 2  # finite, two micro-batches
+    plan = plan_memory(TINY, PlanInputs(
+        device="cuda", param_dtype_bytes=dtype.itemsize, num_generations=4, prompts_per_step=1,
+        micro_batch_rows=m, max_prompt_length=P, max_completion_length=T, gradient_checkpointing=True,
+        offload_activations=True, beta=0.0, tiled_mlp="off"))
+    line = plan.bytes_of("offloaded checkpoints")
+    assert hooks[0].offloaded_bytes == hooks[1].offloaded_bytes == line
+    assert pool.peak_bytes_held == pool.bytes_held == line  # the second micro-batch reused the first's buffers
+    assert plan.host_bytes == line
+
+
+def test_bytes_pinned_in_place_reach_the_pinned_host_metric(monkeypatch):
+    """``memory/pinned_host_peak_mib`` read only the caching host allocator, which no longer holds the pool's or
+    the streamed reference's bytes: what ``register_host`` pinned is added (the driver faked here)."""
+    from slimgrpo.output import metrics
+    from slimgrpo.memory import pinned
+
+    class FakeCudart:
+        def cudaHostRegister(self, ptr, size, flags):
+            return 0
+
+        def cudaHostUnregister(self, ptr):
+            return 0
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: FakeCudart())
+    monkeypatch.setattr(pinned, "_registered", {"current": 0, "peak": 0})
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "host_memory_stats", lambda: {"allocated_bytes.peak": 2**20})
+    pool = PinnedPool()  # the real register_host / unregister_host
+    held = [pool.acquire((3 * 2**18,), torch.float32)[1] for _ in range(2)]  # 2 x 3 MiB
+    assert pinned.registered_bytes() == (6 * 2**20, 6 * 2**20)
+    del held
+    pool.trim()
+    assert pinned.registered_bytes() == (0, 6 * 2**20)
+    assert metrics.memory_metrics(torch.device("cuda", 0))["memory/pinned_host_peak_mib"] == 1 + 6
+
+
+def test_trainer_caps_the_pool_at_the_plans_host_line():
+    """The trainer hands the plan's "offloaded checkpoints" bytes to the pool as its cap (an AST check: the
+    trainer cannot start on CUDA here)."""
+    src = (SRC.parent / "trainer.py").read_text()
+    tree = ast.parse(src)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "set_activation_cap"]
+    assert len(calls) == 1
+    assert 'bytes_of("offloaded checkpoints")' in ast.get_source_segment(src, calls[0])
