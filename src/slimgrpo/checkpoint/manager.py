@@ -1,10 +1,10 @@
 """The run folder and its checkpoints as one component: the lock, the plan (resume, fresh, refuse, already
 finished), saving and loading checkpoints, the final model.
 
-    checkpoints = Checkpointer(cfg, dist, output_dir)    # in Trainer.__init__: holds no lock yet
-    checkpoints.lock_folder()                           # setup: rank 0 takes the folder's lock
-    plan = checkpoints.plan_folder()                    # setup: decided before anything is written
-    checkpoints.attach(CheckpointParts(...))             # setup: what a checkpoint saves and restores
+    checkpoints = Checkpointer(cfg, dist, output_dir)    # train/build.py's build_run: holds no lock yet
+    checkpoints.lock_folder()                           # build_run: rank 0 takes the folder's lock
+    plan = checkpoints.plan_folder()                    # build_run: decided before anything is written
+    checkpoints.attach(CheckpointParts(...))             # build_run: what a checkpoint saves and restores
     step = checkpoints.resume()                         # the step to go on from (0: a fresh run)
     checkpoints.save(step)                              # a checkpoint (DCP under torchrun)
     checkpoints.save_model(output_dir / "final")        # the final model, written atomically
@@ -57,13 +57,13 @@ class CheckpointParts:
 class Checkpointer:
     """The run folder and checkpoints of one run (module docstring). ``cfg``: its ``run`` section (resume,
     overwrite, save_* and the limits) and ``distributed.strategy``; ``dist``: the ranks; ``output_dir``: the
-    run folder."""
+    run folder; ``run_lock``: the folder's lock when the caller already holds it (the demo), else None."""
 
-    def __init__(self, cfg, dist: DistContext, output_dir: Path):
+    def __init__(self, cfg, dist: DistContext, output_dir: Path, run_lock=None):
         self.cfg, self.dist, self.output_dir = cfg, dist, output_dir
-        self.run_lock = None  # rank 0 holds the run folder's lock from setup to the end of the run
+        self.run_lock = run_lock  # rank 0 holds the run folder's lock from the build to the end of the run
         self.plan = run_folder.Plan()
-        self.parts: CheckpointParts | None = None  # attach() in setup
+        self.parts: CheckpointParts | None = None  # attach() in train/build.py's build_run
 
     # ------------------------------------------------------------------------- the folder
 
@@ -151,11 +151,11 @@ class Checkpointer:
         self.dist.barrier()
         return path
 
-    def checkpoint_parts(self, model) -> ckpt.CheckpointParts:
+    def checkpoint_parts(self, model) -> ckpt.Snapshot:
         """``model`` (the policy, or ``saved_modules()`` under torchrun) with the optimizer, scheduler, data
         position and sampling generator, as a checkpoint saves them."""
         p = self.parts
-        return ckpt.CheckpointParts(model, p.optimizer, p.scheduler, p.sampler.state_dict(), p.generator)
+        return ckpt.Snapshot(model, p.optimizer, p.scheduler, p.sampler.state_dict(), p.generator)
 
     def saved_modules(self):
         """What a distributed checkpoint holds with the optimizer: the policy, and PPO's critic beside it."""

@@ -14,6 +14,8 @@ from slimgrpo.config import from_dict, merge_overrides, validate_config
 from slimgrpo.config.paths import shown
 from slimgrpo.modeling import build_policy
 from slimgrpo.output.console import quiet_third_party
+from slimgrpo.distributed.context import from_environment
+from slimgrpo.train.build import RunInputs, build_run
 from slimgrpo.train.trainer import Trainer
 from slimgrpo.units import human_duration
 
@@ -87,9 +89,8 @@ def run_demo(output_dir: str = "outputs/demo", overrides: list[str] | None = Non
     console.print(f"[bold]slimgrpo demo[/bold]: {name} on a bundled tiny model, CPU, {cfg.run.max_steps} steps")
     policy = build_policy(cfg)
     T = cfg.eval.temperature
-    trainer = Trainer(cfg, policy=policy)
-    trainer.checkpoints.run_lock = lock  # the trainer releases it when the run ends
-    trainer.setup()
+    # the lock already held: the trainer releases it when the run ends
+    trainer = Trainer(build_run(cfg, RunInputs(from_environment(), policy=policy, run_lock=lock)))
     summary = trainer.train()  # evaluates eval.data before the first step and after the last
     n_eval = trainer.evaluator.num_prompts
     before = {m: summary[f"eval_before/accuracy_{m}"] for m in ("sampled", "greedy")}

@@ -76,7 +76,6 @@ def run_tool_demo(output_dir: str = "outputs/demo-tools", overrides: list[str] |
     console.print(f"[bold]slimgrpo demo --task tools[/bold]: GRPO teaches a tiny model to call a calculator, "
                   f"CPU, {cfg.run.max_steps} steps")
     trainer = Trainer(cfg)
-    trainer.setup()
     eval_file = Path(cfg.data.path).parent / "eval.jsonl"  # beside the training prompts
     eval_set = load_prompt_dataset(str(eval_file), trainer.policy.tokenizer, cfg.data)
     T = cfg.rollout.temperature

@@ -26,15 +26,18 @@ from slimgrpo.output.metrics import EVAL_PREFIX
 
 
 class DuringTrainingEval:
-    """Built by the trainer after setup; ``None`` from :func:`make_evaluator` when ``eval.data`` is empty."""
+    """Built with the run (``train/build.py``); ``None`` from :func:`make_evaluator` when ``eval.data`` is empty.
 
-    def __init__(self, trainer):
-        self.trainer = trainer
-        cfg = trainer.cfg
+    ``engine``: the run's rollout engine; ``agent``: its multi-turn rollout for tools / environments (the same
+    as training's), else None (a custom rollout function is not used to evaluate)."""
+
+    def __init__(self, cfg, dist, policy, reward_runner, engine, agent, sampling):
+        self.run_cfg, self.dist, self.policy = cfg, dist, policy
+        self.reward_runner, self.engine, self.agent = reward_runner, engine, agent
         self.cfg = cfg.eval
         data_cfg = dataclasses.replace(cfg.data, max_samples=cfg.eval.max_prompts)
-        self.dataset = load_prompt_dataset(resolve_path(cfg, cfg.eval.data), trainer.policy.tokenizer, data_cfg)
-        world, rank = trainer.dist.world_size, trainer.dist.rank
+        self.dataset = load_prompt_dataset(resolve_path(cfg, cfg.eval.data), policy.tokenizer, data_cfg)
+        world, rank = dist.world_size, dist.rank
         per_rank = len(self.dataset) // world  # equal shares: every rank runs the same generate calls
         if per_rank == 0:
             raise ValueError(f"eval.data={cfg.eval.data!r} has {len(self.dataset)} prompts, fewer than the "
@@ -42,33 +45,30 @@ class DuringTrainingEval:
         self.indices = tuple(range(rank * per_rank, (rank + 1) * per_rank))
         self.num_prompts = per_rank * world
         temperature = cfg.eval.temperature if cfg.eval.temperature is not None else cfg.rollout.temperature
-        self.sampled = dataclasses.replace(trainer.sampling, temperature=temperature)
-        self.greedy = dataclasses.replace(trainer.sampling, temperature=0.0)
+        self.sampled = dataclasses.replace(sampling, temperature=temperature)
+        self.greedy = dataclasses.replace(sampling, temperature=0.0)
         # Prompts per generate call: about the rows of one training step (what we know fits).
-        self.prompts_per_batch = max(1, cfg.run.batch_size // trainer.dist.world_size // cfg.eval.num_samples)
-        # Tools / environments: the same multi-turn rollout as training (a custom rollout_function is not used).
-        self.agent = trainer.agent if hasattr(trainer.agent, "toolbox") else None
+        self.prompts_per_batch = max(1, cfg.run.batch_size // dist.world_size // cfg.eval.num_samples)
 
     def due(self, step: int) -> bool:
         """After optimizer step ``step``: every ``eval.steps`` steps, and after the last step."""
         every = self.cfg.steps
-        return step >= self.trainer.cfg.run.max_steps or bool(every and step % every == 0)
+        return step >= self.run_cfg.run.max_steps or bool(every and step % every == 0)
 
     def after_step(self, step: int) -> dict[str, float]:
         if not self.due(step):
             return {}
         metrics = self.run()
-        if step % self.trainer.cfg.log.logging_steps:  # a logged step shows it in its metrics line
-            print_eval(self.trainer, f"after step {step}", metrics)
+        if step % self.run_cfg.log.logging_steps:  # a logged step shows it in its metrics line
+            print_eval(self.dist.is_main, self.num_prompts, f"after step {step}", metrics)
         return metrics
 
     def _evaluate(self, sampling, num_samples: int) -> EvalResult:
-        t = self.trainer
         settings = EvalSettings(sampling, num_samples=num_samples, ks=(num_samples,),
-                                prompts_per_batch=self.prompts_per_batch, seed=t.cfg.run.seed,
+                                prompts_per_batch=self.prompts_per_batch, seed=self.run_cfg.run.seed,
                                 success_threshold=self.cfg.threshold, indices=self.indices)
-        return evaluate(t.policy.model, t.policy.tokenizer, self.dataset, t.reward_runner, settings, engine=t.engine,
-                        agent=self.agent)
+        return evaluate(self.policy.model, self.policy.tokenizer, self.dataset, self.reward_runner, settings,
+                        engine=self.engine, agent=self.agent)
 
     def run(self) -> dict[str, float]:
         """Evaluate now; ``eval/...`` metrics averaged over every rank's prompts, and ``time/eval_s`` (its wall
@@ -91,15 +91,16 @@ class DuringTrainingEval:
         return out
 
     def _mean_over_ranks(self, values: list[float]) -> list[float]:
-        d = self.trainer.dist
+        d = self.dist
         if not d.enabled:
             return values
-        t = torch.tensor(values, dtype=torch.float64, device=self.trainer.policy.device)
+        t = torch.tensor(values, dtype=torch.float64, device=self.policy.device)
         return (d.all_reduce_sum(t) / d.world_size).cpu().tolist()  # equal shares: the mean of the means
 
 
-def make_evaluator(trainer) -> DuringTrainingEval | None:
-    return DuringTrainingEval(trainer) if trainer.cfg.eval.data else None
+def make_evaluator(cfg, dist, policy, reward_runner, engine, agent, sampling) -> DuringTrainingEval | None:
+    """The run's evaluator (``DuringTrainingEval``'s arguments), or None without ``eval.data``."""
+    return DuringTrainingEval(cfg, dist, policy, reward_runner, engine, agent, sampling) if cfg.eval.data else None
 
 
 def eval_summary(history: list[dict[str, Any]], final_step: int | None = None,

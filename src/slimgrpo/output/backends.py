@@ -2,8 +2,8 @@
 
 Each backend imports its package only when asked for, so none of them is a dependency of slimgrpo;
 a missing one stops the run before training with the pip extra that installs it. A backend is any
-object with ``log(step, record)`` and ``close()``, optionally ``log_completions(step, samples)``:
-:class:`slimgrpo.output.metrics.MetricsWriter` calls them. Create backends on the main process only.
+object with ``log(step, record)``, ``log_completions(step, samples)`` and ``close()`` (the ``Backend``
+protocol): :class:`slimgrpo.output.metrics.MetricsWriter` calls them. Create backends on the main process only.
 
 Secrets: the config is scrubbed (:func:`slimgrpo.redact.scrub`) before any backend sees it, and so
 are sample completions, which can echo whatever a prompt contained.
@@ -29,7 +29,11 @@ class BackendUnavailable(ImportError, ValueError):
 
 
 class Backend(Protocol):
+    """A metric sink: every step's record, sample completions (``log.log_completions_steps``), the end."""
+
     def log(self, step: int, record: dict[str, Any]) -> None: ...
+
+    def log_completions(self, step: int, samples: list[dict[str, Any]]) -> None: ...
 
     def close(self) -> None: ...
 

@@ -43,15 +43,18 @@ def quiet_third_party(verbose: bool) -> None:
         pass
 
 
-def banner_lines(trainer) -> list[str]:
-    cfg, policy = trainer.cfg, trainer.policy
+def banner_lines(cfg, policy, world_size: int, start_step: int, eval_prompts: int | None,
+                 output_dir) -> list[str]:
+    """The start banner: the model and what trains, the device, the batch, the steps (``start_step``: the step
+    a resumed run goes on from), the held-out evaluation (``eval_prompts``: its prompt count, None without
+    one), the run folder."""
     params = list(policy.model.parameters())
     total = sum(p.numel() for p in params)
     trainable = sum(p.numel() for p in params if p.requires_grad)
     share = f" ({trainable / total:.2%})" if total and trainable < total else ""
     kind = f"LoRA r={cfg.lora.r}" if cfg.lora.enabled else "full fine-tuning"
     dtype = str(policy.dtype).replace("torch.", "")
-    world = trainer.dist.world_size
+    world = world_size
     device = f"{policy.device}" + (f" x {world} processes ({cfg.distributed.strategy})" if world > 1 else "")
     lines = [
         f"slimgrpo train: {cfg.model.path}",
@@ -59,25 +62,25 @@ def banner_lines(trainer) -> list[str]:
         f"  device      {device}, {dtype}",
         f"  batch       {cfg.prompts_per_step} prompts x {cfg.rollout.num_generations} generations = "
         f"{cfg.run.batch_size} completions per step, up to {cfg.rollout.max_completion_length} tokens each",
-        f"  steps       {cfg.run.max_steps}" + (f" (resuming after step {trainer.step_idx})" if trainer.step_idx else "")
+        f"  steps       {cfg.run.max_steps}" + (f" (resuming after step {start_step})" if start_step else "")
         + f"; rewards: {', '.join(str(f) for f in cfg.rewards.functions)}",
     ]
-    ev = getattr(trainer, "evaluator", None)
-    if ev is not None:
+    if eval_prompts is not None:
         when = f"every {cfg.eval.steps} steps" if cfg.eval.steps else "before and after training"
-        lines.append(f"  eval        {ev.num_prompts} held-out prompts x {cfg.eval.num_samples} samples, {when}")
-    lines.append(f"  output      {trainer.output_dir}")
+        lines.append(f"  eval        {eval_prompts} held-out prompts x {cfg.eval.num_samples} samples, {when}")
+    lines.append(f"  output      {output_dir}")
     return lines
 
 
-def print_banner(trainer) -> None:
-    if trainer.dist.is_main:
-        print("\n".join(banner_lines(trainer)), flush=True)
+def print_banner(is_main: bool, lines: list[str]) -> None:
+    if is_main:
+        print("\n".join(lines), flush=True)
 
 
-def print_eval(trainer, label: str, metrics: dict[str, Any]) -> None:
-    if trainer.dist.is_main and metrics:
-        n = trainer.evaluator.num_prompts
+def print_eval(is_main: bool, num_prompts: int, label: str, metrics: dict[str, Any]) -> None:
+    """One held-out evaluation (``describe_eval``) with its prompt count; rank 0 only."""
+    if is_main and metrics:
+        n = num_prompts
         print(f"eval {label}: {describe_eval(metrics)}  ({n} held-out {'prompt' if n == 1 else 'prompts'})", flush=True)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from slimgrpo.output.backends import Backend
 from slimgrpo.redact import scrub
 
 EVAL_PREFIX = "eval/"  # held-out evaluation metrics (evaluate/during.py writes them)
@@ -129,7 +130,7 @@ class MetricsWriter:
     """Appends one JSON object per step to ``metrics.jsonl`` and sample completions to
     ``completions.jsonl``; forwards metrics to optional backends."""
 
-    def __init__(self, output_dir: str | Path, enabled: bool = True, backends: list[Any] | None = None):
+    def __init__(self, output_dir: str | Path, enabled: bool = True, backends: list[Backend] | None = None):
         self.dir = Path(output_dir)
         self.enabled = enabled
         self.backends = backends or []
@@ -156,8 +157,7 @@ class MetricsWriter:
             for s in samples:
                 f.write(json.dumps(scrub({"step": step, **{k: _clean(v) for k, v in s.items()}})) + "\n")
         for backend in self.backends:
-            if hasattr(backend, "log_completions"):
-                backend.log_completions(step, samples)
+            backend.log_completions(step, samples)
 
     def truncate_after(self, step: int, saved_history: Path | None = None) -> None:
         """On resume, drop records of steps after the checkpoint (they will be redone).
@@ -185,5 +185,4 @@ class MetricsWriter:
 
     def close(self) -> None:
         for backend in self.backends:
-            if hasattr(backend, "close"):
-                backend.close()
+            backend.close()

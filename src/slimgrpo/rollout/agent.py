@@ -185,7 +185,7 @@ class AgentRollout:
                              f"{allowed}: raise data.max_prompt_length (the tool schemas count)")
         device = self.parts.device
         n = len(rows_in)
-        limit = getattr(self.engine, "max_batch_rows", None)
+        limit = self.engine.max_batch_rows  # a TorchRolloutEngine (wrapped under torchrun: read through)
         chunk = n if limit is None else min(n, limit)
         states: list[RowState] = []
         with torch.no_grad(), eval_mode(self.parts.root), self.parts.packed_weights(chunk, "auto"):

@@ -2,7 +2,8 @@
 
 * ``build_agent``: the ``AgentRollout`` for ``rollout.tools`` / ``rollout.environment``, or None;
 * ``CustomRollout``: TRL's ``rollout_func`` contract behind ``rollout.rollout_function``;
-* ``sandboxed_call``: runs one tool call in the code sandbox (``rollout.tool_sandbox``).
+* ``sandboxed_call``: runs one tool call in the code sandbox (``rollout.tool_sandbox``);
+* ``setup_agent``: the run's ``AgentSetup`` (``train/build.py`` calls it with the parts it reads, not the trainer).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -143,22 +145,43 @@ class CustomRollout:
                        prompts_per_row=True, reward_columns=extra)
 
 
-def setup_agent(trainer) -> tuple[Any, list[tuple[str, Callable]]]:
-    """``(rollout, extra reward functions)`` for a ``Trainer``: a ``CustomRollout``, an ``AgentRollout``
-    (plus one ``get_reward`` reward per environment class), or ``(None, [])`` for plain rollouts."""
-    cfg, args = trainer.cfg, trainer.agent_args
-    fn = args.get("rollout_func")
+@dataclass(frozen=True)
+class AgentInputs:
+    """The Python API's rollout arguments (TRL's ``GRPOTrainer`` names), used in place of ``rollout.tools`` /
+    ``rollout.environment`` / ``rollout.rollout_function`` when given."""
+
+    tools: list[Callable] | None = None
+    environment: Callable | dict[str, Callable] | None = None
+    rollout_func: Callable | None = None
+
+
+@dataclass(frozen=True)
+class AgentSetup:
+    """How a run generates besides the engine: ``agent``, the ``AgentRollout`` for tools / environments, with
+    ``rewards`` (one ``get_reward`` reward per environment class); or ``rollout_func``, TRL's
+    ``rollout_func(prompts, trainer)``, which the trainer wraps in a ``CustomRollout`` (it receives the
+    trainer); or neither (plain rollouts)."""
+
+    agent: AgentRollout | None = None
+    rewards: list[tuple[str, Callable]] = field(default_factory=list)
+    rollout_func: Callable | None = None
+
+
+def setup_agent(cfg, dist, engine, tokenizer, given: AgentInputs) -> AgentSetup:
+    """The run's ``AgentSetup`` from the config and the Python API's arguments; ``engine`` (the run's, wrapped
+    or not) supplies the model parts the agent decodes with, ``dist`` the ranks."""
+    fn = given.rollout_func
     if fn is None and cfg.rollout.rollout_function:
         fn = load_spec(cfg.rollout.rollout_function, cfg.base_dir, "rollout.rollout_function")
     if fn is not None:
-        return CustomRollout(fn, trainer), []
-    agent = build_agent(cfg, trainer.engine, trainer.policy.tokenizer, args.get("tools"), args.get("environment"))
+        return AgentSetup(rollout_func=fn)
+    agent = build_agent(cfg, engine, tokenizer, given.tools, given.environment)
     if agent is None:
-        return None, []
+        return AgentSetup()
     # Under torchrun every rank runs its own rows' conversations and tools with no collective inside; the
-    # trainer wraps the agent like the single-turn engine (train/launch.guard_agent): guarded with DDP, on
+    # run wraps the agent like the single-turn engine (distributed/wrap.wrap_engine): guarded with DDP, on
     # gathered weights with FSDP2.
-    if trainer.dist.enabled and cfg.distributed.strategy == "fsdp" and cfg.distributed.fsdp_generation != "gather":
+    if dist.enabled and cfg.distributed.strategy == "fsdp" and cfg.distributed.fsdp_generation != "gather":
         # per_layer all-gathers each layer on every forward, and ranks take different numbers of decode
         # steps and turns: their collectives would not pair up (the job hangs until distributed.timeout_s)
         raise ConfigError("rollout.tools / rollout.environment under distributed.strategy=fsdp need "
@@ -168,7 +191,7 @@ def setup_agent(trainer) -> tuple[Any, list[tuple[str, Callable]]]:
     if not cfg.rewards.functions and not rewards:
         raise ConfigError("rewards.functions is empty and the environment has no get_reward(): name a reward "
                           "function, or give the environment class a get_reward method")
-    return agent, rewards
+    return AgentSetup(agent, rewards)
 
 
-__all__ = ["CustomRollout", "build_agent", "load_spec", "sandboxed_call", "setup_agent"]
+__all__ = ["AgentInputs", "AgentSetup", "CustomRollout", "build_agent", "load_spec", "sandboxed_call", "setup_agent"]

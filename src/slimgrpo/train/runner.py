@@ -15,25 +15,27 @@ from slimgrpo.config import Config
 from slimgrpo.redact import install_log_filter, scrub_text
 from slimgrpo.checkpoint import format as ckpt
 from slimgrpo.distributed.context import from_environment
+from slimgrpo.train.build import RunInputs, StopRequest, build_run
 from slimgrpo.train.trainer import Trainer
 
 log = logging.getLogger("slimgrpo")
 
 
-def install_preemption_handlers(trainer: Trainer) -> Callable[[], None]:
-    """SIGTERM / SIGINT: finish the current step, save a checkpoint, exit 0. A second signal stops at
-    once (KeyboardInterrupt; the checkpoint being written, if any, is left incomplete and ignored).
+def install_preemption_handlers(stop: StopRequest) -> Callable[[], None]:
+    """SIGTERM / SIGINT: finish the current step, save a checkpoint, exit 0 (``stop``: the run's stop request,
+    which the trainer reads before each step). A second signal stops at once (KeyboardInterrupt; the
+    checkpoint being written, if any, is left incomplete and ignored).
 
     Returns a function that puts the previous handlers back. Outside the main thread (where Python
     cannot install handlers) nothing is installed."""
 
     def handler(signum, frame):
-        if trainer.preempted_by is not None:  # second signal: stop now
+        if stop.signal is not None:  # second signal: stop now
             raise KeyboardInterrupt
-        trainer.preempted_by = signal.Signals(signum).name
-        trainer.stop_requested = True
+        stop.signal = signal.Signals(signum).name
+        stop.requested = True
         log.warning("received %s: finishing this step, then saving a checkpoint (send it again to stop at once)",
-                    trainer.preempted_by)
+                    stop.signal)
 
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
@@ -66,9 +68,11 @@ def run_training(cfg: Config, callbacks=None, train_dataset=None) -> dict[str, A
 
         init_process_group(cfg, dist_ctx)
         check_job(cfg, dist_ctx)  # the same config on every rank, a batch that splits: before any weight loads
-    trainer = Trainer(cfg, callbacks=callbacks, dist=dist_ctx, train_dataset=train_dataset)
-    restore_handlers = install_preemption_handlers(trainer)
+    stop = StopRequest()  # made before the build: a signal while the model loads counts too
+    restore_handlers = install_preemption_handlers(stop)
     try:
+        trainer = Trainer(build_run(cfg, RunInputs(dist_ctx, train_dataset=train_dataset, stop=stop)),
+                          callbacks=callbacks)
         summary = trainer.train()
     finally:
         restore_handlers()
@@ -76,11 +80,10 @@ def run_training(cfg: Config, callbacks=None, train_dataset=None) -> dict[str, A
         from slimgrpo.distributed.process_group import leave_process_group
 
         leave_process_group(dist_ctx)
-    stalled = trainer.watch is not None and trainer.watch.stalled is not None  # run.stop_on_stall said why
-    early = trainer.watch is not None and trainer.watch.early_stopped is not None  # early stopping said why
-    if (trainer.stop_requested and trainer.step_idx < cfg.run.max_steps and dist_ctx.is_main and not stalled
-            and not early):
-        signal_name = trainer.preempted_by or summary.get("preempted_by")
+    stalled = trainer.watch.stalled is not None  # run.stop_on_stall said why
+    early = trainer.watch.early_stopped is not None  # early stopping said why
+    if stop.requested and trainer.step_idx < cfg.run.max_steps and dist_ctx.is_main and not stalled and not early:
+        signal_name = stop.signal or summary.get("preempted_by")
         why = f"by {signal_name}" if signal_name else "early (a callback asked)"
         complete = ckpt.list_complete(ckpt.checkpoint_dir(trainer.output_dir))
         saved = f"checkpoint saved: {complete[-1]}" if complete else "checkpoint saved"
