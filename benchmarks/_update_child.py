@@ -29,8 +29,7 @@ def main(argv: list[str]) -> int:
     from slimgrpo.containers import Rollout
 
     cfg = load_config(Path(argv[0]), argv[1:])
-    trainer = Trainer(cfg)
-    trainer.setup()
+    trainer = Trainer(cfg)  # built whole
     G, groups = cfg.rollout.num_generations, cfg.prompts_per_step
     P, T = cfg.data.max_prompt_length, cfg.rollout.max_completion_length
     vocab = trainer.policy.model.get_input_embeddings().weight.shape[0]

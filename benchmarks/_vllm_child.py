@@ -88,8 +88,7 @@ def step(spec: dict) -> None:
         "log": {"progress": False, "log_completions_steps": 0},
     }, base_dir=str(Path.cwd()))
     validate_config(cfg)
-    trainer = Trainer(cfg)
-    trainer.setup()
+    trainer = Trainer(cfg)  # built whole
     emit({"kind": "start", "start_s": time.perf_counter() - T_START})
     trainer.train()
     for line in (Path(spec["output_dir"]) / "metrics.jsonl").read_text().splitlines():

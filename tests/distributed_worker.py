@@ -13,6 +13,7 @@ greedy rollouts of an unsharded copy of the same weights (``out/generation-<i>.j
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -23,12 +24,19 @@ import torch
 from slimgrpo.config import load_config
 from slimgrpo.rollout.engine import TorchRolloutEngine, left_pad
 from slimgrpo.distributed.context import from_environment
+from slimgrpo.train.build import RunInputs, build_run
 from slimgrpo.train.trainer import Trainer
 from slimgrpo.containers import Rollout
 
 
 class FixedEngine:
     """Deterministic completions: row g of a prompt is a function of (prompt ids, g) only."""
+
+    off_policy = False  # the RolloutEngine protocol: the live weights' samples, no per-step figures, nothing to free
+    metrics: dict[str, float] = {}
+
+    def close(self) -> None:
+        pass
 
     def __init__(self, vocab_size: int, eos_id: int, pad_id: int, max_new: int):
         self.vocab_size, self.eos_id, self.pad_id, self.max_new = vocab_size, eos_id, pad_id, max_new
@@ -85,10 +93,10 @@ def train_fixed(case: dict, ctx, last_grads: Callable[[Trainer], dict[str, torch
     ppo_distributed_worker's PPO cases). Returns the trainer, each step's metrics and ``last_grads(trainer)``
     as the optimizer saw them at the last step (after clipping; collective when sharded)."""
     cfg = load_config(case["config"])
-    trainer = Trainer(cfg, dist=ctx)
-    trainer.setup()
-    tok = trainer.policy.tokenizer
-    trainer.engine = FixedEngine(len(tok), tok.eos_token_id, tok.pad_token_id, cfg.rollout.max_completion_length)
+    parts = build_run(cfg, RunInputs(ctx))
+    tok = parts.policy.tokenizer
+    fixed = FixedEngine(len(tok), tok.eos_token_id, tok.pad_token_id, cfg.rollout.max_completion_length)
+    trainer = Trainer(dataclasses.replace(parts, engine=fixed))
     grads: dict[str, torch.Tensor] = {}
 
     def record(optimizer, args, kwargs):  # the gradients the optimizer sees (after clipping)
@@ -123,7 +131,6 @@ def run_generation(i: int, config: str, out: Path, ctx) -> None:
 
     cfg = load_config(config)
     trainer = Trainer(cfg, dist=ctx)
-    trainer.setup()
     batch = trainer.next_batch()
     params = SamplingParams(max_new_tokens=cfg.rollout.max_completion_length, temperature=0.0,
                             eos_token_ids=trainer.sampling.eos_token_ids, pad_token_id=trainer.sampling.pad_token_id)

@@ -65,11 +65,9 @@ def test_eval_during_training_uses_the_agent_rollout(tmp_path):
     try:
         cfg = load_config(write_config(tmp_path, eval={"data": str(TOOLS_DIR / "data" / "eval.jsonl"),
                                                        "max_prompts": 16, "num_samples": 2}))
-        trainer = Trainer(cfg)
-        trainer.setup()
+        trainer = Trainer(cfg)  # built whole: the folder locked until train() ends (released below)
         got = trainer.evaluator.run()
+        trainer.checkpoints.release()
     finally:
         torch.set_num_threads(threads)
-        if trainer.run_lock is not None:
-            trainer.run_lock.release()
     assert got["eval/rewards/called_tool"] > 0.05 and got["eval/accuracy_sampled"] > 0.05

@@ -111,7 +111,6 @@ def test_trl_style_tool_from_the_python_api(tmp_path, tiny_model_dir, monkeypatc
     cfg = load_config(_config(tmp_path, tiny_model_dir),  # an override's path: from the working directory
                       [f"rewards.functions=[{tmp_path / 'rew.py'}:answer_reward]"])
     trainer = Trainer(cfg, tools=[multiply])
-    trainer.setup()
     tok = trainer.policy.tokenizer
     scripts = _script(tok, [[_call("multiply", a=3, b=5), " 15"], [" 12"],
                             [_call("multiply", a=2), " 8"], [_call("divide", a=8, b=2), " 4"]])
@@ -159,7 +158,6 @@ def test_environment_from_config_spec_rewards_under_its_class_name(tmp_path, tin
     path = _config(tmp_path, tiny_model_dir, environment="envs.py:CounterEnv", max_tool_calling_iterations=3)
     cfg = load_config(path)
     trainer = Trainer(cfg)
-    trainer.setup()
     assert trainer.reward_runner.names == ["CounterEnv"]
     tok = trainer.policy.tokenizer
     scripts = _script(tok, [[_call("increment", step=10), _call("increment", step=5), " done"], [" no"],
@@ -185,7 +183,6 @@ def test_environment_mapping_picks_by_column_and_rejects_unknown_names(tmp_path,
     path = _config(tmp_path, tiny_model_dir, environment={"counter": "envs.py:CounterEnv"})
     cfg = load_config(path)
     trainer = Trainer(cfg)
-    trainer.setup()
     batch = trainer.next_batch()
     with pytest.raises(ValueError, match="environment=None is not among"):
         trainer.generate(batch)
@@ -195,7 +192,7 @@ def test_bad_tool_spec_names_the_key(tmp_path, tiny_model_dir):
     path = _config(tmp_path, tiny_model_dir, tools=["nope.py:f"])
     cfg = load_config(path, ["rewards.functions=[length]"])
     with pytest.raises(ConfigError, match=r"rollout.tools\[0\]"):
-        Trainer(cfg).setup()
+        Trainer(cfg)
 
 
 def test_trl_rollout_func_contract(tmp_path, tiny_model_dir):
@@ -221,7 +218,6 @@ def test_trl_rollout_func_contract(tmp_path, tiny_model_dir):
     (tmp_path / "rew.py").write_text("def judged(completions, judge, **kw):\n    return judge\n")
     cfg = load_config(_config(tmp_path, tiny_model_dir), [f"rewards.functions=[{tmp_path / 'rew.py'}:judged]"])
     trainer = Trainer(cfg, rollout_func=rollout_func)
-    trainer.setup()
     result = trainer.step()
     assert len(seen["prompts"]) == 2  # one per prompt, no duplication
     assert result.rewards.per_function[:, 0].tolist() == [1.0, 0.0, 1.0, 0.0]

@@ -63,7 +63,6 @@ def test_step_zero_eval_matches_a_direct_evaluate_call(tmp_path, tiny_model_dir)
 
     cfg = load_config(str(_setup(tmp_path, tiny_model_dir, steps=0)), ["run.max_steps=1", "log.progress=false"])
     trainer = Trainer(cfg)
-    trainer.setup()
     got = trainer.evaluator.run()
     ds = load_prompt_dataset(str(tmp_path / "heldout.jsonl"), trainer.policy.tokenizer, cfg.data)
     greedy = evaluate(trainer.policy.model, trainer.policy.tokenizer, ds, trainer.reward_runner,

@@ -42,6 +42,5 @@ def test_two_rank_eval_matches_one_process(tmp_path, tiny_model_dir, prompts, st
     # One process, the first 8 prompts (what the two ranks shared), same model: the same greedy accuracy.
     cfg = load_config(str(cfg_path), [f"run.output_dir={tmp_path / 'single'}", "eval.max_prompts=8"])
     trainer = Trainer(cfg)
-    trainer.setup()
     single = trainer.evaluator.run()
     assert before["eval/accuracy_greedy"] == pytest.approx(single["eval/accuracy_greedy"])

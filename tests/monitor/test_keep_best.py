@@ -42,7 +42,6 @@ def _scripted(trainer: Trainer, values: dict[int, float]):
 
 def _train(cfg, values, callbacks=()):
     trainer = Trainer(cfg, callbacks=list(callbacks))
-    trainer.setup()
     _scripted(trainer, values)
     return trainer, trainer.train()
 
