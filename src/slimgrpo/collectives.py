@@ -1,6 +1,6 @@
 """The collectives a stage may need, as a type every floor can name: sums and maxima over the ranks, a
-broadcast, a barrier, a vote. ``distributed.context.DistContext`` is the torch.distributed implementation;
-``SINGLE`` is one process, where every collective returns its input.
+broadcast, a gather of small objects, a barrier, a vote. ``distributed.context.DistContext`` is the
+torch.distributed implementation; ``SINGLE`` is one process, where every collective returns its input.
 
 A stage that must agree with the other ranks receives a ``Collectives`` through its constructor (or as an
 argument of a pure function); nothing is patched onto an object after it is built, and no data container
@@ -9,7 +9,7 @@ carries one.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -42,6 +42,10 @@ class Collectives(Protocol):
         """Overwrite ``t`` in place with rank ``src``'s values."""
         ...
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable ``obj``, in rank order (small control data: names whose set differs by rank)."""
+        ...
+
     def barrier(self) -> None:
         """Wait until every rank is here."""
         ...
@@ -65,6 +69,9 @@ class SingleProcess:
 
     def broadcast_(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
         return t
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj]
 
     def barrier(self) -> None:
         return None

@@ -81,7 +81,8 @@ class RewardOutput:
     """Scores of every reward function for every completion."""
 
     per_function: torch.Tensor  # [rows, F] float32; NaN where a function returned None (or skipped)
-    total: torch.Tensor  # [rows] float32; weighted nansum over functions
+    total: torch.Tensor  # [rows] float32; weighted nansum over functions, NaN where every function is NaN
+    #                      (unscorable: no reward; a value shown or logged per row turns it into a number there)
     names: list[str]  # [F]
     fault_counts: dict[str, int] = field(default_factory=dict)  # "<name>/<fault>" -> count
     # From the functions' log_metric calls: name -> (sum of values, number of calls) on this process.

@@ -1,7 +1,9 @@
 import pytest
 import torch
 
-from slimgrpo.advantage.estimators import EPS, compute_advantages, grpo_advantages, rloo_advantages, zero_std_fraction
+from slimgrpo.advantage.compute import AdvantageSettings, compute_advantages
+from slimgrpo.advantage.estimators import EPS, grpo_advantages, rloo_advantages, zero_std_fraction
+from slimgrpo.containers import RewardOutput
 
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])  # two groups of 4
 
@@ -27,7 +29,8 @@ def test_rloo_leave_one_out_by_hand():
 
 
 def test_dispatch_and_errors():
-    assert torch.equal(compute_advantages(REWARDS, 4, "rloo"), rloo_advantages(REWARDS, 4))
+    rewards = RewardOutput(per_function=REWARDS[:, None], total=REWARDS, names=["r"])
+    assert torch.equal(compute_advantages(rewards, AdvantageSettings(4, "rloo")), rloo_advantages(REWARDS, 4))
     with pytest.raises(ValueError, match="groups of 3"):
         grpo_advantages(REWARDS, 3)
     with pytest.raises(ValueError, match="scale_rewards"):
@@ -119,7 +122,7 @@ def test_normalize_then_sum_matches_loop():
 def test_global_nan_moments_one_process():
     from slimgrpo.advantage.estimators import global_nan_moments, nanstd
 
-    mean, std = global_nan_moments(WITH_NAN, lambda t: t)
+    mean, std = global_nan_moments(WITH_NAN)
     ref_mean, ref_std = _loop_stats(WITH_NAN.tolist())
     assert float(mean) == pytest.approx(ref_mean) and float(std) == pytest.approx(ref_std, rel=1e-5)
     assert float(nanstd(WITH_NAN)) == pytest.approx(ref_std, rel=1e-5)

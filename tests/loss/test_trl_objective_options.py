@@ -52,7 +52,7 @@ def test_unscorable_rows_get_zero_advantage(tmp_path, tiny_model_dir):
     t.setup()
     nan = float("nan")
     per_fn = torch.tensor([[1.0, nan], [nan, nan], [0.0, 0.5], [2.0, nan]] * 2)
-    total = torch.tensor([1.0, 0.0, 0.5, 2.0] * 2)  # what the runner reports: 0.0 for the unscorable row
+    total = torch.tensor([1.0, nan, 0.5, 2.0] * 2)  # what the runner reports: NaN for the unscorable row
     a = t.compute_advantages(RewardOutput(per_function=per_fn, total=total, names=["a", "b"])).cpu()
     scorable = torch.tensor([1.0, 0.5, 2.0])
     want = (scorable - scorable.mean()) / (scorable.std() + 1e-4)

@@ -48,8 +48,16 @@ def test_runner_passes_state_and_collects_logs(isolation):
     assert out.per_function[:, 0].tolist() == [0.5, 1.0, 2.0]
     assert out.per_function[:, 1].tolist() == [1.0, 1.0, 1.0]
     assert out.logged_metrics == {"custom/mean_len": (7 / 3, 2)}
-    assert step_means(out.logged_metrics, None) == {"custom/mean_len": pytest.approx(7 / 6)}
+    assert step_means(out.logged_metrics) == {"custom/mean_len": pytest.approx(7 / 6)}
     assert out.extra_columns == {"len": [1, 2, 4]}
+
+
+def test_step_means_over_two_ranks_is_one_process_with_every_call():
+    from fake_ranks import ThreadRanks
+
+    logged = [{"a": (1.0, 1)}, {"a": (3.0, 2), "b": (2.0, 1)}]  # rank 1 logs a name rank 0 never did
+    got = ThreadRanks(2).run(lambda ranks: step_means(logged[ranks.rank], ranks))
+    assert got[0] == got[1] == step_means({"a": (4.0, 3), "b": (2.0, 1)}) == {"a": 4 / 3, "b": 2.0}
 
 
 def test_dataset_column_cannot_shadow_contract():

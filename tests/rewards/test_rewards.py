@@ -313,10 +313,20 @@ def test_runner_weights_none_and_columns():
     assert out.fault_counts == {}
 
 
-def test_runner_all_nan_row_counts_and_totals_zero():
+def test_runner_all_nan_row_counts_and_its_total_stays_nan():
     runner = RewardRunner([("none", const(None))])
     out = runner.score(["p"], ["c", "d"], None, {})
-    assert out.total.tolist() == [0.0, 0.0]
+    assert torch.isnan(out.total).all() and out.total.dtype == torch.float32  # unscorable: no reward, not 0
+    assert out.fault_counts == {"total/all_nan": 2}
+
+
+def test_runner_only_rows_with_no_value_at_all_are_nan():
+    def first_only(prompts, completions, **kwargs):
+        return [1.5] + [None] * (len(completions) - 1)
+
+    out = RewardRunner([("first", first_only), ("none", const(None))], weights=[2.0, 1.0]).score(
+        ["p"], ["a", "b", "c"], None, {})
+    assert out.total[0].item() == 3.0 and torch.isnan(out.total[1:]).all()
     assert out.fault_counts == {"total/all_nan": 2}
 
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from run_helpers import cli, numeric_metrics, start_cli, write_run
-from slimgrpo.advantage import estimators as adv
+from slimgrpo.advantage import gae as adv
 from slimgrpo.config import ConfigError, from_dict, validate_config
 from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss, value_loss
 

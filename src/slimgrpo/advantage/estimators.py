@@ -1,4 +1,5 @@
-"""Group-relative advantages: small pure functions over a [rows] reward vector.
+"""Group-relative advantages: small pure functions over a [rows] reward vector (``advantage/compute.py``
+chooses among them for a run; PPO's per-token ones are ``advantage/gae.py``).
 
 Rows are group-major: row r belongs to prompt r // G (G = ``num_generations``).
 
@@ -9,9 +10,11 @@ A group with a single scorable row has no std (NaN): with std scaling its advant
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
+
+from slimgrpo.collectives import SINGLE, Collectives
 
 EPS = 1e-4  # added to the std so groups with (almost) no spread do not explode, as in TRL
 AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
@@ -108,28 +111,11 @@ def batch_normalised(rewards: torch.Tensor, mean: torch.Tensor | None = None,
     return _zero_unscorable((r - mean) / (std + EPS), r)
 
 
-def compute_advantages(
-    rewards: torch.Tensor,
-    num_generations: int,
-    estimator: Literal["grpo", "rloo", "gae"] = "grpo",
-    scale_rewards: Literal["group", "batch", "none"] = "group",
-    batch_std: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Dispatch on the configured estimator. RLOO is never scaled by a std. ``gae`` (PPO) returns the
-    scores themselves: the critic stage (``update/critic.py``) turns them into per-token advantages."""
-    if estimator == "gae":
-        return rewards.float()
-    if estimator == "rloo":
-        return rloo_advantages(rewards, num_generations)
-    return grpo_advantages(rewards, num_generations, scale_rewards, batch_std)
-
-
-def global_nan_moments(x: torch.Tensor, all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and unbiased std of the non-NaN entries of ``x`` over every rank (``all_reduce_sum``)."""
+def global_nan_moments(x: torch.Tensor, ranks: Collectives = SINGLE) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and unbiased std of the non-NaN entries of ``x`` over every rank (one sum over ``ranks``)."""
     ok = ~torch.isnan(x)
     v = torch.where(ok, x, torch.zeros_like(x)).double()
-    s = all_reduce_sum(torch.stack([v.sum(), (v * v).sum(), ok.sum().double()]))
+    s = ranks.all_reduce_sum(torch.stack([v.sum(), (v * v).sum(), ok.sum().double()]))
     n = s[2]
     mean = s[0] / n.clamp(min=1)
     var = (s[1] - s[0] ** 2 / n.clamp(min=1)) / (n - 1).clamp(min=1)
@@ -141,100 +127,3 @@ def zero_std_fraction(rewards: torch.Tensor, num_generations: int) -> float:
     """Fraction of groups whose scorable rewards are all equal (they carry no learning signal)."""
     grouped = group_view(rewards.float(), num_generations)
     return float((nanstd(grouped, dim=1, single=0.0) < 1e-6).float().mean())
-
-
-# --- PPO: per-token rewards, GAE, whitening (loss.advantage_estimator = "gae") -------------------------
-
-
-def token_rewards(scores: torch.Tensor, mask: torch.Tensor, old_logp: torch.Tensor | None = None,
-                  ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0) -> torch.Tensor:  # [rows, T]
-    """The classic RLHF per-token reward (Ziegler et al. 2019; Ouyang et al. 2022; TRL's PPOTrainer):
-
-        r_it = -kl_coef * (old_it - ref_it)  on every token with m_it
-        r_it += score_i                      on the row's last token with m_it
-
-    ``scores`` [rows] (unscorable rows NaN: they get no score, the trainer masks them out), ``mask``
-    [rows, T] bool, ``old_logp`` / ``ref_logp`` [rows, T] the sampling policy's and the reference's
-    log-probs (``k1`` estimate of the KL, as TRL's default ``kl_estimator``); needed when ``kl_coef > 0``.
-    """
-    m = mask.bool()
-    rewards = torch.zeros(m.shape, dtype=torch.float32, device=m.device)
-    if kl_coef:
-        if old_logp is None or ref_logp is None:
-            raise ValueError("kl_coef > 0 needs the sampling and reference log-probs")
-        rewards = torch.where(m, -kl_coef * (old_logp.float() - ref_logp.float()), rewards)
-    T = m.shape[1]
-    last = T - 1 - torch.flip(m, dims=[1]).int().argmax(dim=1)  # index of the last True (T-1 when none)
-    has = m.any(dim=1) & ~torch.isnan(scores)
-    rows = torch.arange(m.shape[0], device=m.device)
-    scores = scores.float().to(m.device)
-    bonus = torch.where(has, torch.nan_to_num(scores), torch.zeros_like(scores))
-    rewards[rows, last] += bonus
-    return rewards
-
-
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-        lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation (Schulman et al. 2016, arXiv:1506.02438) -> (advantages, returns),
-    both [rows, T], 0 where ``mask`` is False.
-
-    Over the masked tokens of each row, in order (``t'`` = the next masked token after ``t``; none after
-    the last one, where the episode ends and ``V = 0``)::
-
-        delta_t = r_t + gamma * V_t' - V_t
-        A_t     = delta_t + gamma * lam * A_t'
-        R_t     = A_t + V_t                      (the value target)
-
-    Unmasked positions (padding, tool results inside a multi-turn completion) are skipped: the
-    environment's tokens are not actions, so they neither discount nor carry a value of their own.
-    """
-    m = mask.bool()
-    r, v = rewards.float(), values.float()
-    rows, T = m.shape
-    adv = torch.zeros_like(r)
-    next_value = torch.zeros(rows, dtype=r.dtype, device=r.device)
-    next_adv = torch.zeros_like(next_value)
-    for t in range(T - 1, -1, -1):  # T steps of [rows] vector work: cheap next to any forward pass
-        delta = r[:, t] + gamma * next_value - v[:, t]
-        a = delta + gamma * lam * next_adv
-        mt = m[:, t]
-        adv[:, t] = torch.where(mt, a, torch.zeros_like(a))
-        next_adv = torch.where(mt, a, next_adv)
-        next_value = torch.where(mt, v[:, t], next_value)
-    returns = torch.where(m, adv + v, torch.zeros_like(adv))
-    return adv, returns
-
-
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8,
-                  all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-    """``(x - mean) / sqrt(var + eps)`` over the masked entries (mean added back when not ``shift_mean``,
-    TRL's ``whiten_rewards``); the variance is the unbiased one, as TRL's ``masked_var``; 0 off the mask.
-    ``all_reduce_sum`` (torchrun): mean and variance over every rank's masked entries (two reductions)."""
-    reduce = all_reduce_sum or (lambda t: t)
-    m = mask.bool()
-    total, n = reduce(torch.stack([torch.where(m, x, 0).sum(), m.sum().to(x.dtype)]))
-    if int(n) < 2:  # no spread to divide by
-        return torch.where(m, torch.zeros_like(x) if shift_mean else x, torch.zeros_like(x))
-    mean = total / n
-    var = reduce(torch.where(m, (x - mean) ** 2, 0).sum()) / (n - 1)
-    out = (x - mean) * torch.rsqrt(var + eps)
-    if not shift_mean:
-        out = out + mean
-    return torch.where(m, out, torch.zeros_like(out))
-
-
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-                       all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> float:
-    """``1 - Var(R - V) / Var(R)`` over the masked tokens: 1 a perfect critic, 0 one that predicts the
-    mean, negative worse than that; NaN when the returns do not vary. ``all_reduce_sum`` (torchrun): over
-    every rank's tokens (two reductions: the means, then the squared deviations)."""
-    reduce = all_reduce_sum or (lambda t: t)
-    m = mask.bool()
-    r, v = returns[m].double(), values[m].double()
-    d = r - v
-    sum_r, sum_d, n = reduce(torch.stack([r.sum(), d.sum(), torch.tensor(float(r.numel()), dtype=torch.float64,
-                                                                           device=r.device)]))
-    if int(n) < 2:
-        return float("nan")
-    ss_r, ss_d = reduce(torch.stack([((r - sum_r / n) ** 2).sum(), ((d - sum_d / n) ** 2).sum()]))
-    return float(1.0 - ss_d / ss_r) if ss_r > 0 else float("nan")

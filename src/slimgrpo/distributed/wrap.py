@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from slimgrpo.collectives import Collectives
 from slimgrpo.config import Config, ConfigError
 from slimgrpo.distributed.context import DistContext, ModelForward
 
@@ -190,27 +191,24 @@ class AgreedGenerationEngine:
         return getattr(self.engine, name)
 
 
-def guard_agent(agent, wrapped_model: nn.Module, cfg: Config, ctx: DistContext):
-    """A multi-turn agent rollout (it has a ``toolbox``) of a multi-process run, wrapped like the single-turn
-    engine (``wrap_engine``): with DDP guarded (``AgreedGenerationEngine``: a failure on one rank, a template
-    error or out of memory, stops every rank); with FSDP2 run inside the root's forward on gathered weights
-    (``ShardedGenerationEngine``, ``distributed.fsdp_generation``), so the decoder it drives reads whole
-    weights. The agent keeps no weights of its own: the gathered copy is the one the single-turn path makes,
-    alive for one ``generate`` call. Anything else (no agent, a custom rollout function) is returned as is."""
-    if not ctx.enabled or not hasattr(agent, "toolbox"):
-        return agent
-    return wrap_engine(agent, wrapped_model, cfg, ctx)
+def generation_agreement(cfg: Config, ctx: DistContext) -> Collectives | None:
+    """What a ``TorchRolloutEngine`` of this run agrees over (its ``agree_over``): with FSDP2 and
+    ``fsdp_generation=per_layer`` every decoder forward is a collective, so the ranks take the same prompt
+    width (the same prefill chunks) and decode until the last of them is done (a rank whose rows all ended
+    feeds padding meanwhile); otherwise (one process, DDP, gathered weights) nothing."""
+    d = cfg.distributed
+    return ctx if ctx.enabled and d.strategy == "fsdp" and d.fsdp_generation == "per_layer" else None
 
 
 def wrap_engine(engine, wrapped_model: nn.Module, cfg: Config, ctx: DistContext):
     """The rollout engine of a multi-process run: guarded with DDP, on gathered weights with FSDP2.
 
-    With ``fsdp_generation=per_layer`` every decoder forward is a collective, so the ranks agree on the
-    prompt width (the same prefill chunks) and decode until the last of them is done
-    (``TorchRolloutEngine.agree_max``): a rank whose rows all ended feeds padding meanwhile."""
+    A multi-turn agent rollout is wrapped the same way (the trainer hands it here): with DDP a failure on one
+    rank, a template error or out of memory, stops every rank; with FSDP2 it runs inside the root's forward on
+    gathered weights, so the decoder it drives reads whole weights. The agent keeps no weights of its own: the
+    gathered copy is the one the single-turn path makes, alive for one ``generate`` call. Under
+    ``fsdp_generation=per_layer`` the engine itself agrees with the other ranks (``generation_agreement``)."""
     if cfg.distributed.strategy == "fsdp":
-        if cfg.distributed.fsdp_generation == "per_layer" and hasattr(engine, "agree_max"):
-            engine.agree_max = ctx.max_over_ranks
         return ShardedGenerationEngine(engine, wrapped_model, cfg.distributed.fsdp_generation)
     return AgreedGenerationEngine(engine, ctx)
 

@@ -20,6 +20,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from slimgrpo.collectives import SINGLE, Collectives
+
 CONTRACT_KWARGS = ("trainer_state", "log_metric", "log_extra")
 
 
@@ -86,11 +88,12 @@ def logs_in(kwargs: dict) -> RewardLogs | None:
     return None
 
 
-def step_means(logged: dict[str, tuple[float, int]], dist) -> dict[str, float]:
-    """The step's value of every ``log_metric`` name: sum over all calls of all processes / their number."""
-    if dist is not None and dist.enabled:
+def step_means(logged: dict[str, tuple[float, int]], ranks: Collectives = SINGLE) -> dict[str, float]:
+    """The step's value of every ``log_metric`` name: sum over all calls of all processes / their number
+    (the names are gathered, not summed: a rank's functions may log names another rank's did not)."""
+    if ranks.enabled:
         totals: dict[str, list[float]] = {}
-        for part in dist.all_gather_object(logged):
+        for part in ranks.all_gather_object(logged):
             for name, (total, count) in part.items():
                 acc = totals.setdefault(name, [0.0, 0])
                 acc[0] += total

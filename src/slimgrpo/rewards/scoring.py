@@ -6,8 +6,9 @@ came back, and returns a ``RewardOutput``:
 * ``per_function[r, f]``: the value of function ``f`` for row ``r``; NaN where it returned ``None``
   ("not applicable") or where a fault was skipped;
 * ``total[r] = nansum_f(weights[f] * per_function[r, f])``: NaN entries are left out. A row where
-  every function is NaN has no reward at all: its total is 0.0 and it is counted as
-  ``fault_counts["total/all_nan"]``.
+  every function is NaN has no reward at all: its total stays NaN (unscorable: left out of the reward
+  statistics and the baselines, advantage 0, as in TRL 1.16; what is shown or logged per row turns it
+  into a number there) and it is counted as ``fault_counts["total/all_nan"]``.
 
 Faults, counted per affected row as ``fault_counts["<name>/<fault>"]``:
 
@@ -397,11 +398,10 @@ class RewardRunner:
             self._track_failures(name, values, failed, rows, kwargs)
         weights = torch.tensor(self.weights, dtype=torch.float32)
         weighted = per_function * weights
-        total = torch.nansum(weighted, dim=1)
         no_reward = torch.isnan(per_function).all(dim=1)
         if rows and bool(no_reward.any()):
             faults["total/all_nan"] = int(no_reward.sum())
-        total = torch.where(no_reward, torch.zeros_like(total), total)
+        total = torch.nansum(weighted, dim=1).masked_fill(no_reward, float("nan"))  # unscorable rows stay NaN
         return RewardOutput(per_function=per_function, total=total, names=list(self.names), fault_counts=faults,
                             logged_metrics=logs.metric_sums(), extra_columns=logs.extra_columns())
 

@@ -23,12 +23,13 @@ run on CPU only so far.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
+from slimgrpo.collectives import Collectives
 from slimgrpo.memory.malloc import generation_heap, mapped
 from slimgrpo.plan.planner import DECODE_PACK_MIN_BYTES, PREFILL_CHUNK_TOKENS
 from slimgrpo.containers import Rollout
@@ -79,6 +80,10 @@ class TorchRolloutEngine:
             cache of the ones before), so the prefill's working set is one chunk's, whatever the prompt
             length; ``None`` = the whole prompt in one piece. Default ``PREFILL_CHUNK_TOKENS`` (2,048), which
             the planner's ``prefill working set`` line assumes.
+        agree_over: the ranks to agree with when every decoder forward is a collective (FSDP2 with
+            ``fsdp_generation=per_layer``, distributed/wrap.py): prompts are left-padded to the widest rank's
+            (the same prefill chunks) and decoding goes on, feeding padding, until every rank is done.
+            ``None`` (one process, DDP, gathered weights): each rank decodes on its own.
     """
 
     def __init__(
@@ -91,6 +96,7 @@ class TorchRolloutEngine:
         lean_decode: bool | None = None,
         kv_cache_dtype: str | None = None,
         prefill_chunk: int | None = PREFILL_CHUNK_TOKENS,
+        agree_over: Collectives | None = None,
     ) -> None:
         if max_batch_rows is not None and (not isinstance(max_batch_rows, int) or max_batch_rows < 1):
             raise ValueError(f"max_batch_rows must be a positive int or None, got {max_batch_rows!r}")
@@ -107,10 +113,8 @@ class TorchRolloutEngine:
         if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or prefill_chunk < 1):
             raise ValueError(f"prefill_chunk must be a positive int or None, got {prefill_chunk!r}")
         self.prefill_chunk = prefill_chunk
-        # FSDP2 with per-layer gathering (distributed/wrap.py): every forward is a collective, so the ranks must
-        # run the same number of them. ``agree_max(v)`` returns the largest ``v`` over the ranks; with it set,
-        # prompts are left-padded to the widest rank's and decoding goes on until every rank is done.
-        self.agree_max: Callable[[int], int] | None = None
+        # FSDP2 with per-layer gathering: every forward is a collective, so the ranks run the same number of them
+        self.agree_over = agree_over
         # The static decode tensors and CUDA graphs kept from call to call (rollout/graph_cache.py): made on the
         # first CUDA call while ``cuda_graph.enabled``; set one to choose (tests pass a stand-in recorder);
         # ``graph_cache.release()`` frees its memory.
@@ -188,8 +192,8 @@ class TorchRolloutEngine:
         """
         prompt_order, row_slot = torch.unique_consecutive(row_prompt, return_inverse=True)
         ids, mask = left_pad([prompt_ids[i] for i in prompt_order.tolist()], params.pad_token_id, device)
-        if self.agree_max is not None:  # the same prefill chunks on every rank
-            extra = self.agree_max(ids.shape[1]) - ids.shape[1]
+        if self.agree_over is not None:  # the same prefill chunks on every rank
+            extra = self.agree_over.max_over_ranks(ids.shape[1]) - ids.shape[1]
             ids = torch.cat([ids.new_full((ids.shape[0], extra), params.pad_token_id), ids], dim=1)
             mask = torch.cat([mask.new_zeros((mask.shape[0], extra)), mask], dim=1)
         n, max_new = row_prompt.numel(), params.max_new_tokens
@@ -256,8 +260,8 @@ class TorchRolloutEngine:
                 if not last:
                     n_done = host_int(done.sum())  # the step's one wait for the device
             finished = last or n_done == done.numel()
-            if self.agree_max is not None and not last:  # go on (feeding padding) while a rank decodes
-                finished = self.agree_max(int(not finished)) == 0
+            if self.agree_over is not None and not last:  # go on (feeding padding) while a rank decodes
+                finished = self.agree_over.max_over_ranks(int(not finished)) == 0
             if finished:
                 break
             b = done.numel()

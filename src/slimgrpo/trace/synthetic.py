@@ -125,10 +125,10 @@ def synthetic_rollout(groups: int, num_generations: int, prompt_length: int, com
 
 def synthetic_advantages(rows: int, num_generations: int, seed: int = 0) -> torch.Tensor:
     """Group-normalised random advantages (non-zero, so every row has a gradient)."""
-    from slimgrpo.advantage.estimators import compute_advantages
+    from slimgrpo.advantage.estimators import grpo_advantages
 
     g = torch.Generator().manual_seed(seed + 1)
-    return compute_advantages(torch.rand(rows, generator=g), num_generations, "grpo", "group")
+    return grpo_advantages(torch.rand(rows, generator=g), num_generations, "group")
 
 
 @dataclass

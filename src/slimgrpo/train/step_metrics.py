@@ -41,9 +41,8 @@ def step_metrics(d, device, rollout, rewards: RewardOutput, update: UpdateOutcom
     ``DistContext``; ``device``: the policy's."""
     lengths = rollout.model_lengths.float()  # tokens the model wrote (tool results left out)
     gen_tokens = float(d.all_reduce_sum(lengths.sum().reshape(1).to(device)).item())
-    total = scorable_total(rewards)  # unscorable rows (NaN) are left out of the reward stats, as in TRL
     m: dict[str, Any] = {}
-    all_total = d.all_gather_cat(total.to(device)).cpu()
+    all_total = d.all_gather_cat(rewards.total.to(device)).cpu()  # unscorable rows (NaN) left out, as in TRL
     m["reward"], m["reward_std"] = masked_stats(all_total)
     all_per_fn = d.all_gather_cat(rewards.per_function.to(device)).cpu()
     for j, name in enumerate(rewards.names):
@@ -95,12 +94,6 @@ def rollout_metrics(rollout, d) -> dict[str, float]:
     return merge_tool_metrics(parts) if any(m for m, _ in parts) else {}
 
 
-def scorable_total(rewards: RewardOutput) -> torch.Tensor:
-    """The weighted total, NaN on rows every reward function scored None (the runner reports 0.0 there)."""
-    unscorable = torch.isnan(rewards.per_function).all(dim=1)
-    return torch.where(unscorable, torch.full_like(rewards.total, float("nan")), rewards.total)
-
-
 def completion_samples(result, n: int) -> list[dict[str, Any]]:
     """The first ``n`` rows of a step (``StepResult``) for ``completions.jsonl``: prompt, completion, total and
     per-function rewards, advantage, group, and the columns reward functions asked to log (``log_extra``)."""
@@ -110,7 +103,7 @@ def completion_samples(result, n: int) -> list[dict[str, Any]]:
         "row": i,
         "prompt": result.batch.prompts[i // G],
         "completion": result.completions[i],
-        "reward": float(torch.nan_to_num(rewards.total[i])),
+        "reward": float(torch.nan_to_num(rewards.total[i], nan=0.0)),  # unscorable (NaN): shown as 0.0
         **{f"reward/{name}": float(rewards.per_function[i, j]) for j, name in enumerate(rewards.names)},
         "advantage": float(result.advantages[i]),
         "group": i // G,

@@ -1,5 +1,5 @@
-"""PPO's critic (``loss.advantage_estimator: gae``): a value head on a backbone, and the stage that turns a
-step's scores into per-token advantages.
+"""PPO's critic (``loss.advantage_estimator: gae``): a value head on a backbone; it produces values and trains
+on the value loss. The per-token advantages made from its values (GAE, whitening) are ``advantage/gae.py``'s.
 
 Where the critic's backbone lives (docs/ppo.md has the memory picture):
 
@@ -24,18 +24,16 @@ rows each take the step one process takes with all of them:
   decoder layer and a root group, and every critic pass runs through that root's forward.
 - ``fsdp``, LoRA: the adapter is sharded with the policy's base and the critic's passes run through the
   policy's root (``attach``); the head stays whole on every rank and its gradient is all-reduced.
-- Whitening, explained variance and the value metrics use sums over every rank's tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 from torch import nn
 
-from slimgrpo.advantage import estimators as adv
 from slimgrpo.loss.objectives import Normaliser, value_loss
 from slimgrpo.loss.unpadded import unpadded_hidden
 from slimgrpo.modeling import CRITIC_ADAPTER, adapters_in_input_dtype, base_causal_lm, is_peft
@@ -196,11 +194,6 @@ class Critic:
         optimizer holds both. A LoRA critic's adapter is named under ``policy.`` (its model holds it)."""
         return nn.ModuleDict({"policy": policy_model, "critic": self.value_model})
 
-    def stage(self, batch, scores: torch.Tensor, cfg) -> tuple[torch.Tensor, dict[str, Any]]:
-        """``ppo_advantages`` with the run's settings (``Trainer.critic_stage``)."""
-        return ppo_advantages(self, batch, scores, cfg.loss, cfg.memory.micro_batch_size, cfg.memory.micro_batch_tokens,
-                              self.dist.all_reduce_sum)
-
     def gradients(self, batch, cfg) -> dict[str, float]:
         """``accumulate`` with the run's settings: the value loss's gradients next to the policy's."""
         m, c = cfg.memory, cfg.critic
@@ -278,41 +271,3 @@ def _broadcast_from_rank0(params: list[nn.Parameter], dist: DistContext) -> None
     with torch.no_grad():
         for p in params:
             dist.broadcast_(p.data)
-
-
-def ppo_advantages(critic: Critic, batch, scores: torch.Tensor, loss_cfg, micro: int | None,
-                   micro_tokens: int | None, all_reduce_sum=None) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The PPO stage between the update's log-probs and the optimizer: the critic's values at sampling time,
-    per-token rewards (score at the last token, ``kl_coef`` penalty on every token), GAE and whitening.
-
-    Fills ``batch.advantages`` [rows, T], ``batch.returns`` and ``batch.old_values``; rows no reward function
-    could score (NaN) leave the loss. Returns (each row's mean advantage [rows], for the completions log;
-    metrics). ``all_reduce_sum`` (torchrun): sums over ranks, so whitening and the metrics take every rank's
-    tokens as one process takes the whole batch's; GAE itself runs row by row."""
-    reduce = all_reduce_sum or (lambda t: t)
-    L = loss_cfg
-    scorable = ~torch.isnan(scores)
-    batch.loss_mask = batch.loss_mask & scorable.to(batch.loss_mask.device)[:, None]
-    mask = batch.loss_mask
-    old_values = critic.batch_values(batch, micro, micro_tokens)
-    rewards = adv.token_rewards(scores.to(mask.device), mask, batch.old_logp, batch.ref_logp, L.kl_coef)
-    if L.whiten_rewards:
-        rewards = adv.masked_whiten(rewards, mask, shift_mean=False, all_reduce_sum=all_reduce_sum)
-    advantages, returns = adv.gae(rewards, old_values, mask, L.gamma, L.lam)
-    if L.whiten_advantages:
-        advantages = adv.masked_whiten(advantages, mask, all_reduce_sum=all_reduce_sum)
-    batch.advantages, batch.returns, batch.old_values = advantages, returns, old_values
-    m = mask.float()
-    kl = (L.kl_coef * (batch.old_logp - batch.ref_logp) * m).sum() if L.kl_coef and batch.ref_logp is not None \
-        else torch.zeros((), device=m.device)
-    sums = reduce(torch.stack([(old_values * m).sum(), (returns * m).sum(), kl.float(), m.sum()]).double())
-    n = sums[3].clamp(min=1.0)
-    metrics = {
-        "value/explained_variance": adv.explained_variance(old_values, returns, mask, all_reduce_sum),
-        "value/mean": float(sums[0] / n),
-        "value/returns_mean": float(sums[1] / n),
-    }
-    if L.kl_coef and batch.ref_logp is not None:
-        metrics["ppo/kl_penalty"] = float(sums[2] / n)
-    row_mean = (advantages * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
-    return row_mean, metrics

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from slimgrpo.advantage.gae import PPOSettings, ppo_advantages
 from slimgrpo.loss.entropy_control import EntropyController
 from slimgrpo.loss.objectives import Normaliser
 from slimgrpo.distributed import wrap as launch
@@ -85,8 +86,14 @@ class Updater:
         row's mean advantage for the log (``value_metrics``: the critic's numbers). Without a critic: nothing."""
         if self.critic is None:
             return advantages
-        advantages, self.value_metrics = self.critic.stage(batch, advantages, self.cfg)
-        return advantages
+        m = self.cfg.memory
+        values = self.critic.batch_values(batch, m.micro_batch_size, m.micro_batch_tokens)  # at sampling time
+        ppo = ppo_advantages(advantages, values, batch.loss_mask, batch.old_logp, batch.ref_logp,
+                             PPOSettings.from_config(self.cfg.loss), self.dist)  # advantage/gae.py
+        batch.loss_mask, batch.advantages = ppo.mask, ppo.advantages  # unscorable rows leave the loss
+        batch.returns, batch.old_values = ppo.returns, values
+        self.value_metrics = ppo.metrics
+        return ppo.row_mean
 
     def normaliser(self, batch: UpdateBatch) -> Normaliser:
         """Whole-batch totals across ranks, so micro-batching and sharding leave the loss unchanged."""
