@@ -70,8 +70,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ('config/parse.py', "getattr(value, 'config', None)"): USER,
     ('config/parse.py', "hasattr(value, 'column_names')"): USER,
     ('config/parse.py', "hasattr(value, 'forward')"): USER,
-    # config/paths.py
-    ('config/paths.py', "getattr(cfg, 'path_origins', {})"): CONFIG,
     # config/schema.py
     ('config/schema.py', "getattr(tp, '__name__', str(tp))"): TYPING,
     # data.py
@@ -124,8 +122,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ('output/backends.py', "getattr(self.trackio, 'Table', None)"): THIRD,
     # output/metrics.py
     ('output/metrics.py', "hasattr(torch.cuda, 'host_memory_stats')"): TORCH,
-    # plan/check.py
-    ('plan/check.py', "getattr(cfg.memory, 'reference_placement', 'auto')"): CONFIG,
     # rewards/contract.py
     ('rewards/contract.py', "getattr(kwargs.get(key), '__self__', None)"): USER,
     ('rewards/contract.py', "hasattr(value, 'item')"): USER,
@@ -226,8 +222,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ('threads.py', "hasattr(os, 'sched_getaffinity')"): OS,
     # trace/standins.py
     ('trace/standins.py', 'getattr(module, name, None)'): HF,
-    # trace/step.py
-    ('trace/step.py', "getattr(cfg.memory, 'reference_placement', 'auto')"): CONFIG,
     # update/layout.py
     ('update/layout.py', "getattr(inner, 'model', inner)"): OWNED,
     ('update/layout.py', "getattr(model, 'module', model)"): TORCH,

@@ -127,7 +127,7 @@ def _record(origins: dict[str, PathOrigin] | None, key: str, written: Any, resol
 def describe(cfg: Any, key: str, value: str | None = None) -> str:
     """``model.path '../m' (relative to the config file's folder, /abs/examples)`` for an error message;
     the key and the value alone when it was absolute or set from Python."""
-    origin = getattr(cfg, "path_origins", {}).get(key)
+    origin = cfg.path_origins.get(key)
     if origin is not None:
         return origin.describe(key)
     if value is None:

@@ -62,7 +62,7 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
         ppo=cfg.ppo, kl_coef=cfg.loss.kl_coef,
         gradient_checkpointing=cfg.memory.gradient_checkpointing,
         offload_activations=cfg.memory.offload_activations,
-        reference_placement=getattr(cfg.memory, "reference_placement", "auto"),
+        reference_placement=cfg.memory.reference_placement,
         token_chunk=cfg.loss.token_chunk or auto_token_chunk(vocab),
         vocab_chunk=cfg.loss.vocab_chunk, chunked_loss=True,
         generation_batch_rows=cfg.rollout.max_batch_rows,
@@ -220,7 +220,7 @@ def settle_reference_placement(cfg: Config, shape: ModelShape, device: str, worl
     import dataclasses
 
     if device != "cuda" or cfg.lora.enabled or not cfg.needs_reference or \
-            getattr(cfg.memory, "reference_placement", "auto") != "auto":
+            cfg.memory.reference_placement != "auto":
         return cfg
     on_device = dataclasses.replace(plan_inputs(cfg, device, world_size, shape.vocab), reference_placement="device")
     if cfg.memory.budget:
