@@ -49,7 +49,6 @@ def test_unscorable_rows_get_zero_advantage(tmp_path, tiny_model_dir):
 
     cfg = make_config(tmp_path, tiny_model_dir)
     t = Trainer(cfg)
-    t.setup()
     nan = float("nan")
     per_fn = torch.tensor([[1.0, nan], [nan, nan], [0.0, 0.5], [2.0, nan]] * 2)
     total = torch.tensor([1.0, nan, 0.5, 2.0] * 2)  # what the runner reports: NaN for the unscorable row

@@ -43,7 +43,16 @@ from .sampling import SamplingParams, SamplingWorkspace, apply_repetition_penalt
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """Anything that can sample ``num_generations`` completions for each prompt."""
+    """Anything that can sample ``num_generations`` completions for each prompt. ``off_policy``: its samples
+    come from another copy of the weights (vLLM), so the trainer corrects for the sampler; ``metrics``: this
+    step's figures of the engine for metrics.jsonl; ``close()``: free what it holds at the end of a run."""
+
+    off_policy: bool
+
+    @property
+    def metrics(self) -> dict[str, float]: ...
+
+    def close(self) -> None: ...
 
     def generate(
         self,
@@ -119,6 +128,16 @@ class TorchRolloutEngine:
         # first CUDA call while ``cuda_graph.enabled``; set one to choose (tests pass a stand-in recorder);
         # ``graph_cache.release()`` frees its memory.
         self.graph_cache: GraphCache | None = None
+
+    off_policy = False  # the live weights: nothing to correct for (``RolloutEngine``)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """No per-step figures of its own (``RolloutEngine``): generation is timed by the trainer."""
+        return {}
+
+    def close(self) -> None:
+        """Nothing to free at the end of a run (``RolloutEngine``): the engine holds no weights of its own."""
 
     # ------------------------------------------------------------------ public API
     def generate(
