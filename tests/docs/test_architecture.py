@@ -315,7 +315,7 @@ def test_the_package_keeps_its_layers():
 def test_the_graph_sees_the_package():
     graph = import_graph(SRC, PACKAGE)
     assert f"{PACKAGE}.rollout.engine" in graph[f"{PACKAGE}.evaluate"]  # a top-level import
-    assert f"{PACKAGE}.plan.check" in graph[f"{PACKAGE}.train.trainer"]  # one inside a method
+    assert f"{PACKAGE}.plan.check" in graph[f"{PACKAGE}.train.build"]  # one inside a function
     assert f"{PACKAGE}.rollout.cuda_graph" in graph[f"{PACKAGE}.rollout.decode"]  # `from . import cuda_graph`
 
 
