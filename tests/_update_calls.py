@@ -11,6 +11,7 @@ import torch
 from slimgrpo.loss.objectives import LossSettings
 from slimgrpo.update import UpdateBatch
 from slimgrpo.update import gradients
+from slimgrpo.plan.prompt_sharing import PromptSharing
 from slimgrpo.update.settings import UpdateSettings
 
 __all__ = ["UpdateBatch", "accumulate_gradients", "batch_logprobs", "tiny_update_case"]
@@ -37,6 +38,13 @@ def tiny_update_case(tiny_model_dir, short_last_row: bool = False, with_ref: boo
 
 
 def _settings(loss: LossSettings | None, micro, temperature, token_chunk, vocab_chunk, **switches) -> UpdateSettings:
+    """``share_prompt`` (True / False here) becomes the model's ``PromptSharing`` (the planner's view, read once
+    as ``UpdateSettings.from_config`` reads it) or None."""
+    model = switches.pop("model", None)
+    if switches.get("share_prompt"):
+        switches["share_prompt"] = PromptSharing.of(model)
+    else:
+        switches["share_prompt"] = None
     return UpdateSettings(loss=loss if loss is not None else LossSettings(), micro_rows=micro,
                           temperature=temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk, **switches)
 
@@ -45,7 +53,7 @@ def accumulate_gradients(model, batch, settings, norm, micro, temperature, token
                          loss_scale=1.0, no_sync=None, offload_activations=False, fuse=True, share_prompt=False,
                          micro_tokens=None, entropy_coef=None):
     s = _settings(settings, micro, temperature, token_chunk, vocab_chunk, micro_tokens=micro_tokens, fuse=fuse,
-                  share_prompt=share_prompt, offload_activations=offload_activations)
+                  share_prompt=share_prompt, offload_activations=offload_activations, model=model)
     return gradients.accumulate_gradients(model, batch, s, norm, entropy_coef=entropy_coef, loss_scale=loss_scale,
                                           no_sync=no_sync)
 
@@ -53,5 +61,5 @@ def accumulate_gradients(model, batch, settings, norm, micro, temperature, token
 def batch_logprobs(model, batch, micro, temperature, token_chunk, vocab_chunk, want_entropy=False,
                    micro_tokens=None, share_prompt=False):
     s = _settings(None, micro, temperature, token_chunk, vocab_chunk, micro_tokens=micro_tokens,
-                  share_prompt=share_prompt)
+                  share_prompt=share_prompt, model=model)
     return gradients.batch_logprobs(model, batch, s, want_entropy=want_entropy)

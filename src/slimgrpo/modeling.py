@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import torch
 
 from slimgrpo.config import Config, LoraConfig, ModelConfig
+from slimgrpo.causal_lm import is_peft, unwrap_causal_lm
 from slimgrpo.config.context import position_limit
 from slimgrpo.model_gguf import GGUFError, gguf_config, is_gguf, load_gguf_model, load_gguf_tokenizer
 
@@ -270,18 +271,9 @@ def prepare_quantized_base(model):
     return model
 
 
-def is_peft(model) -> bool:
-    return hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")
-
-
-def base_causal_lm(model):
-    """The transformers CausalLM under an optional peft wrapper."""
-    return model.get_base_model() if is_peft(model) else model
-
-
 def generation_eos_ids(model) -> list[int]:
     """The end-of-sequence ids of the model's generation_config (none, one or several)."""
-    eos = getattr(getattr(base_causal_lm(model), "generation_config", None), "eos_token_id", None)
+    eos = getattr(getattr(unwrap_causal_lm(model), "generation_config", None), "eos_token_id", None)
     if eos is None:
         return []
     return list(eos) if isinstance(eos, (list, tuple)) else [eos]
@@ -323,7 +315,7 @@ class Policy:
         if self.reference_cpu is None:
             raise RuntimeError("sync_reference needs the full-fine-tuning reference copy (loss.beta > 0, no LoRA)")
         ref = dict(self.reference_cpu.named_parameters())
-        for name, p in base_causal_lm(self.model).named_parameters():
+        for name, p in unwrap_causal_lm(self.model).named_parameters():
             full = p.full_tensor() if hasattr(p, "full_tensor") else p
             r = ref[name]
             r.mul_(1.0 - alpha).add_(full.detach().to(r.device, r.dtype), alpha=alpha)
@@ -363,9 +355,9 @@ def prepare_for_training(model: torch.nn.Module, cfg: Config, reference_device: 
     elif cfg.needs_reference:  # beta > 0, or PPO's KL reward (kl_coef > 0)
         reference_cpu = reference_copy(model, reference_device or torch.device("cpu"))
     if cfg.memory.gradient_checkpointing:
-        base_causal_lm(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        unwrap_causal_lm(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if cfg.lora.enabled:
-            base_causal_lm(model).enable_input_require_grads()
+            unwrap_causal_lm(model).enable_input_require_grads()
     if cfg.model.disable_dropout:
         disable_dropout(model)
     model.train()

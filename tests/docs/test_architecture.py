@@ -24,7 +24,7 @@ PACKAGE = "slimgrpo"
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 # Every package may import these; they import nothing from slimgrpo.
-FOUNDATIONS = ("containers", "collectives", "units", "redact", "threads", "model_gguf", "exit_codes")
+FOUNDATIONS = ("containers", "collectives", "causal_lm", "units", "redact", "threads", "model_gguf", "exit_codes")
 
 
 COMMANDS = ("cli", "__main__", "commands", "demo")  # the top-level modules and packages that are commands

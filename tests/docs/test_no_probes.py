@@ -122,6 +122,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ('output/backends.py', "getattr(self.trackio, 'Table', None)"): THIRD,
     # output/metrics.py
     ('output/metrics.py', "hasattr(torch.cuda, 'host_memory_stats')"): TORCH,
+    # plan/prompt_sharing.py
+    ('plan/prompt_sharing.py', "getattr(lm.config, '_attn_implementation', None)"): HF,
     # rewards/contract.py
     ('rewards/contract.py', "getattr(kwargs.get(key), '__self__', None)"): USER,
     ('rewards/contract.py', "hasattr(value, 'item')"): USER,
@@ -229,8 +231,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ('update/reference.py', "getattr(model, 'host_buffer', None)"): OWNED,
     ('update/reference.py', "getattr(model, 'host_buffer_pinned', False)"): OWNED,
     ('update/reference.py', "getattr(policy, 'reference_placement', 'host')"): OWNED,
-    # update/settings.py
-    ('update/settings.py', "getattr(lm.config, '_attn_implementation', None)"): HF,
     # update/updater.py
     ('update/updater.py', "getattr(self.model, 'no_sync', None)"): TORCH,
 }

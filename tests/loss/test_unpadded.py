@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from slimgrpo.loss.logprobs import CompletionRows, completion_logprobs
 from slimgrpo.loss.objectives import LossSettings, Normaliser
 from slimgrpo.loss.unpadded import UnpaddedRows, unpad_rows, unpadded_completion_logprobs
-from slimgrpo.update.micro import micro_batches
+from slimgrpo.update.micro import group_rows
 from _update_calls import UpdateBatch, accumulate_gradients, batch_logprobs
 
 
@@ -123,14 +123,14 @@ def test_reference_logprobs_with_a_token_budget_equal_the_padded_path():
 def test_micro_batches_respect_the_token_budget():
     lengths = torch.tensor([5, 17, 3, 9, 9, 30, 1, 12])
     for budget in (1, 10, 18, 31, 40, 200):
-        groups = micro_batches(lengths, None, budget)
+        groups = group_rows(lengths, None, budget)
         seen = sorted(int(i) for g in groups for i in g)
         assert seen == list(range(len(lengths)))
         for g in groups:
             assert len(g) == 1 or len(g) * int(lengths[g].max()) <= budget
-    assert len(micro_batches(lengths, None, 240)) == 1 and len(micro_batches(lengths, None, 239)) == 2
-    assert all(len(g) <= 3 for g in micro_batches(lengths, 3, 1000))
-    assert [g.tolist() for g in micro_batches(lengths, 3)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert len(group_rows(lengths, None, 240)) == 1 and len(group_rows(lengths, None, 239)) == 2
+    assert all(len(g) <= 3 for g in group_rows(lengths, 3, 1000))
+    assert [g.tolist() for g in group_rows(lengths, 3)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
 
 
 class LargestTensor(TorchDispatchMode):
@@ -177,21 +177,35 @@ def test_largest_tensor_of_a_4k_update_grows_linearly():
 
 
 def test_fsdp_micro_batches_split_to_the_count_every_rank_runs():
-    """FSDP2: a token budget packs each rank's rows into a different number of micro-batches; plan_micro splits
-    the largest until every rank has the largest count (batch.agree_count), keeping every row exactly once."""
+    """FSDP2: a token budget packs each rank's rows into a different number of micro-batches; with
+    ``same_micro_count`` the one iterator (``micro_batches``) asks the ranks for the largest count and splits the
+    largest until it has it, keeping every row exactly once."""
+    from slimgrpo.collectives import SINGLE
     from slimgrpo.update.batch import UpdateBatch
-    from slimgrpo.update.micro import plan_micro, split_to_count
+    from slimgrpo.update.micro import micro_batches, split_to_count
+    from slimgrpo.update.settings import UpdateSettings
+
+    class OtherRankHas:  # the Collectives the count agreement asks, as if another rank had t micro-batches
+        def __init__(self, t: int):
+            self.t, self.asked = t, []
+
+        def max_over_ranks(self, n: int) -> int:
+            self.asked.append(n)
+            return max(n, self.t)
 
     rows, S = 7, 11
     lengths = torch.tensor([11, 3, 9, 2, 6, 5, 1])
     am = (torch.arange(S)[None, :] >= S - lengths[:, None]).long()  # left-padded rows of these lengths
     ids = torch.ones(rows, S, dtype=torch.long)
     batch = UpdateBatch(ids, am, ids[:, -3:], am[:, -3:].bool(), torch.zeros(rows))
-    local = plan_micro(batch, None, 12)
-    for target in (len(local), len(local) + 1, rows):
-        batch.agree_count = lambda n, t=target: max(n, t)  # as if another rank had t micro-batches
-        groups = plan_micro(batch, None, 12)
-        assert len(groups) == target
-        assert sorted(torch.cat(groups).tolist()) == list(range(rows))
+    settings = UpdateSettings(micro_tokens=12, same_micro_count=True)
+    local = len(micro_batches(batch, UpdateSettings(micro_tokens=12), SINGLE))
+    for target in (local, local + 1, rows):
+        ranks = OtherRankHas(target)
+        micros = micro_batches(batch, settings, ranks)
+        assert len(micros) == target and ranks.asked == [local]
+        assert sorted(torch.cat([torch.as_tensor(m.rows) for m in micros]).tolist()) == list(range(rows))
+    unasked = OtherRankHas(rows)  # DDP / one process: no agreement asked
+    assert len(micro_batches(batch, UpdateSettings(micro_tokens=12), unasked)) == local and unasked.asked == []
     with pytest.raises(ValueError, match="cannot make 3 micro-batches of 2 rows"):
         split_to_count([torch.tensor([0]), torch.tensor([1])], 3)

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from slimgrpo.memory import attention
 from slimgrpo.plan.shapes import ModelShape
-from slimgrpo.update.shared_prompt import shared_completion_hidden
+from slimgrpo.loss.shared_prompt import shared_completion_hidden
 
 
 def _model() -> torch.nn.Module:

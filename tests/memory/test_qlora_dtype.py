@@ -29,10 +29,10 @@ def _prepared(model):
 def _dtypes_through_a_step(model, device):
     """Forward (checkpointed, train mode) and backward; the dtype of every decoder layer's input (what
     non-reentrant checkpointing keeps for each layer) and output, and of the decoder's output."""
-    from slimgrpo.modeling import base_causal_lm
+    from slimgrpo.causal_lm import unwrap_causal_lm
 
     seen: dict[str, set[torch.dtype]] = {"layer inputs": set(), "layer outputs": set(), "decoder output": set()}
-    decoder = base_causal_lm(model).get_decoder()
+    decoder = unwrap_causal_lm(model).get_decoder()
     hooks = []
     for layer in decoder.layers:
         hooks.append(layer.register_forward_pre_hook(
@@ -55,7 +55,7 @@ def _dtypes_through_a_step(model, device):
 def _fp32_mlp_inputs_kept(model, device) -> int:
     """fp32 tensors of the MLP's width that autograd keeps in a forward without checkpointing: peft's input
     cast makes one per layer for down_proj's adapter; adapters computing in the input's dtype make none."""
-    from slimgrpo.modeling import base_causal_lm
+    from slimgrpo.causal_lm import unwrap_causal_lm
 
     kept = []
 
@@ -64,20 +64,20 @@ def _fp32_mlp_inputs_kept(model, device) -> int:
             kept.append(t.shape)
         return t
 
-    base_causal_lm(model).gradient_checkpointing_disable()
+    unwrap_causal_lm(model).gradient_checkpointing_disable()
     ids = torch.randint(2, SHAPE.vocab, (2, 17), generator=torch.Generator().manual_seed(0)).to(device)
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(input_ids=ids)
     finally:
-        base_causal_lm(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        unwrap_causal_lm(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return len(kept)
 
 
 def _check(model, device):
-    from slimgrpo.modeling import base_causal_lm
+    from slimgrpo.causal_lm import unwrap_causal_lm
 
-    base = base_causal_lm(model)
+    base = unwrap_causal_lm(model)
     assert base.get_input_embeddings().weight.dtype == torch.bfloat16
     assert base.get_output_embeddings().weight.dtype == torch.bfloat16
     norms = [p for n, p in base.named_parameters() if "norm" in n]

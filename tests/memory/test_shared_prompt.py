@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from slimgrpo.loss import shared_prompt
+from slimgrpo.loss.logprobs import CompletionRows
 from slimgrpo.loss.objectives import LossSettings, Normaliser
-from slimgrpo.update import shared_prompt
+from slimgrpo.loss.packed import row_groups
+from slimgrpo.update.layout import shared_groups
+from slimgrpo.plan.prompt_sharing import PromptSharing
 from _update_calls import UpdateBatch, accumulate_gradients
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -37,9 +41,15 @@ def _batch(vocab: int, G: int = 3, P: int = 6, T: int = 5, seed: int = 0) -> Upd
                        ref_logp=-6.0 + torch.randn(k, T, generator=g))
 
 
+def _applicable(model, ids: torch.Tensor, am: torch.Tensor, T: int) -> int:
+    """The groups the update (with gradients) shares these rows as: ``layout.shared_groups`` with the model's
+    ``PromptSharing`` (the planner's verdict, read once)."""
+    return shared_groups(model, CompletionRows(ids, am, T, ids[:, -T:]), PromptSharing.of(model), with_grad=True)
+
+
 def test_row_groups():
     ids = torch.tensor([[1, 2], [1, 2], [3, 4], [3, 4], [1, 2]])
-    first, group = shared_prompt.row_groups(ids, torch.ones_like(ids))
+    first, group = row_groups(ids, torch.ones_like(ids))
     assert first.tolist() == [0, 2, 4] and group.tolist() == [0, 0, 1, 1, 2]
 
 
@@ -50,7 +60,7 @@ def test_shared_prompt_gradients_equal_plain(tiny_model_dir, micro, fuse):
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     batch = _batch(model.config.vocab_size)
-    assert shared_prompt.applicable(model, batch.input_ids, batch.attention_mask, batch.T)
+    assert _applicable(model, batch.input_ids, batch.attention_mask, batch.T)
     settings = LossSettings(loss_type="grpo", beta=0.04)
     norm = Normaliser.of(batch.loss_mask)
     out = []
@@ -70,10 +80,10 @@ def test_not_applicable_with_checkpointing_or_distinct_prompts(tiny_model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     batch = _batch(model.config.vocab_size, G=1)
-    assert not shared_prompt.applicable(model, batch.input_ids, batch.attention_mask, batch.T)
+    assert not _applicable(model, batch.input_ids, batch.attention_mask, batch.T)
     model.gradient_checkpointing_enable()
     batch = _batch(model.config.vocab_size)
-    assert not shared_prompt.applicable(model, batch.input_ids, batch.attention_mask, batch.T)
+    assert not _applicable(model, batch.input_ids, batch.attention_mask, batch.T)
 
 
 def test_shared_only_where_it_saves_memory(tiny_model_dir):
@@ -83,12 +93,12 @@ def test_shared_only_where_it_saves_memory(tiny_model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     short_prompt = _batch(model.config.vocab_size, P=6, T=200)
-    assert not shared_prompt.applicable(model, short_prompt.input_ids, short_prompt.attention_mask, short_prompt.T)
+    assert not _applicable(model, short_prompt.input_ids, short_prompt.attention_mask, short_prompt.T)
     long_prompt = _batch(model.config.vocab_size, P=200, T=6)
-    assert shared_prompt.applicable(model, long_prompt.input_ids, long_prompt.attention_mask, long_prompt.T)
+    assert _applicable(model, long_prompt.input_ids, long_prompt.attention_mask, long_prompt.T)
     # the gradient test's micro-batches of 4 rows (groups of 3 split) still share
     b = _batch(model.config.vocab_size)
-    assert shared_prompt.applicable(model, b.input_ids[:4], b.attention_mask[:4], b.T)
+    assert _applicable(model, b.input_ids[:4], b.attention_mask[:4], b.T)
 
 
 @pytest.mark.parametrize("micro", [None, 4])  # 4 splits groups of 3
@@ -104,7 +114,8 @@ def test_no_grad_logprobs_shared_equal_plain(tiny_model_dir, micro, monkeypatch)
     calls = []
     real = shared_prompt.shared_completion_hidden
     monkeypatch.setattr(shared_prompt, "shared_completion_hidden", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(shared_prompt, "saves_memory", lambda *a, **k: False)  # the update would not share
+    # the update (with gradients) would not share; a pass without gradients still does
+    monkeypatch.setattr(PromptSharing, "lighter", lambda self, *a, with_grad, **k: not with_grad)
     from slimgrpo.loss import packed
 
     monkeypatch.setattr(packed, "cheaper", lambda *a, **k: False)  # the fanned-out layout (packing: test_packed)

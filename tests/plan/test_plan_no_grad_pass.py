@@ -44,9 +44,11 @@ def test_no_grad_layout_follows_the_verdict(tiny_model_dir):
     (the old code shared wherever rows shared a prompt), shared for a long prompt before short ones."""
     from transformers import AutoModelForCausalLM
 
-    from slimgrpo.loss import packed
-    from slimgrpo.update import shared_prompt
-    from slimgrpo.update.layout import hidden_fn
+    from slimgrpo.loss import packed, shared_prompt
+    from slimgrpo.loss.logprobs import CompletionRows
+    from slimgrpo.update.layout import choose_layout, shared_groups
+    from slimgrpo.plan.prompt_sharing import PromptSharing
+    from slimgrpo.update.settings import UpdateSettings
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     g = torch.Generator().manual_seed(0)
@@ -56,11 +58,13 @@ def test_no_grad_layout_follows_the_verdict(tiny_model_dir):
         ids = torch.cat([prompt.expand(n, P), torch.randint(3, model.config.vocab_size, (n, T), generator=g)], 1)
         return ids, torch.ones_like(ids)
 
+    sharing = PromptSharing.of(model)
     ids, am = rows(6, 600)
     assert shared_prompt.shares_work(model, ids, am, 600)  # the rows do share a prompt
-    assert shared_prompt.applicable_without_grad(model, ids, am, 600) == 0
+    assert shared_groups(model, CompletionRows(ids, am, 600, ids[:, -600:]), sharing, with_grad=False) == 0
     assert not packed.cheaper(model, ids, am, 600, 0)
-    assert hidden_fn(model, ids, am, 600, share_prompt=True, with_grad=False) is not \
-        shared_prompt.shared_completion_hidden
+    layout = choose_layout(model, CompletionRows(ids, am, 600, ids[:, -600:]), UpdateSettings(share_prompt=sharing),
+                           with_grad=False)
+    assert layout is not shared_prompt.shared_completion_hidden
     ids, am = rows(600, 6)
-    assert shared_prompt.applicable_without_grad(model, ids, am, 6) == 1
+    assert shared_groups(model, CompletionRows(ids, am, 6, ids[:, -6:]), sharing, with_grad=False) == 1

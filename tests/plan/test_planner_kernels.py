@@ -108,7 +108,7 @@ def test_update_layer_bytes_match_autograd_plain_and_shared_prompt(lora, m, G, d
     from slimgrpo.memory.attention import cpu_gqa
     from slimgrpo.plan.planner import shared_prompt_groups, update_layer_bytes
     from slimgrpo.plan.shapes import ModelShape
-    from slimgrpo.update.shared_prompt import shared_completion_hidden
+    from slimgrpo.loss.shared_prompt import shared_completion_hidden
 
     shape = ModelShape.from_hf_config({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 176,
                                        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,

@@ -12,8 +12,10 @@ from safetensors.torch import load_file
 
 from run_helpers import cli, numeric_metrics, start_cli, write_run
 from slimgrpo.advantage import gae as adv
+from slimgrpo.collectives import SINGLE
 from slimgrpo.config import ConfigError, from_dict, validate_config
 from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss, value_loss
+from slimgrpo.update import UpdateSettings, batch_totals
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -210,7 +212,8 @@ def test_lora_critic_gradients_reach_only_its_adapter_and_head(tiny_model_dir):
             if ".critic." in n and "lora_B" in n:
                 p.normal_(0, 0.1)
     batch = _update_batch(policy)
-    stats = critic.accumulate(batch, micro=3, micro_tokens=None, vf_coef=1.0, cliprange_value=0.2)
+    stats = critic.accumulate(batch, UpdateSettings(micro_rows=3), batch_totals(batch, SINGLE), vf_coef=1.0,
+                              cliprange_value=0.2)
     assert stats["value/loss"] > 0
     for n, p in named.items():
         if id(p) in critic_ids:
@@ -245,9 +248,9 @@ def test_full_finetuning_critic_is_a_second_model(tiny_model_dir):
     ids = {id(p) for p in critic.parameters()}
     assert ids.isdisjoint({id(p) for p in policy.trainable_parameters()})
     batch = _update_batch(policy)
-    values = critic.batch_values(batch, micro=3, micro_tokens=None)
+    values = critic.batch_values(batch, UpdateSettings(micro_rows=3))
     assert values.shape == batch.returns.shape and not values.any()  # a zero head: every value starts at 0
-    critic.accumulate(batch, 3, None, 1.0, 0.2)
+    critic.accumulate(batch, UpdateSettings(micro_rows=3), batch_totals(batch, SINGLE), 1.0, 0.2)
     assert all(p.grad is None for p in policy.model.parameters())
     state = critic.state_dict()
     critic.load_state_dict(state)

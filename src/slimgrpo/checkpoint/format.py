@@ -445,7 +445,7 @@ _MISMATCH_HINT = ("resume with the same model.path and lora settings, or start a
 
 def load_model_weights(model, path: Path) -> None:
     """Copy saved weights into the live model (full or peft adapter)."""
-    from slimgrpo.modeling import is_peft
+    from slimgrpo.causal_lm import is_peft
 
     folder = path / "model"
     if is_peft(model):

@@ -155,9 +155,9 @@ def save_hf_model(policy, path: Path, dist: DistContext) -> None:
 def _untie(model, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Gathering copies each tensor, so a tied LM head comes back as a second tensor equal to the
     embedding; drop it as ``save_pretrained`` would drop a shared one (the config re-ties it on load)."""
-    from slimgrpo.modeling import base_causal_lm
+    from slimgrpo.causal_lm import unwrap_causal_lm
 
-    base = base_causal_lm(model)
+    base = unwrap_causal_lm(model)
     if not getattr(base.config, "tie_word_embeddings", False):
         return state_dict
     head, emb = base.get_output_embeddings(), base.get_input_embeddings()

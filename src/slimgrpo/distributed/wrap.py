@@ -73,9 +73,9 @@ def wrap_ddp(model: nn.Module, ignore: list[str] | tuple[str, ...] = ()) -> nn.M
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks to shard one by one: modules named by ``_no_split_modules`` (transformers)."""
-    from slimgrpo.modeling import base_causal_lm
+    from slimgrpo.causal_lm import unwrap_causal_lm
 
-    base = base_causal_lm(model)
+    base = unwrap_causal_lm(model)
     names = set(getattr(base, "_no_split_modules", None) or [])
     layers = [m for m in base.modules() if type(m).__name__ in names]
     if not layers:

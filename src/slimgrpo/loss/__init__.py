@@ -12,13 +12,13 @@ from slimgrpo.loss.logprobs import (
     completion_logprobs,
     completion_position_ids,
     lm_head_spec,
-    unwrap_causal_lm,
 )
 from slimgrpo.loss.objectives import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
     LossSettings,
     Normaliser,
+    PolicyObjective,
     TokenEntropy,
     grpo_loss,
     k3_kl,
@@ -43,6 +43,7 @@ __all__ = [
     "LOSS_TYPES",
     "LossSettings",
     "Normaliser",
+    "PolicyObjective",
     "TokenEntropy",
     "auto_token_chunk",
     "chunked_token_logprobs",
@@ -60,7 +61,6 @@ __all__ = [
     "sapo_term",
     "sequence_log_ratio",
     "token_log_ratio",
-    "unwrap_causal_lm",
     "vespo_term",
     "vespo_weights",
 ]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from slimgrpo.causal_lm import unwrap_causal_lm
 from slimgrpo.config.loss import auto_token_chunk
 from slimgrpo.loss.chunked_head import HeadSpec, chunked_token_logprobs
 
@@ -42,19 +43,7 @@ __all__ = [
     "hidden_layout",
     "layout_hidden",
     "lm_head_spec",
-    "unwrap_causal_lm",
 ]
-
-
-def unwrap_causal_lm(model: nn.Module) -> nn.Module:
-    """The Hugging Face causal LM inside ``model`` (unwraps a peft ``PeftModel``).
-
-    peft injects LoRA layers into the base model in place, so calling the unwrapped model's
-    modules still runs the adapters (and ``PeftModel.disable_adapter()`` still switches them off).
-    """
-    if hasattr(model, "get_base_model") and callable(model.get_base_model):
-        model = model.get_base_model()
-    return model
 
 
 def _text_config(model: nn.Module):
@@ -223,7 +212,7 @@ def completion_logprobs(
         return_entropy: also return the per-token entropy (no gradient).
         entropy_grad: give the entropy a gradient (the entropy bonus, ``loss.entropy_coef``).
         hidden_fn: replaces ``completion_hidden`` (same signature), e.g.
-            ``update.shared_prompt.shared_completion_hidden``.
+            ``loss.shared_prompt.shared_completion_hidden``.
 
     Returns:
         ``(logp [rows, T] float32, entropy [rows, T] float32 or None)``.

@@ -375,6 +375,23 @@ def grpo_loss(
     return loss, stats
 
 
+@dataclass(frozen=True)
+class PolicyObjective:
+    """``grpo_loss`` of one micro-batch as a function of its log-probs alone: the loss the fused LM head
+    differentiates chunk by chunk (``fused.completion_loss``'s ``objective``). Its fields are ``grpo_loss``'s
+    other arguments; no entropy (the fused path takes no entropy term)."""
+
+    old_logp: Tensor | None
+    ref_logp: Tensor | None
+    advantages: Tensor
+    mask: Tensor
+    settings: LossSettings
+    norm: Normaliser
+
+    def __call__(self, logp: Tensor) -> Tensor:
+        return grpo_loss(logp, self.old_logp, self.ref_logp, self.advantages, self.mask, self.settings, self.norm)[0]
+
+
 def _stats(ratio: Tensor, advantages: Tensor, mask: Tensor, kl: Tensor, parts: dict[str, Tensor],
            s: LossSettings) -> LossStats:
     """Clip fractions per token, or per sequence at sequence level (as TRL logs them)."""

@@ -1,7 +1,7 @@
 """Completion hidden states of a whole micro-batch packed into one sequence: no padding, each prompt once.
 
 Both other layouts of the update pay for padding: the unpadded one (``unpadded.py``) right-pads every
-row to the longest ``prompt + completion``, and the shared-prompt one (``update/shared_prompt.py``) pads
+row to the longest ``prompt + completion``, and the shared-prompt one (``shared_prompt.py``) pads
 every completion to the longest completion. When completion lengths vary a lot (a real model that
 stops at EOS: most rows end after a few tokens, one rambles to the limit) most of those positions are
 padding. Here only real tokens go through the decoder::
@@ -24,7 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from slimgrpo.loss.gather import take_rows
-from slimgrpo.loss.logprobs import CompletionRows, HiddenOut, hidden_layout, lm_head_spec, unwrap_causal_lm
+from slimgrpo.causal_lm import unwrap_causal_lm
+from slimgrpo.loss.logprobs import CompletionRows, HiddenOut, hidden_layout, lm_head_spec
 
 MAX_TOKENS = 4096  # packed length limit: the [N, N] bool mask is at most 16 MiB
 _MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoders known to take a prepared 4D mask as-is

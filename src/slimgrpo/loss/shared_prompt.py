@@ -17,10 +17,10 @@ group still works (each part shares within itself).
 
 Not used with gradient checkpointing (Hugging Face models drop the KV cache while checkpointing in
 training mode) nor under FSDP2 (each sharded layer would run forward twice before one backward, which
-is untested there), nor where it would keep more memory than the plain update: the completion pass
-attends through a [rows, 1, T, P + T] mask (and sdpa then repeats keys and values to query width), which
-outweighs the saving when completions are long and the prompt short (``saves_memory`` asks the
-planner); ``applicable`` decides.
+is untested there): ``shares_work`` says so. Nor where it would keep more memory than the plain update:
+the completion pass attends through a [rows, 1, T, P + T] mask (and sdpa then repeats keys and values to
+query width), which outweighs the saving when completions are long and the prompt short; that verdict is
+the planner's (``plan/prompt_sharing.py``), which the update asks before it picks this layout.
 """
 
 from __future__ import annotations
@@ -29,16 +29,10 @@ import torch
 from torch import Tensor, nn
 from transformers import DynamicCache
 
-from slimgrpo.loss.packed import row_groups  # noqa: F401  (also this module's name for it)
+from slimgrpo.causal_lm import unwrap_causal_lm
 from slimgrpo.loss.gather import select_cache_rows, take_rows
-from slimgrpo.loss.logprobs import (
-    CompletionRows,
-    HiddenOut,
-    completion_position_ids,
-    hidden_layout,
-    lm_head_spec,
-    unwrap_causal_lm,
-)
+from slimgrpo.loss.logprobs import CompletionRows, HiddenOut, completion_position_ids, hidden_layout, lm_head_spec
+from slimgrpo.loss.packed import row_groups
 
 
 def shares_work(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion_tokens: int) -> int:
@@ -54,70 +48,6 @@ def shares_work(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num
         return 0
     first_row, _ = row_groups(input_ids[:, :P], attention_mask[:, :P])
     return first_row.numel() if first_row.numel() < input_ids.shape[0] else 0
-
-
-def applicable(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion_tokens: int) -> int:
-    """The number of groups when the update shares (it saves work, ``shares_work``, and keeps fewer bytes
-    than the plain update, ``saves_memory``), else 0. Passes without gradients (reference and old-policy
-    log-probs) keep no activations, so for them ``shares_work`` alone decides."""
-    groups = shares_work(model, input_ids, attention_mask, num_completion_tokens)
-    if not groups:
-        return 0
-    P = input_ids.shape[1] - num_completion_tokens
-    saves = saves_memory(unwrap_causal_lm(model), input_ids.shape[0], groups, P, num_completion_tokens,
-                         prompt_padded=bool((attention_mask[:, :P] == 0).any()))
-    return groups if saves else 0
-
-
-def applicable_without_grad(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                            num_completion_tokens: int) -> int:
-    """The number of groups a pass without gradients (reference / old-policy log-probs) shares: where it
-    saves work (``shares_work``) and holds no more at its peak than the plain pass (the planner's
-    ``shared_prompt_lighter_without_grad``: nothing is kept for backward, but with long completions after a
-    short prompt the completion pass's [rows, 1, T, P + T] mask outweighs the prompt tokens saved), else 0."""
-    groups = shares_work(model, input_ids, attention_mask, num_completion_tokens)
-    if not groups:
-        return 0
-    from slimgrpo.plan.planner import shared_prompt_lighter_without_grad
-
-    P = input_ids.shape[1] - num_completion_tokens
-    view = _plan_view(unwrap_causal_lm(model), input_ids.shape[0], P, num_completion_tokens)
-    if view is None:
-        return groups
-    lighter = shared_prompt_lighter_without_grad(*view, groups, prompt_padded=bool((attention_mask[:, :P] == 0).any()))
-    return groups if lighter else 0
-
-
-def _plan_view(lm: nn.Module, rows: int, P: int, T: int):
-    """``(shape, PlanInputs)`` of one micro-batch for the planner's verdicts, or None for a config the planner
-    cannot read (an architecture without the usual keys)."""
-    from slimgrpo.plan.types import PlanInputs
-    from slimgrpo.plan.shapes import ModelShape
-
-    try:
-        shape = ModelShape.from_hf_config(lm.config.to_dict())
-    except (ValueError, KeyError, TypeError):
-        return None
-    param = next(lm.parameters(), None)
-    B = 4 if param is None or param.element_size() >= 4 else 2
-    attn = getattr(lm.config, "_attn_implementation", None) or "sdpa"
-    return shape, PlanInputs(device="cpu", param_dtype_bytes=B, num_generations=rows, micro_batch_rows=rows,
-                             max_prompt_length=P, max_completion_length=T, attn_implementation=attn)
-
-
-def saves_memory(lm: nn.Module, rows: int, groups: int, P: int, T: int, prompt_padded: bool) -> bool:
-    """The planner's verdict (``memory.planner.shared_prompt_saves``): sharing keeps fewer bytes per layer.
-
-    The completion pass attends T queries to P + T keys through a [rows, 1, T, P + T] mask, so long
-    completions after a short prompt cost more shared than plain. A config the planner cannot read
-    (an architecture without the usual keys) keeps sharing on."""
-    from slimgrpo.plan.planner import shared_prompt_saves
-
-    view = _plan_view(lm, rows, P, T)
-    if view is None:
-        return True
-    shape, x = view
-    return shared_prompt_saves(x, groups, shape, prompt_padded=prompt_padded)
 
 
 @hidden_layout
@@ -145,4 +75,4 @@ def shared_completion_hidden(model: nn.Module, x: CompletionRows) -> HiddenOut:
     return hidden[mask], x.completion_ids[mask], mask, lm_head_spec(lm)
 
 
-__all__ = ["applicable", "applicable_without_grad", "row_groups", "shared_completion_hidden"]
+__all__ = ["shares_work", "shared_completion_hidden"]

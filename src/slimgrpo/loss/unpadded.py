@@ -28,7 +28,8 @@ import torch
 from torch import Tensor, nn
 
 from slimgrpo.loss.chunked_head import chunked_token_logprobs
-from slimgrpo.loss.logprobs import lm_head_spec, unwrap_causal_lm
+from slimgrpo.causal_lm import unwrap_causal_lm
+from slimgrpo.loss.logprobs import lm_head_spec
 
 
 def unpad_rows(input_ids: Tensor, attention_mask: Tensor, num_completion_tokens: int,

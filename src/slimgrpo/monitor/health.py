@@ -150,10 +150,10 @@ def collapse_diagnosis(monitor: HealthMonitor, step: int, output_dir, learning_r
 
 def monitor_for(cfg, model) -> HealthMonitor:
     """The monitor of a run: thresholds from ``run.*``, the vocabulary size from the model."""
-    from slimgrpo.modeling import base_causal_lm
+    from slimgrpo.causal_lm import unwrap_causal_lm
 
     r = cfg.run
-    limits = HealthLimits(vocab_size=int(base_causal_lm(model).config.vocab_size),
+    limits = HealthLimits(vocab_size=int(unwrap_causal_lm(model).config.vocab_size),
                           max_collapsed_steps=r.max_collapsed_steps, entropy_ratio=r.collapse_entropy_ratio,
                           grad_norm_min=r.collapse_grad_norm_min, grad_norm_max=r.collapse_grad_norm_max)
     return HealthMonitor(limits)

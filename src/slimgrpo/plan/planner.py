@@ -160,7 +160,7 @@ def _optimizer_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
 def shared_prompt_groups(x: PlanInputs, shape: ModelShape) -> int:
     """Prompt groups in the largest update micro-batch when each group's prompt runs once
     (memory.share_prompt_forward), else 0: sharing needs >= 2 rows of one prompt in a micro-batch and
-    no gradient checkpointing (update/shared_prompt.applicable), and is only used where it keeps fewer
+    no gradient checkpointing (loss/shared_prompt.shares_work), and is only used where it keeps fewer
     bytes than the plain update (``shared_prompt_saves``). Micro-batches cut the rows in order, so m rows
     span ceil(m / G) groups, one more when neither of m and G divides the other."""
     m, G = x.micro_rows, x.num_generations
@@ -176,7 +176,7 @@ def shared_prompt_saves(x: PlanInputs, groups: int, shape: ModelShape, prompt_pa
 
     The completion pass attends T queries to P + T keys through a [m, 1, T, S] mask (and sdpa then
     repeats keys and values to query width), so with long completions after a short prompt sharing
-    costs more than it saves; the trainer asks this before it shares (update/shared_prompt.py)."""
+    costs more than it saves; the update asks this before it shares (plan/prompt_sharing.py)."""
     if groups < 1 or groups >= x.micro_rows:
         return False
     shared = update_layer_bytes(shape, x, groups=groups, prompt_padded=prompt_padded)[0]

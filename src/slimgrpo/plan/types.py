@@ -86,7 +86,7 @@ class PlanInputs:
     max(1, budget // S) in the worst case where every row is S tokens long; None = micro_batch_rows."""
     share_prompt_forward: bool = True
     """memory.share_prompt_forward: the update runs each group's prompt once when a micro-batch holds
-    several rows of one prompt and checkpointing is off (update/shared_prompt.py)."""
+    several rows of one prompt and checkpointing is off (loss/shared_prompt.py)."""
     generation_batch_rows: int | None = None
     """Rows decoded together; None = all rows of the step at once."""
     decode_packing: str = "auto"

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from slimgrpo.causal_lm import unwrap_causal_lm
 from slimgrpo.plan.target import device_kind, planned
 
 
@@ -23,7 +24,7 @@ class CausalLMParts:
     """Decoder, LM head and logit post-processing of a (possibly peft-wrapped) causal LM."""
 
     def __init__(self, model: nn.Module) -> None:
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = unwrap_causal_lm(model)
         if not hasattr(base, "get_decoder") or not hasattr(base, "get_output_embeddings"):
             raise ValueError(
                 f"{type(base).__name__} is not a Hugging Face causal LM (needs get_decoder() and "

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from slimgrpo.causal_lm import unwrap_causal_lm
 from slimgrpo.config.rollout import device_kind
 from slimgrpo.containers import Rollout
 from .sampling import SamplingParams
@@ -78,7 +79,7 @@ class VllmSettings:
         device = device_kind(cfg.run.device)
         rows = r.max_batch_rows or cfg.run.batch_size
         max_len = cfg.data.max_prompt_length + r.max_completion_length
-        mconf = _base(model).config
+        mconf = unwrap_causal_lm(model).config
         if r.vllm_kv_cache_gb is not None:
             kv = int(r.vllm_kv_cache_gb * 2**30)
         else:
@@ -165,10 +166,6 @@ def rollout_from_outputs(outputs: list[Any], prompt_ids: list[list[int]], n: int
 
 # ---------------------------------------------------------------------------------------------- weights
 
-def _base(model: nn.Module) -> nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") and hasattr(model, "disable_adapter") else model
-
-
 def _is_lora_layer(m: nn.Module) -> bool:
     return hasattr(m, "base_layer") and hasattr(m, "lora_A") and hasattr(m, "get_delta_weight")
 
@@ -178,7 +175,7 @@ def live_weights(model: nn.Module, changed_only: bool = True) -> Iterator[tuple[
     weight ``W + delta`` under the base layer's name (the critic adapter of PPO left out), plus, unless
     ``changed_only``, the other weights. Full fine-tuning: the trainable parameters (all of them unless
     ``changed_only``). Tensors are detached views or fresh merges; nothing in the model is changed."""
-    base = _base(model)
+    base = unwrap_causal_lm(model)
     lora_layers = {name: m for name, m in base.named_modules() if _is_lora_layer(m)}
     with torch.no_grad():
         for name, m in lora_layers.items():

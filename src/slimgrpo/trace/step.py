@@ -273,7 +273,7 @@ def _trace_generation(tracker: LiveBytes, model, cfg, shape: ModelShape, decode_
 
 
 def _trace_update(tracker: LiveBytes, runner, cfg, shape: ModelShape) -> None:
-    from slimgrpo.modeling import base_causal_lm
+    from slimgrpo.causal_lm import unwrap_causal_lm
     from slimgrpo.trace.synthetic import synthetic_advantages, synthetic_rollout
 
     optimizer = runner.updater.optimizer
@@ -281,7 +281,7 @@ def _trace_update(tracker: LiveBytes, runner, cfg, shape: ModelShape) -> None:
         rollout = synthetic_rollout(cfg.prompts_per_step, cfg.rollout.num_generations, cfg.data.max_prompt_length,
                                     cfg.rollout.max_completion_length, shape.vocab)
         advantages = synthetic_advantages(rollout.rows, rollout.num_generations)
-    decoder = base_causal_lm(runner.model).get_decoder()
+    decoder = unwrap_causal_lm(runner.model).get_decoder()
     handles = [
         decoder.register_forward_pre_hook(lambda *_: tracker.set_tag("activations")),
         decoder.register_forward_hook(lambda *_: tracker.set_tag("loss working set")),

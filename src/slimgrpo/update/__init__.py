@@ -3,18 +3,23 @@
 - ``updater.py``: ``Updater``: ``prepare(rollout, advantages) -> UpdateBatch``, ``step(batch) -> (stats,
   grad_norm, skipped)``: the normaliser, the optimizer loop, clipping, the reference sync, the entropy
   controller, PPO's critic beside the policy;
-- ``settings.py``: ``UpdateSettings``, derived from the config in one place;
+- ``settings.py``: ``UpdateSettings``, derived from the config in one place, with the planner's shared-prompt
+  verdict read once (``plan.prompt_sharing.PromptSharing``);
+- ``micro.py``: the one iterator of micro-batches (``micro_batches``) every pass takes, the policy's and the
+  critic's: which rows go together, the same count on every FSDP2 rank, each one's rows as the loss takes them;
 - ``gradients.py``: the passes over a batch: log-probs without gradients, forward + backward per micro-batch;
 - ``micro_loss.py``: the loss of one micro-batch (fused head + loss where it applies);
-- ``layout.py``: the forward layout (unpadded / packed / shared prompt) behind one ``HiddenFn``, chosen once;
-- ``batch.py``: the batch, its optimizer-step slices, the statistics;
-- ``micro.py``: the micro-batches: which rows go together, each one's rows as the loss takes them;
-- ``shared_prompt.py``, ``offload.py``: the shared-prompt layout; activations offloaded to host memory.
+- ``layout.py``: the choice of the forward layout (unpadded / packed / shared prompt, all in ``loss/``) and the
+  one way into the model through a DDP / FSDP2 wrapper;
+- ``batch.py``: the batch, its totals over the ranks, its optimizer-step slices, the statistics;
+- ``critic.py``: PPO's value function; ``offload.py``: activations offloaded to host memory.
 """
 
-from slimgrpo.update.batch import UpdateBatch, UpdateStats, make_update_batch, merge_stats, split_update
-from slimgrpo.update.micro import MicroBatch, micro_batch, plan_micro, trimmed
+from slimgrpo.update.batch import (BatchTotals, UpdateBatch, UpdateStats, batch_totals, make_update_batch, merge_stats,
+                                   split_update)
+from slimgrpo.update.micro import MicroBatch, MicroBatches, micro_batch, micro_batches, plan_micro, trimmed
 from slimgrpo.update.settings import UpdateSettings
 
-__all__ = ["MicroBatch", "UpdateBatch", "UpdateSettings", "UpdateStats", "make_update_batch", "merge_stats",
-           "micro_batch", "plan_micro", "split_update", "trimmed"]
+__all__ = ["BatchTotals", "MicroBatch", "MicroBatches", "UpdateBatch", "UpdateSettings",
+           "UpdateStats", "batch_totals", "make_update_batch", "merge_stats", "micro_batch", "micro_batches",
+           "plan_micro", "split_update", "trimmed"]

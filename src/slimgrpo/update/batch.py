@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
+from slimgrpo.collectives import Collectives
 from slimgrpo.containers import LossStats, Rollout
+from slimgrpo.loss.objectives import LossSettings, Normaliser
 
 
 @dataclass
@@ -26,9 +27,6 @@ class UpdateBatch:
     entropy_cut: torch.Tensor | None = None  # whole-batch entropy threshold (top_entropy_quantile < 1)
     old_values: torch.Tensor | None = None  # [rows, T] the critic's values at sampling time (PPO)
     returns: torch.Tensor | None = None  # [rows, T] the critic's targets, GAE advantages + values (PPO)
-    # FSDP2: every forward and backward is a collective, so the ranks must run the same number of
-    # micro-batches; ``agree_count(n)`` gives the largest n over the ranks (``plan_micro`` splits to it)
-    agree_count: Callable[[int], int] | None = None
 
     @property
     def rows(self) -> int:
@@ -59,6 +57,36 @@ class UpdateStats(LossStats):
     tokens: int = 0
 
 
+@dataclass(frozen=True)
+class BatchTotals:
+    """A batch's rows and loss tokens summed over every rank: what the policy's loss and the critic's value
+    loss divide by, so that micro-batching and sharding leave both unchanged (``Updater.normaliser``,
+    ``Critic.accumulate``)."""
+
+    rows: int
+    tokens: int
+
+
+def batch_totals(batch: UpdateBatch, ranks: Collectives) -> BatchTotals:
+    """``batch``'s rows and ``loss_mask`` tokens, summed over ``ranks`` (one all-reduce)."""
+    counts = torch.tensor([batch.rows, int(batch.loss_mask.sum())], dtype=torch.float64)
+    counts = ranks.all_reduce_sum(counts.to(batch.loss_mask.device)).cpu()
+    return BatchTotals(int(counts[0]), int(counts[1]))
+
+
+def policy_normaliser(batch: UpdateBatch, totals: BatchTotals, loss: LossSettings, world_size: int) -> Normaliser:
+    """The policy loss's divisors for ``batch`` (this rank's share): ``totals``, its rows and tokens over every
+    rank, so micro-batching and sharding leave the loss unchanged."""
+    rows, tokens = totals.rows, totals.tokens
+    # Entropy bonus: a mean over every rank's tokens; with top-entropy masks (whose counts are known only
+    # inside the loss) a per-micro-batch mean, averaged over micro-batches and ranks as in TRL.
+    whole = loss.top_entropy_quantile >= 1.0
+    entropy = dict(entropy_tokens=max(tokens, 1) if whole else None, entropy_parts=1 if whole else world_size)
+    if loss.loss_type == "bnpo":  # tokens of this rank's batch (TRL's "local batch")
+        tokens = int(batch.loss_mask.sum()) * world_size
+    return Normaliser(num_sequences=rows, num_tokens=max(tokens, 1), **entropy)
+
+
 def split_update(batch: UpdateBatch, parts: int) -> list[UpdateBatch]:
     """``parts`` consecutive row slices of ``batch`` (``steps_per_generation``: one optimizer step each)."""
     if parts == 1:
@@ -67,7 +95,7 @@ def split_update(batch: UpdateBatch, parts: int) -> list[UpdateBatch]:
         raise ValueError(f"{batch.rows} completions on this process cannot feed loss.steps_per_generation={parts} "
                          "optimizer steps: raise run.batch_size or lower loss.steps_per_generation")
     bounds = torch.linspace(0, batch.rows, parts + 1).round().long().tolist()
-    per_row = {f.name for f in dataclasses.fields(batch)} - {"entropy_cut", "agree_count"}  # the whole batch's
+    per_row = {f.name for f in dataclasses.fields(batch)} - {"entropy_cut"}  # the whole batch's
     out = []
     for a, b in zip(bounds[:-1], bounds[1:]):
         rows = {k: None if getattr(batch, k) is None else getattr(batch, k)[a:b] for k in per_row}

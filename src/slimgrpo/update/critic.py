@@ -34,10 +34,14 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from slimgrpo.causal_lm import is_peft, unwrap_causal_lm
+from slimgrpo.distributed.context import DistContext
 from slimgrpo.loss.objectives import Normaliser, value_loss
 from slimgrpo.loss.unpadded import unpadded_hidden
-from slimgrpo.modeling import CRITIC_ADAPTER, adapters_in_input_dtype, base_causal_lm, is_peft
-from slimgrpo.distributed.context import DistContext
+from slimgrpo.modeling import CRITIC_ADAPTER, adapters_in_input_dtype
+from slimgrpo.update.batch import BatchTotals, UpdateBatch
+from slimgrpo.update.micro import micro_batches
+from slimgrpo.update.settings import UpdateSettings
 
 
 class ValueModel(nn.Module):
@@ -128,34 +132,30 @@ class Critic:
         """``[rows, T]`` float32 values of one micro-batch (0 off the completion); call inside ``active``."""
         return self._run(_values, ids, am, comp)
 
-    def batch_values(self, batch, micro: int | None, micro_tokens: int | None) -> torch.Tensor:
-        """``[rows, T]`` values of the whole update batch without gradients (the critic at sampling time)."""
-        from slimgrpo.update import plan_micro, trimmed
-
+    def batch_values(self, batch: UpdateBatch, settings: UpdateSettings) -> torch.Tensor:
+        """``[rows, T]`` values of the whole update batch without gradients (the critic at sampling time), over
+        the policy's micro-batches (``micro.micro_batches``)."""
         out = torch.zeros(batch.rows, batch.T, dtype=torch.float32, device=batch.input_ids.device)
         with torch.no_grad(), self.active():
-            for sl in plan_micro(batch, micro, micro_tokens):
-                ids, am, comp, ts = trimmed(batch, sl)
-                out[sl, ts] = self.values(ids, am, comp).to(out.device)
+            for micro in micro_batches(batch, settings, self.dist):
+                out[micro.rows, micro.columns] = self.values(micro.input_ids, micro.attention_mask,
+                                                             micro.completion_ids).to(out.device)
         return out
 
-    def accumulate(self, batch, micro: int | None, micro_tokens: int | None, vf_coef: float,
+    def accumulate(self, batch: UpdateBatch, settings: UpdateSettings, totals: BatchTotals, vf_coef: float,
                    cliprange_value: float) -> dict[str, float]:
-        """Forward + backward of ``vf_coef`` x the clipped value loss over the micro-batches of ``batch``
-        (gradients summed into ``.grad``; the micro-batch losses add up to the token mean of the whole job's
-        batch, every rank's tokens counted, so the gradients summed over ranks are one process's)."""
-        from slimgrpo.update import plan_micro, trimmed
-
-        counts = torch.tensor([batch.rows, int(batch.loss_mask.sum())], dtype=torch.float64)
-        rows, tokens_all = (int(c) for c in self.dist.all_reduce_sum(counts.to(batch.loss_mask.device)).tolist())
-        norm = Normaliser(num_sequences=max(rows, 1), num_tokens=max(tokens_all, 1))
+        """Forward + backward of ``vf_coef`` x the clipped value loss over the micro-batches of ``batch`` (the
+        policy's, ``micro.micro_batches``; gradients summed into ``.grad``). ``totals``: the batch's rows and
+        tokens over every rank (``batch.batch_totals``, the policy's normaliser's too): the micro-batch losses
+        add up to the token mean of the whole job's batch, so the gradients summed over ranks are one
+        process's."""
+        norm = Normaliser(num_sequences=max(totals.rows, 1), num_tokens=max(totals.tokens, 1))
         scale = float(self.dist.world_size) if self._sharded else 1.0  # FSDP2 averages over ranks
         loss_sum = clip_sum = tokens = 0.0
         with self.active():
-            for sl in plan_micro(batch, micro, micro_tokens):
-                ids, am, comp, ts = trimmed(batch, sl)
-                v = self.values(ids, am, comp)
-                loss, st = value_loss(v, batch.old_values[sl, ts], batch.returns[sl, ts], batch.loss_mask[sl, ts],
+            for micro in micro_batches(batch, settings, self.dist):
+                v = self.values(micro.input_ids, micro.attention_mask, micro.completion_ids)
+                loss, st = value_loss(v, micro.part(batch.old_values), micro.part(batch.returns), micro.loss_mask,
                                       cliprange_value, norm, vf_coef)
                 (loss * scale).backward()
                 loss_sum += st["value/loss"] * st["tokens"]
@@ -194,10 +194,9 @@ class Critic:
         optimizer holds both. A LoRA critic's adapter is named under ``policy.`` (its model holds it)."""
         return nn.ModuleDict({"policy": policy_model, "critic": self.value_model})
 
-    def gradients(self, batch, cfg) -> dict[str, float]:
-        """``accumulate`` with the run's settings: the value loss's gradients next to the policy's."""
-        m, c = cfg.memory, cfg.critic
-        return self.accumulate(batch, m.micro_batch_size, m.micro_batch_tokens, c.vf_coef, c.cliprange_value)
+    def gradients(self, batch: UpdateBatch, settings: UpdateSettings, totals: BatchTotals, cfg) -> dict[str, float]:
+        """``accumulate`` with the run's ``critic`` settings: the value loss's gradients next to the policy's."""
+        return self.accumulate(batch, settings, totals, cfg.critic.vf_coef, cfg.critic.cliprange_value)
 
     # --- checkpoints -------------------------------------------------------------------------------
 
@@ -223,7 +222,7 @@ def build_critic(cfg, policy, dist: DistContext | None = None) -> Critic:
     """The LoRA critic (a second adapter on the policy's base) or, for full fine-tuning, a value model of its
     own; under torchrun made ready for the run's ``distributed.strategy`` (module docstring)."""
     dist = dist or DistContext()
-    hidden = base_causal_lm(policy.model).config.get_text_config().hidden_size
+    hidden = unwrap_causal_lm(policy.model).config.get_text_config().hidden_size
     if is_peft(policy.model):
         from peft import LoraConfig as PeftLoraConfig
 

@@ -1,23 +1,25 @@
 """The loss of one micro-batch: through the fused LM head + loss where it applies, else log-probs then loss.
 
-Both routes return the same loss, statistics and (after ``backward``) gradients; the fused one runs one
-fewer product through the LM head per token chunk (``slimgrpo.loss.fused``).
+One straight route down: the layout is chosen (``layout.choose_layout``), the model runs once through the
+wrapper's forward (``layout.forward``) into ``loss/`` (the fused ``completion_loss`` with the policy's
+objective, ``objectives.PolicyObjective``, or ``completion_logprobs``), and the objective is called once more
+here for the statistics. Both routes return the same loss, statistics and (after ``backward``) gradients; the
+fused one runs one fewer product through the LM head per token chunk (``slimgrpo.loss.fused``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 
+from slimgrpo.containers import LossStats
 from slimgrpo.loss.fused import completion_loss, fused_applicable
 from slimgrpo.loss.logprobs import completion_logprobs
-from slimgrpo.loss.objectives import LossSettings, Normaliser, TokenEntropy, grpo_loss
+from slimgrpo.loss.objectives import Normaliser, PolicyObjective, TokenEntropy, grpo_loss
+from slimgrpo.update.layout import choose_layout, forward
 from slimgrpo.update.micro import MicroBatch
-from slimgrpo.update.layout import run_layout
 from slimgrpo.update.settings import UpdateSettings
-from slimgrpo.containers import LossStats
 
 
 def micro_batch_loss(model, micro: MicroBatch, settings: UpdateSettings, norm: Normaliser,
@@ -25,7 +27,7 @@ def micro_batch_loss(model, micro: MicroBatch, settings: UpdateSettings, norm: N
     """``(loss, stats, entropy [rows, T])`` of one micro-batch; call ``loss.backward()`` afterwards.
 
     ``settings.fuse`` (``loss.fuse_head_loss``) picks the fused path where ``fused_applicable`` allows it;
-    the forward layout is ``layout.hidden_fn``'s. ``micro.entropy_cut``: the batch's entropy threshold for
+    the forward layout is ``layout.choose_layout``'s. ``micro.entropy_cut``: the batch's entropy threshold for
     ``top_entropy_quantile < 1`` (that mask needs every token's entropy before the loss, so it takes the
     unfused path). ``entropy_coef``: the entropy-bonus coefficient of this optimizer step (None:
     ``settings.loss.entropy_coef``); when it is not 0 the entropy needs its gradient, which the unfused path
@@ -35,30 +37,21 @@ def micro_batch_loss(model, micro: MicroBatch, settings: UpdateSettings, norm: N
     coef = loss_settings.entropy_coef if entropy_coef is None else entropy_coef
     entropy_grad = loss_settings.entropy_bonus and coef != 0.0
     fusable = loss_settings.top_entropy_quantile >= 1.0 and not entropy_grad
-    ids, am, comp = micro.input_ids, micro.attention_mask, micro.completion_ids
+    rows = micro.completion_rows
+    head = dict(temperature=settings.temperature, token_chunk=settings.token_chunk,
+                hidden_fn=choose_layout(model, rows, settings, with_grad=True))
     fused_loss = None
     if settings.fuse and fusable and fused_applicable(loss_settings.importance_sampling_level,
                                                       micro.old_logp is not None, settings.vocab_chunk):
         policy_only = dataclasses.replace(loss_settings, entropy_coef=0.0, use_adaptive_entropy=False)
-        objective = functools.partial(_policy_loss, micro=micro, settings=policy_only, norm=norm)
-        fused_loss, logp, entropy = run_layout(model, completion_loss, ids, am, comp, settings, with_grad=True,
-                                               objective=objective, return_entropy=True)
+        objective = PolicyObjective(micro.old_logp, micro.ref_logp, micro.advantages, micro.loss_mask, policy_only,
+                                    norm)
+        fused_loss, logp, entropy = forward(model, completion_loss, rows, objective, return_entropy=True, **head)
         coef = 0.0  # the fused loss has no entropy term (fusable: no entropy gradient)
     else:
-        logp, entropy = run_layout(model, completion_logprobs, ids, am, comp, settings, with_grad=True,
-                                   vocab_chunk=settings.vocab_chunk, return_entropy=True, entropy_grad=entropy_grad)
-    loss, stats = _objective(logp, micro, loss_settings, norm, entropy=entropy, entropy_coef=coef)
+        logp, entropy = forward(model, completion_logprobs, rows, vocab_chunk=settings.vocab_chunk,
+                                return_entropy=True, entropy_grad=entropy_grad, **head)
+    ent = None if entropy is None else TokenEntropy(entropy, cut=micro.entropy_cut, coef=coef)
+    loss, stats = grpo_loss(logp, micro.old_logp, micro.ref_logp, micro.advantages, micro.loss_mask, loss_settings,
+                            norm, entropy=ent)
     return (loss if fused_loss is None else fused_loss), stats, entropy
-
-
-def _objective(logp: torch.Tensor, micro: MicroBatch, settings: LossSettings, norm: Normaliser,
-               entropy: torch.Tensor | None = None, entropy_coef: float | None = None) -> tuple[torch.Tensor, LossStats]:
-    """``grpo_loss`` of the micro-batch's log-probs: ``(loss, stats)``."""
-    ent = None if entropy is None else TokenEntropy(entropy, cut=micro.entropy_cut, coef=entropy_coef)
-    return grpo_loss(logp, micro.old_logp, micro.ref_logp, micro.advantages, micro.loss_mask, settings, norm,
-                     entropy=ent)
-
-
-def _policy_loss(logp: torch.Tensor, micro: MicroBatch, settings: LossSettings, norm: Normaliser) -> torch.Tensor:
-    """The loss alone, as the fused head calls it (``loss.fused.completion_loss``'s ``objective``)."""
-    return _objective(logp, micro, settings, norm)[0]

@@ -19,10 +19,10 @@ import torch
 
 from slimgrpo.advantage.gae import PPOSettings, ppo_advantages
 from slimgrpo.loss.entropy_control import EntropyController
-from slimgrpo.loss.objectives import Normaliser
 from slimgrpo.distributed import wrap as launch
 from slimgrpo.distributed.context import DistContext
-from slimgrpo.update.batch import UpdateBatch, UpdateStats, make_update_batch, merge_stats, split_update
+from slimgrpo.update.batch import (UpdateBatch, UpdateStats, batch_totals, make_update_batch, merge_stats,
+                                   policy_normaliser, split_update)
 from slimgrpo.update.gradients import accumulate_gradients, batch_logprobs, entropy_cut
 from slimgrpo.update.reference import reference_on_device
 from slimgrpo.update.settings import UpdateSettings
@@ -38,10 +38,10 @@ def fill_token_chunk(cfg, model) -> None:
     """``loss.token_chunk`` unset: the automatic size for the model's vocabulary, written into ``cfg`` (so the
     run's saved config.yaml names the size it used)."""
     if cfg.loss.token_chunk is None:
+        from slimgrpo.causal_lm import unwrap_causal_lm
         from slimgrpo.config import auto_token_chunk
-        from slimgrpo.modeling import base_causal_lm
 
-        cfg.loss.token_chunk = auto_token_chunk(base_causal_lm(model).config.vocab_size)
+        cfg.loss.token_chunk = auto_token_chunk(unwrap_causal_lm(model).config.vocab_size)
 
 
 class Updater:
@@ -57,7 +57,7 @@ class Updater:
         self.optimizer, self.scheduler = optimizer, scheduler
         self.dist = dist or DistContext()
         fill_token_chunk(cfg, policy.model)
-        self.settings = UpdateSettings.from_config(cfg)
+        self.settings = UpdateSettings.from_config(cfg, policy.model)
         self.entropy_control = EntropyController.from_config(cfg.loss)  # entropy bonus coefficient
         self.value_metrics: dict[str, Any] = {}  # PPO: the critic's numbers of this step
 
@@ -69,16 +69,14 @@ class Updater:
         policy moves before the last pass, or for PPO's KL reward), the reference's (a KL term), the entropy cut."""
         cfg, settings = self.cfg, self.settings
         batch = make_update_batch(rollout, advantages, cfg.loss.mask_truncated_completions)
-        if cfg.distributed.strategy == "fsdp" and self.dist.enabled:  # the same micro-batch count on every rank
-            batch.agree_count = self.dist.max_over_ranks
         if cfg.loss.num_iterations > 1 or cfg.loss.steps_per_generation > 1 or cfg.ppo:
-            batch.old_logp = batch_logprobs(self.model, batch, settings)
+            batch.old_logp = batch_logprobs(self.model, batch, settings, self.dist)
         if cfg.needs_reference:
             sharded_root = self.model if cfg.distributed.strategy == "fsdp" and self.dist.enabled else None
             # a streamed full-fine-tuning reference computes on the device (update/reference.py)
             with self.policy.reference(sharded_root) as ref_model, reference_on_device(self.policy, ref_model) as ref:
-                batch.ref_logp = batch_logprobs(ref, batch, settings)
-        batch.entropy_cut = entropy_cut(self.model, batch, settings)
+                batch.ref_logp = batch_logprobs(ref, batch, settings, self.dist)
+        batch.entropy_cut = entropy_cut(self.model, batch, settings, self.dist)
         return batch
 
     def critic_stage(self, batch: UpdateBatch, advantages: torch.Tensor) -> torch.Tensor:
@@ -86,27 +84,13 @@ class Updater:
         row's mean advantage for the log (``value_metrics``: the critic's numbers). Without a critic: nothing."""
         if self.critic is None:
             return advantages
-        m = self.cfg.memory
-        values = self.critic.batch_values(batch, m.micro_batch_size, m.micro_batch_tokens)  # at sampling time
+        values = self.critic.batch_values(batch, self.settings)  # at sampling time
         ppo = ppo_advantages(advantages, values, batch.loss_mask, batch.old_logp, batch.ref_logp,
                              PPOSettings.from_config(self.cfg.loss), self.dist)  # advantage/gae.py
         batch.loss_mask, batch.advantages = ppo.mask, ppo.advantages  # unscorable rows leave the loss
         batch.returns, batch.old_values = ppo.returns, values
         self.value_metrics = ppo.metrics
         return ppo.row_mean
-
-    def normaliser(self, batch: UpdateBatch) -> Normaliser:
-        """Whole-batch totals across ranks, so micro-batching and sharding leave the loss unchanged."""
-        counts = torch.tensor([batch.rows, int(batch.loss_mask.sum())], dtype=torch.float64)
-        counts = self.dist.all_reduce_sum(counts.to(self.policy.device)).cpu()
-        rows, tokens = int(counts[0]), int(counts[1])
-        # Entropy bonus: a mean over every rank's tokens; with top-entropy masks (whose counts are known only
-        # inside the loss) a per-micro-batch mean, averaged over micro-batches and ranks as in TRL.
-        whole = self.cfg.loss.top_entropy_quantile >= 1.0
-        entropy = dict(entropy_tokens=max(tokens, 1) if whole else None, entropy_parts=1 if whole else self.dist.world_size)
-        if self.cfg.loss.loss_type == "bnpo":  # tokens of this rank's batch (TRL's "local batch")
-            tokens = int(batch.loss_mask.sum()) * self.dist.world_size
-        return Normaliser(num_sequences=rows, num_tokens=max(tokens, 1), **entropy)
 
     def step(self, batch: UpdateBatch, step_idx: int = 0) -> tuple[UpdateStats, float, bool]:
         """``num_iterations`` passes over the batch, each one optimizer step per ``steps_per_generation`` slice,
@@ -115,7 +99,9 @@ class Updater:
         gradients are dropped and the passes stop there). Every ``.grad`` is None when it returns."""
         cfg = self.cfg
         slices = split_update(batch, cfg.loss.steps_per_generation)
-        norms = [self.normaliser(part) for part in slices]
+        totals = [batch_totals(part, self.dist) for part in slices]  # rows and tokens over every rank
+        world = self.dist.world_size
+        norms = [policy_normaliser(part, t, self.settings.loss, world) for part, t in zip(slices, totals)]
         params = self.parameters()
         stats = None
         grad_norm = float("nan")
@@ -123,12 +109,13 @@ class Updater:
         opt_step = step_idx * cfg.loss.num_iterations * len(slices)  # optimizer steps before this one
         for _ in range(cfg.loss.num_iterations):
             step_stats = []
-            for part, norm in zip(slices, norms):
+            for part, part_totals, norm in zip(slices, totals, norms):
                 self.optimizer.zero_grad(set_to_none=True)
                 step_stats.append(accumulate_gradients(
-                    self.model, part, self.settings, norm, entropy_coef=self.entropy_control.applied(),
+                    self.model, part, self.settings, norm, self.dist, entropy_coef=self.entropy_control.applied(),
                     loss_scale=float(self.dist.world_size), no_sync=getattr(self.model, "no_sync", None)))
-                step_stats[-1].extra.update(self.critic.gradients(part, cfg) if self.critic else {})  # PPO
+                if self.critic is not None:  # PPO: the value loss's gradients beside the policy's
+                    step_stats[-1].extra.update(self.critic.gradients(part, self.settings, part_totals, cfg))
                 self._update_entropy_control(step_stats[-1])
                 max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
                 grad_norm = launch.clip_grad_norm(params, max_norm)
