@@ -49,6 +49,7 @@ def _child(a: argparse.Namespace) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from slimgrpo.loss.objectives import LossSettings, Normaliser
+    from slimgrpo.plan.prompt_sharing import PromptSharing
     from slimgrpo.update import UpdateBatch, UpdateSettings
     from slimgrpo.update.gradients import accumulate_gradients
 
@@ -71,8 +72,8 @@ def _child(a: argparse.Namespace) -> None:
     if a.child != "inputs":
         norm = Normaliser.of(batch.loss_mask)
         t = time.perf_counter()
-        accumulate_gradients(model, batch, UpdateSettings(LossSettings(), fuse=True, share_prompt=a.child == "shared"),
-                             norm)
+        sharing = PromptSharing.of(model) if a.child == "shared" else None  # the planner's verdict, read once
+        accumulate_gradients(model, batch, UpdateSettings(LossSettings(), fuse=True, share_prompt=sharing), norm)
         seconds = time.perf_counter() - t
     print(json.dumps({"seconds": seconds}))
 

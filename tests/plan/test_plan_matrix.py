@@ -51,7 +51,7 @@ def _rows():
             ("cpu", "cuda"), ("full", "lora"), (False, True), (False, True), tuple(LAYOUTS), (False, True),
             tuple(SHAPES)):
         if ckpt and layout == "shared":
-            continue  # the shared-prompt layout needs checkpointing off (update/shared_prompt.py)
+            continue  # the shared-prompt layout needs checkpointing off (loss/shared_prompt.py)
         if offload and not (ckpt and device == "cuda"):
             continue  # offloading applies to checkpoints on CUDA only
         yield (f"{device}-{mode}-{'ckpt' if ckpt else 'nockpt'}-{'tiled' if tiled else 'untiled'}-{layout}-"
