@@ -155,8 +155,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ('rollout/agent_setup.py', "getattr(tokenizer, 'chat_template', None)"): HF,
     # rollout/cuda_graph.py
     ('rollout/cuda_graph.py', "hasattr(parts.config, 'get_text_config')"): HF,
-    # rollout/engine.py
-    ('rollout/engine.py', "getattr(stepper, 'step_rows', None)"): OWNED,
     # rollout/environments.py
     ('rollout/environments.py', "getattr(instance, 'get_reward', None)"): USER,
     ('rollout/environments.py', "getattr(instance, 'reset', None)"): USER,

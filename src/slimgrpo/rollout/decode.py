@@ -36,6 +36,10 @@ class HFStepper:
         self.next_pos = prompt_mask.sum(-1)  # [b] position id of each row's next token
         self.t = 0  # tokens fed so far
 
+    def step_rows(self, rows: int) -> int:
+        """Rows one step computes for a batch of ``rows``: all of them (no padded sizes here)."""
+        return rows
+
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         end = self.P + self.t + 1
         self.attn[:, end - 1] = 1

@@ -284,7 +284,7 @@ class TorchRolloutEngine:
             if finished:
                 break
             b = done.numel()
-            step_rows = getattr(stepper, "step_rows", None) or (lambda rows: rows)  # a padded step's real size
+            step_rows = stepper.step_rows  # a padded step's real size
             if 0 < n_done < b and n_done >= self.drop_finished_fraction * b and step_rows(b - n_done) < step_rows(b):
                 # the unfinished slots in order, without asking the device how many (we know: b - n_done)
                 keep = torch.argsort(done.to(torch.uint8), stable=True)[: b - n_done]  # [b']

@@ -85,6 +85,10 @@ class LlamaStepper:
         """Rotary embedding of ``x`` [b, heads, head_dim]: x*cos + rotate_half(x)*sin."""
         return torch.addcmul(x * cos, x.roll(self.head_dim // 2, dims=-1), sin_signed)
 
+    def step_rows(self, rows: int) -> int:
+        """Rows one step computes for a batch of ``rows``: all of them (the CUDA-graph stepper pads)."""
+        return rows
+
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         b, d, col = tokens.shape[0], self.head_dim, self.P + self.t
         end = col + 1
