@@ -118,7 +118,7 @@ def trace_step(cfg, shape: ModelShape, device: str = "cpu", generation: bool = T
     notes: list[str] = []
     # On CUDA these live in host memory (as the plan's location="host" lines): counted apart from the device peak
     host_tags = HOST_TAGS if device == "cuda" else ()
-    if getattr(cfg.memory, "reference_placement", "auto") == "device":  # the copy kept on the GPU, as the plan's line
+    if cfg.memory.reference_placement == "device":  # the copy kept on the GPU, as the plan's line
         host_tags = tuple(t for t in host_tags if t != "reference policy")
         notes.append("memory.reference_placement=device: the reference copy counted on the device")
     tracker = LiveBytes(default_tag="update other", host_tags=host_tags)
