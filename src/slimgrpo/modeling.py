@@ -373,7 +373,7 @@ def reference_placement(cfg: Config, device: torch.device) -> str:
     memory ("host", today's path); on CUDA ``auto`` is resolved by the plan before weights load
     (``plan/check.py`` writes "device" or "stream" into the config); a config that never met the planner
     (the Python API, an architecture it does not model) streams, the choice that needs least device memory."""
-    value = getattr(cfg.memory, "reference_placement", "auto")
+    value = cfg.memory.reference_placement
     if device.type != "cuda":
         return "host"
     return "stream" if value == "auto" else value

@@ -26,8 +26,6 @@ ARGS = "an argparse namespace: each subcommand defines its own arguments"
 EXC = "any exception, ours or a library's: the optional details a few of ours carry"
 OS = "the standard library's platform-dependent API (os on Linux / macOS)"
 TYPING = "a typing construct or class in the config schema: not every one has a __name__"
-CONFIG = ("our Config: owned elsewhere, to remove (the field exists on every Config; the probe predates it or "
-          "serves a stand-in config)")
 OWNED = "our own object, in a file owned elsewhere (issue 44's other helpers): to remove"
 
 # (file under src/slimgrpo, the call as ast.unparse writes it) -> why it may probe
@@ -114,7 +112,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # model_gguf.py
     ('model_gguf.py', 'hasattr(model.config, attr)'): HF,
     # modeling.py
-    ('modeling.py', "getattr(cfg.memory, 'reference_placement', 'auto')"): CONFIG,
     ('modeling.py', "getattr(getattr(unwrap_causal_lm(model), 'generation_config', None), 'eos_token_id', None)"): HF,
     ('modeling.py', "getattr(unwrap_causal_lm(model), 'generation_config', None)"): HF,
     ('modeling.py', "hasattr(p, 'full_tensor')"): TORCH,
@@ -228,7 +225,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # update/reference.py
     ('update/reference.py', "getattr(model, 'host_buffer', None)"): OWNED,
     ('update/reference.py', "getattr(model, 'host_buffer_pinned', False)"): OWNED,
-    ('update/reference.py', "getattr(policy, 'reference_placement', 'host')"): OWNED,
     # update/updater.py
     ('update/updater.py', "getattr(self.model, 'no_sync', None)"): TORCH,
 }

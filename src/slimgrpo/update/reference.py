@@ -185,7 +185,7 @@ class StreamedReference:
 def reference_on_device(policy, ref_model: nn.Module) -> Iterator[nn.Module]:
     """The module the reference log-probs run through: ``ref_model`` itself, or, for a streamed full-fine-tuning
     copy (``policy.reference_placement == "stream"``), the same module computing on the policy's device."""
-    if getattr(policy, "reference_placement", "host") != "stream" or ref_model is not policy.reference_cpu:
+    if policy.reference_placement != "stream" or ref_model is not policy.reference_cpu:
         yield ref_model
         return
     with StreamedReference(ref_model, policy.device) as model:
