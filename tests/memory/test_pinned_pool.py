@@ -17,7 +17,7 @@ from slimgrpo.update import gradients
 from slimgrpo.update.offload import AsyncOffload
 from slimgrpo.memory.pinned import PinnedPool
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "slimgrpo" / "train" / "update"
+SRC = Path(__file__).resolve().parents[2] / "src" / "slimgrpo"
 
 
 def _pool(pinned: list | None = None) -> PinnedPool:
@@ -63,7 +63,7 @@ def test_pool_cap_overflows_into_unpinned_memory():
 def test_offload_allocates_no_caching_host_allocator_blocks():
     """The CUDA path's host buffers come from the pool: ``pin_memory=True`` (the caching host allocator,
     power-of-two blocks) appears nowhere in the offload code."""
-    for name in ("offload.py", "pinned.py"):
+    for name in ("update/offload.py", "memory/pinned.py"):
         tree = ast.parse((SRC / name).read_text())
         calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
         pins = [kw for c in calls for kw in c.keywords if kw.arg == "pin_memory"
@@ -148,9 +148,9 @@ def test_bytes_pinned_in_place_reach_the_pinned_host_metric(monkeypatch):
 
 
 def test_trainer_caps_the_pool_at_the_plans_host_line():
-    """The trainer hands the plan's "offloaded checkpoints" bytes to the pool as its cap (an AST check: the
+    """The run's build hands the plan's "offloaded checkpoints" bytes to the pool as its cap (an AST check: the
     trainer cannot start on CUDA here)."""
-    src = (SRC.parent / "trainer.py").read_text()
+    src = (SRC / "train" / "build.py").read_text()
     tree = ast.parse(src)
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "set_activation_cap"]
     assert len(calls) == 1
