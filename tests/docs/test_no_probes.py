@@ -220,7 +220,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # trace/standins.py
     ('trace/standins.py', 'getattr(module, name, None)'): HF,
     # update/layout.py
-    ('update/layout.py', "getattr(inner, 'model', inner)"): OWNED,
     ('update/layout.py', "getattr(model, 'module', model)"): TORCH,
     # update/reference.py
     ('update/reference.py', "getattr(model, 'host_buffer', None)"): OWNED,

@@ -49,8 +49,8 @@ def forward(model, fn: Callable[..., Any], *args, **kwargs):
 
 def unwrapped(model):
     """The causal LM inside a DDP / FSDP2 ``ModelForward`` wrapper (or the model itself)."""
-    inner = getattr(model, "module", model)
-    return getattr(inner, "model", inner) if is_wrapped(model) else model
+    inner = getattr(model, "module", model)  # DDP's module, or FSDP2's root itself: a ModelForward
+    return inner.model if is_wrapped(model) else model
 
 
 def choose_layout(model, rows: CompletionRows, settings: UpdateSettings, with_grad: bool) -> HiddenFn:
