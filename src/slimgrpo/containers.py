@@ -42,7 +42,7 @@ class Rollout:
     is_truncated: torch.Tensor  # [rows] bool, True when no EOS within max_completion_length
     sampler_logprobs: torch.Tensor  # [rows, T] float32, log-prob under the sampling distribution
     num_generations: int  # G
-    # Multi-turn (tool-calling) rollouts; see slimgrpo.rollout.agent.
+    # Multi-turn (tool-calling) rollouts; see slimgrpo.agent.rollout.
     tool_mask: torch.Tensor | None = None  # [rows, T] bool, True on tokens the model wrote (None: all)
     prompts_per_row: bool = False  # prompt_ids/prompt_mask hold one row per completion ([rows, P])
     conversations: list[Any] | None = None  # [rows] whole conversations (messages after the prompt)

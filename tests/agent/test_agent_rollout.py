@@ -9,12 +9,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agent_helpers import TOOL_TEMPLATE, ScriptedSampler
-from slimgrpo.rollout import agent as agent_mod
-from slimgrpo.rollout.agent import AgentRollout, AgentSettings
+from slimgrpo.agent import rollout as agent_mod
+from slimgrpo.agent.rollout import AgentRollout, AgentSettings
 from slimgrpo.rollout.engine import TorchRolloutEngine
-from slimgrpo.rollout.environments import Toolbox
+from slimgrpo.agent.environments import Toolbox
 from slimgrpo.rollout.sampling import SamplingParams
-from slimgrpo.rollout.tool_calls import ToolRunner
+from slimgrpo.agent.tool_calls import ToolRunner
 from _update_calls import batch_logprobs
 from slimgrpo.update import make_update_batch
 from slimgrpo.containers import PromptBatch

@@ -13,10 +13,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agent_helpers import ScriptedSampler
 from conftest import build_tiny_model, build_tokenizer
-from slimgrpo.rollout import agent as agent_mod
-from slimgrpo.rollout.agent import AgentRollout
+from slimgrpo.agent import rollout as agent_mod
+from slimgrpo.agent.rollout import AgentRollout
 from slimgrpo.rollout.engine import TorchRolloutEngine
-from slimgrpo.rollout.environments import Toolbox
+from slimgrpo.agent.environments import Toolbox
 from slimgrpo.rollout.sampling import SamplingParams
 from _update_calls import batch_logprobs
 from slimgrpo.update import make_update_batch

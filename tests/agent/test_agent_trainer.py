@@ -12,7 +12,7 @@ import yaml
 from agent_helpers import TOOL_TEMPLATE, ScriptedSampler
 from conftest import build_tiny_model, build_tokenizer
 from slimgrpo.config import ConfigError, load_config
-from slimgrpo.rollout import agent as agent_mod
+from slimgrpo.agent import rollout as agent_mod
 from slimgrpo.train.trainer import Trainer
 
 

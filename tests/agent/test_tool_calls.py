@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from slimgrpo.rollout.environments import Toolbox
-from slimgrpo.rollout.tool_calls import ToolCall, ToolRunner, parse_tool_calls
+from slimgrpo.agent.environments import Toolbox
+from slimgrpo.agent.tool_calls import ToolCall, ToolRunner, parse_tool_calls
 
 
 def test_hermes_calls_with_text_around_and_several_blocks():
@@ -216,7 +216,7 @@ def escape(path: str) -> str:
 
 
 def test_sandboxed_tools_run_in_a_child_and_cannot_read_files(tmp_path):
-    from slimgrpo.rollout.agent_setup import load_spec, sandboxed_call
+    from slimgrpo.agent.setup import load_spec, sandboxed_call
 
     (tmp_path / "sq.py").write_text(SANDBOX_TOOL)
     square = load_spec("sq.py:square", str(tmp_path), "rollout.tools[0]")

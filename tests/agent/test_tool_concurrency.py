@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from run_helpers import train, write_run
-from slimgrpo.rollout.tool_calls import ToolCall, ToolRunner
+from slimgrpo.agent.tool_calls import ToolCall, ToolRunner
 
 
 def sleeper(seconds: float, tag: str) -> str:
@@ -74,10 +74,10 @@ def test_agent_rollout_is_the_same_with_concurrent_tool_calls(tiny_model_dir, mo
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agent_helpers import TOOL_TEMPLATE, ScriptedSampler
-    from slimgrpo.rollout import agent as agent_mod
-    from slimgrpo.rollout.agent import AgentRollout
+    from slimgrpo.agent import rollout as agent_mod
+    from slimgrpo.agent.rollout import AgentRollout
     from slimgrpo.rollout.engine import TorchRolloutEngine
-    from slimgrpo.rollout.environments import Toolbox
+    from slimgrpo.agent.environments import Toolbox
     from slimgrpo.rollout.sampling import SamplingParams
     from slimgrpo.containers import PromptBatch
 

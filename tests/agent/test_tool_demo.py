@@ -9,7 +9,7 @@ import pytest
 
 from slimgrpo.demo.tools_task import (CALL_CLOSE, CALL_MID, CALL_OPEN, add, final_answer, make_splits,
                                       tool_accuracy)
-from slimgrpo.rollout.tool_calls import parse_tool_calls
+from slimgrpo.agent.tool_calls import parse_tool_calls
 
 
 def test_splits_are_disjoint_on_hard_problems_and_reproducible():

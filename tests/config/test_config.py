@@ -178,7 +178,7 @@ def test_the_objective_has_one_set_of_defaults_and_one_range_check():
     import dataclasses
     import typing
 
-    from slimgrpo.config.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, LossConfig, objective_problem
+    from slimgrpo.config.sections.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, LossConfig, objective_problem
     from slimgrpo.loss.objectives import InvalidLossSetting, LossSettings
     from slimgrpo.loss.settings import loss_settings
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from slimgrpo.config import Config, ConfigError, validate_config
-from slimgrpo.config.model import ModelConfig
+from slimgrpo.config.sections.model import ModelConfig
 from slimgrpo.plan import check
 from slimgrpo.modeling import ModelLoadError, load_model, resolve_device
 from slimgrpo.output.metrics import memory_metrics

@@ -148,13 +148,13 @@ ALLOWED: dict[tuple[str, str], str] = {
     ('rewards/scoring.py', "getattr(fn, '__name__', 'fn')"): USER,
     ('rewards/scoring.py', "getattr(values, 'ndim', None)"): USER,
     ('rewards/scoring.py', "hasattr(values, 'tolist')"): USER,
-    # rollout/agent_setup.py
-    ('rollout/agent_setup.py', "getattr(tokenizer, 'chat_template', None)"): HF,
+    # agent/setup.py
+    ('agent/setup.py', "getattr(tokenizer, 'chat_template', None)"): HF,
     # rollout/cuda_graph.py
     ('rollout/cuda_graph.py', "hasattr(parts.config, 'get_text_config')"): HF,
-    # rollout/environments.py
-    ('rollout/environments.py', "getattr(instance, 'get_reward', None)"): USER,
-    ('rollout/environments.py', "getattr(instance, 'reset', None)"): USER,
+    # agent/environments.py
+    ('agent/environments.py', "getattr(instance, 'get_reward', None)"): USER,
+    ('agent/environments.py', "getattr(instance, 'reset', None)"): USER,
     # rollout/graph_cache.py
     ('rollout/graph_cache.py', "getattr(m, 'active_adapters', ())"): PEFT,
     ('rollout/graph_cache.py', "getattr(m, 'disable_adapters', False)"): PEFT,
@@ -196,9 +196,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ('rollout/model_parts.py', "hasattr(module, 'get_delta_weight')"): PEFT,
     ('rollout/model_parts.py', "hasattr(module, 'lora_A')"): PEFT,
     ('rollout/model_parts.py', "hasattr(weight, 'device_mesh')"): TORCH,
-    # rollout/tool_calls.py
-    ('rollout/tool_calls.py', "getattr(fn, '__call__', None)"): USER,
-    ('rollout/tool_calls.py', "getattr(fn, '__name__', type(fn).__name__)"): USER,
+    # agent/tool_calls.py
+    ('agent/tool_calls.py', "getattr(fn, '__call__', None)"): USER,
+    ('agent/tool_calls.py', "getattr(fn, '__name__', type(fn).__name__)"): USER,
     # rollout/vllm_engine.py
     ('rollout/vllm_engine.py', "getattr(getattr(llm, 'llm_engine', None), 'engine_core', None)"): THIRD,
     ('rollout/vllm_engine.py', "getattr(getattr(model, 'model', None), 'embed_tokens', None)"): HF,
@@ -255,7 +255,7 @@ def test_no_listed_probe_is_gone():
 def test_the_trainer_and_its_helpers_probe_nothing():
     """The run's own code (the trainer, the build, the runner, the evaluator, the console) asks no object
     whether it has an attribute."""
-    mine = ("train/", "evaluate/during.py", "output/console.py", "output/metrics.py", "rollout/agent_setup.py")
+    mine = ("train/", "evaluate/during.py", "output/console.py", "output/metrics.py", "agent/setup.py")
     assert not [p for p in probes() if p[0].startswith(mine)
                 and ALLOWED.get(p) not in (HF, TORCH)], "the run's own code probes its own parts"
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from slimgrpo.config import Config, ConfigError, from_dict, validate_config
-from slimgrpo.config.memory import bf16_update_rule
+from slimgrpo.config.sections.memory import bf16_update_rule
 from slimgrpo.update.optim import (MasterWeightAdamW, OptimizerUnavailable, apply_config_after_resume,
                                   build_optimizer, build_scheduler, lr_lambda)
 

@@ -17,7 +17,7 @@ import torch
 
 from run_helpers import metrics, train, write_run
 from slimgrpo.config import ConfigError, from_dict, validate_config
-from slimgrpo.config import rollout as rollout_config
+from slimgrpo.config.sections import rollout as rollout_config
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.rollout import vllm_engine as ve

@@ -101,7 +101,7 @@ def run_eval(model_path: str, cfg: Config, args, origin: str | None = None) -> E
     r = cfg.rollout
     agent, agent_rewards = None, []
     if r.tools or r.environment:  # the multi-turn rollout of training, with the same tools / environments
-        from slimgrpo.rollout.agent_setup import build_agent
+        from slimgrpo.agent.setup import build_agent
         from slimgrpo.rollout.engine import TorchRolloutEngine
 
         agent = build_agent(cfg, TorchRolloutEngine(model, max_batch_rows=r.max_batch_rows), tok)

@@ -11,14 +11,14 @@ Layout: one module per section (``model``, ``data``, ``rollout``, ``rewards``, `
 ``parse``, cross-field checks in ``validate``. Everything is re-exported here.
 """
 
-from slimgrpo.config.critic import CriticConfig
-from slimgrpo.config.data import DataConfig
+from slimgrpo.config.sections.critic import CriticConfig
+from slimgrpo.config.sections.data import DataConfig
 from slimgrpo.config.errors import ConfigError
-from slimgrpo.config.eval import EvalConfig
-from slimgrpo.config.loss import LossConfig, auto_token_chunk
-from slimgrpo.config.memory import MemoryConfig
-from slimgrpo.config.model import LoraConfig, ModelConfig
-from slimgrpo.config.optim import OptimConfig
+from slimgrpo.config.sections.eval import EvalConfig
+from slimgrpo.config.sections.loss import LossConfig, auto_token_chunk
+from slimgrpo.config.sections.memory import MemoryConfig
+from slimgrpo.config.sections.model import LoraConfig, ModelConfig
+from slimgrpo.config.sections.optim import OptimConfig
 from slimgrpo.config.parse import (
     all_keys,
     config_to_json,
@@ -31,9 +31,9 @@ from slimgrpo.config.parse import (
     resolve_path,
     unknown_key_message,
 )
-from slimgrpo.config.rewards import RewardsConfig
-from slimgrpo.config.rollout import RolloutConfig
-from slimgrpo.config.run import DistributedConfig, LogConfig, RunConfig
+from slimgrpo.config.sections.rewards import RewardsConfig
+from slimgrpo.config.sections.rollout import RolloutConfig
+from slimgrpo.config.sections.run import DistributedConfig, LogConfig, RunConfig
 from slimgrpo.config.schema import field_docs, iter_fields, type_name
 from slimgrpo.config.tree import Config
 from slimgrpo.config.validate import check_context_length, validate_config

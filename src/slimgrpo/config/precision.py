@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from slimgrpo.config.memory import bf16_update_rule
+from slimgrpo.config.sections.memory import bf16_update_rule
 from slimgrpo.config.tree import Config
 
 

@@ -6,16 +6,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from slimgrpo.config.model import ModelConfig, LoraConfig
-from slimgrpo.config.data import DataConfig
-from slimgrpo.config.rollout import RolloutConfig
-from slimgrpo.config.rewards import RewardsConfig
-from slimgrpo.config.critic import CriticConfig
-from slimgrpo.config.loss import LossConfig
-from slimgrpo.config.memory import MemoryConfig
-from slimgrpo.config.optim import OptimConfig
-from slimgrpo.config.run import RunConfig, LogConfig, DistributedConfig
-from slimgrpo.config.eval import EvalConfig
+from slimgrpo.config.sections.model import ModelConfig, LoraConfig
+from slimgrpo.config.sections.data import DataConfig
+from slimgrpo.config.sections.rollout import RolloutConfig
+from slimgrpo.config.sections.rewards import RewardsConfig
+from slimgrpo.config.sections.critic import CriticConfig
+from slimgrpo.config.sections.loss import LossConfig
+from slimgrpo.config.sections.memory import MemoryConfig
+from slimgrpo.config.sections.optim import OptimConfig
+from slimgrpo.config.sections.run import RunConfig, LogConfig, DistributedConfig
+from slimgrpo.config.sections.eval import EvalConfig
 
 
 @dataclass

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from slimgrpo.config.errors import ConfigError
-from slimgrpo.config.loss import objective_problem
-from slimgrpo.config.rollout import vllm_problem
+from slimgrpo.config.sections.loss import objective_problem
+from slimgrpo.config.sections.rollout import vllm_problem
 from slimgrpo.config.tree import Config
 
 
@@ -182,7 +182,7 @@ def validate_config(cfg: Config) -> None:
     if problem:
         raise ConfigError(problem)
     from slimgrpo.config.best import validate_best
-    from slimgrpo.config.eval import validate_eval
+    from slimgrpo.config.sections.eval import validate_eval
 
     validate_eval(cfg)
     validate_best(cfg)  # run.keep_best / best_metric / early_stopping_*: a metric that judges, checkpoints

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from slimgrpo.config.loss import auto_token_chunk  # the one default token_chunk (64 MiB blocks)
+from slimgrpo.config.sections.loss import auto_token_chunk  # the one default token_chunk (64 MiB blocks)
 
 
 @dataclass

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from slimgrpo.config.loss import auto_token_chunk
+from slimgrpo.config.sections.loss import auto_token_chunk
 from slimgrpo.loss.chunked_head import (
     HeadSpec,
     _backprop_slice,

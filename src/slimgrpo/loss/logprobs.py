@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from slimgrpo.causal_lm import unwrap_causal_lm
-from slimgrpo.config.loss import auto_token_chunk
+from slimgrpo.config.sections.loss import auto_token_chunk
 from slimgrpo.loss.chunked_head import HeadSpec, chunked_token_logprobs
 
 __all__ = [

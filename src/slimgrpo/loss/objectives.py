@@ -59,7 +59,7 @@ import torch
 from torch import Tensor
 
 import slimgrpo.loss.policy_losses as terms
-from slimgrpo.config.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, LossConfig, objective_problem
+from slimgrpo.config.sections.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, LossConfig, objective_problem
 from slimgrpo.containers import LossStats
 
 CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the clipped surrogate

@@ -135,7 +135,7 @@ def collapse_diagnosis(monitor: HealthMonitor, step: int, output_dir, learning_r
     what = (f"the run ended at step {step} with its last {monitor.streak} step(s) collapsed"
             if at_end else f"stopped at step {step}: the policy collapsed for {monitor.streak} consecutive steps "
                            f"(run.max_collapsed_steps={monitor.limits.max_collapsed_steps})")
-    from slimgrpo.config.optim import OptimConfig
+    from slimgrpo.config.sections.optim import OptimConfig
 
     default = OptimConfig().learning_rate
     if learning_rate > 10 * default:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 
 from slimgrpo.memory import attention as attn_kernels
-from slimgrpo.config.memory import bf16_update_rule
+from slimgrpo.config.sections.memory import bf16_update_rule
 
 from slimgrpo.plan.types import LORA_MODULES, PlanInputs
 from slimgrpo.plan.shapes import FAMILIES, ModelShape
@@ -283,7 +283,7 @@ def _n(x: float) -> str:
 def fp32_master(x: PlanInputs) -> bool:
     """Whether the run keeps float32 master weights: full fine-tuning of 2-byte weights (bfloat16; float16 full
     fine-tuning is refused at validation) whose ``bf16_update`` resolves to ``fp32_master``
-    (config/memory.py ``bf16_update_rule``, the rule update/optim.py follows). LoRA adapters are float32."""
+    (config/sections/memory.py ``bf16_update_rule``, the rule update/optim.py follows). LoRA adapters are float32."""
     return not x.lora and x.param_dtype_bytes == 2 and bf16_update_rule(x.bf16_update, x.optimizer) == "fp32_master"
 
 

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from slimgrpo.causal_lm import unwrap_causal_lm
-from slimgrpo.config.rollout import device_kind
+from slimgrpo.config.sections.rollout import device_kind
 from slimgrpo.containers import Rollout
 from .sampling import SamplingParams
 

@@ -52,8 +52,8 @@ from slimgrpo.plan.planner import decode_packing
 from slimgrpo.rewards.contract import make_trainer_state
 from slimgrpo.rewards.loading import load_reward_functions
 from slimgrpo.rewards.scoring import RewardRunner
-from slimgrpo.rollout.agent import AgentRollout
-from slimgrpo.rollout.agent_setup import AgentInputs, setup_agent
+from slimgrpo.agent.rollout import AgentRollout
+from slimgrpo.agent.setup import AgentInputs, setup_agent
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.rollout.vllm_engine import resolve_engine

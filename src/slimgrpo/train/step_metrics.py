@@ -88,7 +88,7 @@ def rollout_metrics(rollout, d) -> dict[str, float]:
     whatever its rollout) and merged as one rollout of all the rows would report them."""
     if not d.enabled:
         return dict(rollout.metrics)
-    from slimgrpo.rollout.agent import merge_tool_metrics
+    from slimgrpo.agent.rollout import merge_tool_metrics
 
     parts = d.all_gather_object((dict(rollout.metrics), int(rollout.completion_ids.shape[0])))
     return merge_tool_metrics(parts) if any(m for m, _ in parts) else {}

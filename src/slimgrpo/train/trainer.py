@@ -33,7 +33,7 @@ from slimgrpo.advantage.compute import AdvantageSettings, compute_advantages
 from slimgrpo.config import Config
 from slimgrpo.memory.attention import cpu_gqa
 from slimgrpo.modeling import Policy
-from slimgrpo.rollout.agent_setup import CustomRollout
+from slimgrpo.agent.setup import CustomRollout
 from slimgrpo.distributed.context import DistContext, from_environment
 from slimgrpo.output.metrics import console_line
 from slimgrpo.train.build import RunInputs, RunParts, build_run

@@ -8,7 +8,7 @@ import torch
 from torch.optim.adamw import adamw as adamw_update
 
 from slimgrpo.config import Config
-from slimgrpo.config.memory import bf16_update_rule
+from slimgrpo.config.sections.memory import bf16_update_rule
 from slimgrpo.config.precision import FSDP_BF16_8BIT
 
 

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from slimgrpo.config import ConfigError
-from slimgrpo.rollout.agent import AgentRollout, AgentSettings
-from slimgrpo.rollout.environments import Toolbox
-from slimgrpo.rollout.tool_calls import ToolRunner
+from slimgrpo.agent.rollout import AgentRollout, AgentSettings
+from slimgrpo.agent.environments import Toolbox
+from slimgrpo.agent.tool_calls import ToolRunner
 from slimgrpo.containers import PromptBatch, Rollout
 
 

@@ -17,7 +17,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from slimgrpo.rollout.tool_calls import split_tools
+from slimgrpo.agent.tool_calls import split_tools
 
 ENV_COLUMN = "environment"
 

@@ -34,10 +34,10 @@ import torch
 from transformers import DynamicCache
 
 from slimgrpo.rollout.engine import left_pad
-from slimgrpo.rollout.environments import Toolbox
+from slimgrpo.agent.environments import Toolbox
 from slimgrpo.rollout.model_parts import eval_mode
 from slimgrpo.rollout.sampling import SamplingParams, SamplingWorkspace, sample_next
-from slimgrpo.rollout.tool_calls import ToolRunner, parse_tool_calls, split_tools
+from slimgrpo.agent.tool_calls import ToolRunner, parse_tool_calls, split_tools
 from slimgrpo.containers import PromptBatch, Rollout
 
 _CALL_MARKUP = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.DOTALL)
