@@ -370,17 +370,17 @@ def test_truncated_importance_weights():
 
 def test_the_correction_scales_each_tokens_advantage():
     batch = SimpleNamespace(old_logp=torch.tensor([[-1.0, -1.0], [-2.0, -2.0]]), advantages=torch.tensor([1.0, -2.0]))
-    updater = SimpleNamespace(cfg=SimpleNamespace(rollout=SimpleNamespace(
-        temperature=1.0, importance_sampling_correction=True, importance_sampling_cap=2.0)))
+    r = SimpleNamespace(temperature=1.0, importance_sampling_correction=True, importance_sampling_cap=2.0)
+    never = lambda: pytest.fail("the batch has its old log-probs: none computed")  # noqa: E731
     sampler = torch.tensor([[-1.0, -3.0], [-2.0, -1.0]])
     mask = torch.ones(2, 2, dtype=torch.bool)
-    out = correct_for_sampler(updater, batch, sampler, mask)
+    out = correct_for_sampler(batch, sampler, mask, r, never)
     expected = torch.tensor([[1.0, 2.0], [-2.0, -2.0 * torch.exp(torch.tensor(-1.0)).item()]])  # capped at 2
     assert torch.allclose(batch.advantages, expected)
     assert out["rollout/is_capped_fraction"] == 0.25
-    updater.cfg.rollout.importance_sampling_correction = False
+    r.importance_sampling_correction = False
     batch.advantages = torch.tensor([1.0, -2.0])
-    assert "rollout/logprob_diff_mean" in correct_for_sampler(updater, batch, sampler, mask)
+    assert "rollout/logprob_diff_mean" in correct_for_sampler(batch, sampler, mask, r, never)
     assert batch.advantages.shape == (2,)  # measured, not applied
 
 

@@ -38,7 +38,6 @@ from slimgrpo.distributed.context import DistContext, from_environment
 from slimgrpo.output.metrics import console_line
 from slimgrpo.train.build import RunInputs, RunParts, build_run
 from slimgrpo.train.step_metrics import UpdateOutcome, completion_samples, step_metrics
-from slimgrpo.update.sampler_correction import correct_for_sampler
 from slimgrpo.monitor.watch import NonFiniteError, PolicyCollapsedError
 from slimgrpo.containers import PromptBatch, RewardOutput, Rollout
 
@@ -110,8 +109,7 @@ class Trainer:
             update = self.updater.prepare(rollout, advantages)  # old / reference log-probs
             advantages = self.updater.critic_stage(update, advantages)  # PPO: per-token GAE advantages, critic
             # Another engine's samples: the log-prob mismatch measured, TRL's truncated IS weights applied
-            off_policy = correct_for_sampler(self.updater, update, rollout.sampler_logprobs, rollout.model_mask) \
-                if self.engine.off_policy else {}
+            off_policy = self.updater.correct_for_sampler(update, rollout) if self.engine.off_policy else {}
             stats, grad_norm, skipped = self.updater.step(update, self.step_idx)
         self.watch.after_update(skipped, self.step_idx)
         outcome = UpdateOutcome.of(self.updater, stats, grad_norm, skipped)

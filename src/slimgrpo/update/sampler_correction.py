@@ -12,10 +12,11 @@ as there. Validation refuses the loss types where this does not hold (config ``v
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from slimgrpo.update.batch import UpdateBatch
-from slimgrpo.update.gradients import batch_logprobs
 
 
 def truncated_is_weights(train_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
@@ -41,14 +42,16 @@ def mismatch_metrics(train_logp: torch.Tensor, sampler_logp: torch.Tensor, mask:
     return out
 
 
-def correct_for_sampler(updater, batch: UpdateBatch, sampler_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def correct_for_sampler(batch: UpdateBatch, sampler_logp: torch.Tensor, mask: torch.Tensor, r,
+                        train_logprobs: Callable[[], torch.Tensor]) -> dict[str, float]:
     """Measure the sampler's mismatch on this step's rows and, with ``rollout.importance_sampling_correction``,
-    scale ``batch.advantages`` per token by the truncated weights (in place). Greedy rollouts (temperature 0)
-    have no sampling distribution to correct. Returns the step's metrics."""
-    r = updater.cfg.rollout
+    scale ``batch.advantages`` per token by the truncated weights (in place). ``r``: the ``rollout`` config
+    section; ``train_logprobs``: the policy's log-probs of the batch before the update, computed only when the
+    batch has none (``batch.old_logp``). Greedy rollouts (temperature 0) have no sampling distribution to
+    correct. Returns the step's metrics."""
     if r.temperature == 0:
         return {}
-    train_logp = batch.old_logp if batch.old_logp is not None else batch_logprobs(updater.model, batch, updater.settings)
+    train_logp = batch.old_logp if batch.old_logp is not None else train_logprobs()
     sampler_logp = sampler_logp.to(train_logp.device)
     mask = mask.to(train_logp.device)
     weights = None

@@ -25,6 +25,7 @@ from slimgrpo.update.batch import (UpdateBatch, UpdateStats, batch_totals, make_
                                    policy_normaliser, split_update)
 from slimgrpo.update.gradients import accumulate_gradients, batch_logprobs, entropy_cut
 from slimgrpo.update.reference import reference_on_device
+from slimgrpo.update.sampler_correction import correct_for_sampler
 from slimgrpo.update.settings import UpdateSettings
 from slimgrpo.containers import Rollout
 
@@ -91,6 +92,12 @@ class Updater:
         batch.returns, batch.old_values = ppo.returns, values
         self.value_metrics = ppo.metrics
         return ppo.row_mean
+
+    def correct_for_sampler(self, batch: UpdateBatch, rollout: Rollout) -> dict[str, float]:
+        """Another engine's samples (``rollout.engine=vllm``): the log-prob mismatch measured, TRL's truncated
+        importance-sampling weights folded into ``batch.advantages`` (``update/sampler_correction.py``)."""
+        return correct_for_sampler(batch, rollout.sampler_logprobs, rollout.model_mask, self.cfg.rollout,
+                                   lambda: batch_logprobs(self.model, batch, self.settings, self.dist))
 
     def step(self, batch: UpdateBatch, step_idx: int = 0) -> tuple[UpdateStats, float, bool]:
         """``num_iterations`` passes over the batch, each one optimizer step per ``steps_per_generation`` slice,
