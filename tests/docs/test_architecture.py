@@ -406,7 +406,7 @@ def test_layer_breaks_are_named(tmp_path):
 
 
 def test_a_command_inside_a_library_package_is_held_to_its_row(tmp_path):
-    """A ``cli.py`` under ``memory/`` importing ``train`` is an arrow back up (farm-studio's word): the rules
+    """A ``cli.py`` under ``memory/`` importing ``train`` is an arrow back up: the rules
     hold it to ``memory``'s row; the same import from ``commands/`` is a command's, allowed."""
     _plant(tmp_path, {
         "pkg/__init__.py": "",
