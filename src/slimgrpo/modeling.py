@@ -17,6 +17,7 @@ import torch
 from slimgrpo.config import Config, LoraConfig, ModelConfig
 from slimgrpo.causal_lm import is_peft, unwrap_causal_lm
 from slimgrpo.config.context import position_limit
+from slimgrpo.memory.pinned import HostBuffer
 from slimgrpo.model_gguf import GGUFError, gguf_config, is_gguf, load_gguf_model, load_gguf_tokenizer
 
 log = logging.getLogger("slimgrpo")
@@ -393,7 +394,8 @@ def reference_copy(model: torch.nn.Module, device: torch.device) -> torch.nn.Mod
     ``copy.deepcopy(model).to("cpu")`` first cloned every weight where it was, a second full copy on the GPU
     that neither the plan nor the trace saw. Here the tensors are copied one by one straight to their place
     and handed to ``deepcopy`` through its memo, so it copies only the modules' structure around them. A host
-    copy is one exact-size byte buffer (``host_buffer`` on the returned module) that every tensor is a view
+    copy is one exact-size byte buffer (``host_buffer``, a ``memory.pinned.HostBuffer``, on the returned module;
+    None for a device copy) that every tensor is a view
     of: it can be pinned in place (``cudaHostRegister``) for streaming, with no power-of-two rounding."""
     tensors = _unique_tensors(model)
     memo: dict[int, Any] = {}
@@ -414,7 +416,7 @@ def reference_copy(model: torch.nn.Module, device: torch.device) -> torch.nn.Mod
             memo[id(t)] = torch.nn.Parameter(copied, requires_grad=False) if isinstance(t, torch.nn.Parameter) \
                 else copied
     reference = copy.deepcopy(model, memo)
-    reference.host_buffer = flat
+    reference.host_buffer = HostBuffer(flat) if flat is not None else None  # streamed from, pinned once
     return reference.eval().requires_grad_(False)
 
 

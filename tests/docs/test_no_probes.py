@@ -222,8 +222,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # update/layout.py
     ('update/layout.py', "getattr(model, 'module', model)"): TORCH,
     # update/reference.py
-    ('update/reference.py', "getattr(model, 'host_buffer', None)"): OWNED,
-    ('update/reference.py', "getattr(model, 'host_buffer_pinned', False)"): OWNED,
     # update/updater.py
     ('update/updater.py', "getattr(self.model, 'no_sync', None)"): TORCH,
 }

@@ -44,7 +44,7 @@ def test_reference_copy_makes_no_copy_where_the_weights_are(monkeypatch):
     cfg = update_config({"loss": {"beta": 0.04}})
     model, ref = prepare_for_training(model, cfg)
     assert ref is not None and cloned == []
-    buf = ref.host_buffer
+    buf = ref.host_buffer.tensor
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()
     assert buf.numel() == sum(-(-t.numel() * t.element_size() // 64) * 64 for t in tensors)  # exact, once each
     for name, p in ref.named_parameters():
@@ -64,6 +64,28 @@ def test_reference_copy_computes_what_deepcopy_computed():
         assert torch.equal(new(input_ids=ids).logits, want)
         with StreamedReference(new, torch.device("cpu")) as streamed:
             assert torch.equal(streamed(input_ids=ids).logits, want)
+
+
+def test_the_host_buffer_is_pinned_once_however_many_streams_run_over_it(monkeypatch):
+    """On CUDA a stream page-locks the copy's one host buffer in place before its first copy; a second stream
+    over the same copy (the next step's reference pass) must not register it again (cudaHostRegister of
+    memory already registered fails). A device copy has no host buffer."""
+    from slimgrpo.memory import pinned
+
+    pinned_ptrs = []
+    monkeypatch.setattr(pinned, "register_host", lambda t: pinned_ptrs.append(t.data_ptr()))
+    model = reference_copy(_model(), torch.device("cpu"))
+
+    class _CudaLike(Transfers):  # the side stream's copies, done as plain copies on this CPU
+        def __init__(self):
+            super().__init__(torch.device("cpu"))
+            self.cuda = True
+
+    for _ in range(2):
+        StreamedReference(model, torch.device("cpu"), _CudaLike(), host=model.host_buffer)
+    assert pinned_ptrs == [model.host_buffer.tensor.data_ptr()]
+    assert model.host_buffer.pinned
+    assert reference_copy(_model(), torch.device("meta")).host_buffer is None
 
 
 class _Recording(Transfers):
@@ -87,15 +109,15 @@ def test_stream_prefetches_the_next_layer_and_holds_two_at_most():
     with torch.no_grad(), stream as streamed:
         for i, layer in enumerate(layers):  # what each layer computes with: device copies, not the host tensors
             layer.register_forward_pre_hook(  # runs after the stream's own pre-hook
-                lambda m, a, i=i: seen.append((i, not _in_buffer(m.self_attn.q_proj.weight, model.host_buffer))))
-        assert not _in_buffer(model.lm_head.weight, model.host_buffer)  # the rest is on the device for the pass
+                lambda m, a, i=i: seen.append((i, not _in_buffer(m.self_attn.q_proj.weight, model.host_buffer.tensor))))
+        assert not _in_buffer(model.lm_head.weight, model.host_buffer.tensor)  # the rest is on the device for the pass
         streamed(input_ids=ids)
         streamed(input_ids=ids)  # a second micro-batch: layer 0 was prefetched by the last layer
     assert stream.loads == ["rest", 0, 1, 2, 0, 1, 2, 0]
     assert stream.max_resident_layers == 2
     assert seen == [(i, True) for i in range(3)] * 2
     for name, p in model.named_parameters():  # every weight is the host tensor again
-        assert _in_buffer(p, model.host_buffer), name
+        assert _in_buffer(p, model.host_buffer.tensor), name
     layer_bytes = sum(p.numel() * 4 for p in layers[0].parameters())
     rest_bytes = sum(p.numel() * 4 for p in model.parameters()) - SHAPE.layers * layer_bytes
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
@@ -125,8 +147,8 @@ def test_update_takes_reference_logprobs_through_the_stream(monkeypatch):
     used = []
     real = ref_module.StreamedReference
 
-    def recording(model, device, transfers=None):
-        used.append(real(model, device, transfers))
+    def recording(model, device, transfers=None, host=None):
+        used.append(real(model, device, transfers, host))
         return used[-1]
 
     monkeypatch.setattr(ref_module, "StreamedReference", recording)

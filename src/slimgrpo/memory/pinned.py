@@ -51,6 +51,20 @@ def register_host(t: torch.Tensor) -> None:
     _registered["peak"] = max(_registered["peak"], _registered["current"])
 
 
+@dataclass
+class HostBuffer:
+    """One exact-size host buffer that many tensors are views of (``modeling.reference_copy``), and whether it
+    has been page-locked in place yet (``pin_once``: a second stream over it must not register it again)."""
+
+    tensor: torch.Tensor
+    pinned: bool = False
+
+    def pin_once(self) -> None:
+        if not self.pinned:
+            register_host(self.tensor)
+            self.pinned = True
+
+
 def unregister_host(t: torch.Tensor) -> None:
     """Undo :func:`register_host` (before the tensor's memory is freed)."""
     if t.numel() == 0:

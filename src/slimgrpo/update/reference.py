@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from slimgrpo.memory.pinned import register_host
+from slimgrpo.memory.pinned import HostBuffer
 
 
 class Transfers:
@@ -107,7 +107,8 @@ class StreamedReference:
     ``loads`` records which unit was copied in, in order (``"rest"`` or a layer index), ``max_resident_layers``
     the most decoder layers on the device at once (tests)."""
 
-    def __init__(self, model: nn.Module, device: torch.device, transfers: Transfers | None = None):
+    def __init__(self, model: nn.Module, device: torch.device, transfers: Transfers | None = None,
+                 host: HostBuffer | None = None):
         self.model, self.device = model, device
         self.transfers = transfers or Transfers(device)
         layers = decoder_layers(model)
@@ -118,10 +119,8 @@ class StreamedReference:
         self._layer_modules = layers
         self.loads: list[str | int] = []
         self.max_resident_layers = 0
-        host = getattr(model, "host_buffer", None)
-        if self.transfers.cuda and host is not None and not getattr(model, "host_buffer_pinned", False):
-            register_host(host)  # once: the copies in are asynchronous from then on
-            model.host_buffer_pinned = True
+        if self.transfers.cuda and host is not None:  # ``model``'s one host buffer (modeling.reference_copy)
+            host.pin_once()  # page-locked in place once: the copies in are asynchronous from then on
 
     def _load(self, unit: _Unit, label: str | int) -> None:
         if unit.loaded:
@@ -188,5 +187,5 @@ def reference_on_device(policy, ref_model: nn.Module) -> Iterator[nn.Module]:
     if policy.reference_placement != "stream" or ref_model is not policy.reference_cpu:
         yield ref_model
         return
-    with StreamedReference(ref_model, policy.device) as model:
+    with StreamedReference(ref_model, policy.device, host=ref_model.host_buffer) as model:
         yield model
