@@ -26,7 +26,6 @@ ARGS = "an argparse namespace: each subcommand defines its own arguments"
 EXC = "any exception, ours or a library's: the optional details a few of ours carry"
 OS = "the standard library's platform-dependent API (os on Linux / macOS)"
 TYPING = "a typing construct or class in the config schema: not every one has a __name__"
-OWNED = "our own object, in a file owned elsewhere (issue 44's other helpers): to remove"
 
 # (file under src/slimgrpo, the call as ast.unparse writes it) -> why it may probe
 ALLOWED: dict[tuple[str, str], str] = {
