@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from slimgrpo.commands.demo_tools import TOOLS_DIR
-from test_distributed import HERE, STALL_REWARD
+from _torchrun import HERE, STALL_REWARD
 
 ENV = '''
 import os, time

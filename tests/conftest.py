@@ -11,6 +11,17 @@ import torch
 torch.set_num_threads(min(torch.get_num_threads(), 2))
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"  # the shipped recipes and example rewards
+
+
+def load_example_module(name: str = "custom_reward"):
+    """``examples/NAME.py`` as a module (the example reward functions)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _find_gsm8k() -> Path:

@@ -18,7 +18,7 @@ import yaml
 from _agent_dist_helpers import (assert_matches_one_process, final_weights, train_one_process,
                                  write_agent_config)
 from slimgrpo.commands.demo_tools import TOOLS_DIR
-from test_distributed import finish, kill_and_resume, torchrun
+from _torchrun import finish, kill_and_resume, torchrun
 
 pytestmark = [pytest.mark.distributed,
               pytest.mark.skipif(not (TOOLS_DIR / "model" / "model.safetensors").exists(),

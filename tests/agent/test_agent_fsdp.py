@@ -14,7 +14,7 @@ import pytest
 
 from _agent_dist_helpers import assert_matches_one_process, train_one_process, write_agent_config
 from slimgrpo.commands.demo_tools import TOOLS_DIR
-from test_distributed import finish, torchrun
+from _torchrun import finish, torchrun
 
 pytestmark = [pytest.mark.distributed,
               pytest.mark.skipif(not (TOOLS_DIR / "model" / "model.safetensors").exists(),

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from slimgrpo.config import load_config
-from test_examples import EXAMPLES, load_example_module
+from conftest import EXAMPLES, load_example_module
 
 TASKS = ["word_problems", "extract", "sort"]
 

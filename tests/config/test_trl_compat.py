@@ -132,7 +132,7 @@ def test_unknown_key_hints_name_slimgrpo_keys(key, expect):
 def test_example_trl_yaml_trains_unchanged(tmp_path):
     from run_helpers import cli
 
-    from test_examples import EXAMPLES
+    from conftest import EXAMPLES
 
     out = tmp_path / "run"
     proc = cli("train", "--trl-config", str(EXAMPLES / "trl_grpo.yaml"), "max_steps=2", f"output_dir={out}",

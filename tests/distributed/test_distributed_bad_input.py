@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from test_distributed import finish, prompts, torchrun, write_config  # noqa: F401 - prompts is a fixture
+from _torchrun import finish, prompts, torchrun, write_config  # noqa: F401 - prompts is a fixture
 
 pytestmark = pytest.mark.distributed
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_distributed import finish, prompts, torchrun, write_config  # noqa: F401  (fixture)
+from _torchrun import finish, prompts, torchrun, write_config  # noqa: F401  (fixture)
 
 import slimgrpo
 

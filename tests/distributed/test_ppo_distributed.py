@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_distributed import (  # noqa: F401
+from _torchrun import (  # noqa: F401
     _final_weights, kill_and_resume, prompts, run_two_ranks_and_one, same_step_cases, write_config,
 )
 

@@ -1,13 +1,11 @@
 """The shipped recipes stay valid, and the example reward does what it says."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from conftest import EXAMPLES, load_example_module
 from slimgrpo.config import load_config
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.parametrize("name", ["gsm8k.yaml", "countdown.yaml", "smollm2_addition.yaml"])
@@ -28,13 +26,6 @@ def test_gsm8k_recipe_runs_from_a_fresh_clone():
     addition = load_config(EXAMPLES / "smollm2_addition.yaml", validate=False)
     assert Path(addition.run.output_dir) == EXAMPLES.parent / "outputs" / "smollm2-addition"
     assert Path(addition.model.path) == EXAMPLES.parent / "models" / "smollm2"
-
-
-def load_example_module(name: str = "custom_reward"):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_countdown_reward(tmp_path):
