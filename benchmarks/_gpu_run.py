@@ -106,7 +106,7 @@ PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfai
 def cuda_test_files() -> list[str]:
     """The test files that hold cuda-marked tests (pytest then collects only these)."""
     out = []
-    for p in sorted((REPO / "tests").glob("test_*.py")):
+    for p in sorted((REPO / "tests").rglob("test_*.py")):  # tests/<room>/test_*.py
         try:
             if re.search(r"pytest\.mark\.cuda\b", p.read_text(errors="replace")):
                 out.append(str(p.relative_to(REPO)))
