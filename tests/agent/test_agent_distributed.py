@@ -65,7 +65,8 @@ def test_tool_rollouts_under_ddp_match_one_process(tmp_path):
     assert_matches_one_process(tmp_path / "one", tmp_path / "two")
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+# ddp in the fast suite (FSDP2 resume: tests/distributed/); fsdp (40 s on 2 cores) with -m slow
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_killed_tool_run_resumes_to_the_same_weights(tmp_path, strategy):
     """SIGKILL of torchrun and both ranks once checkpoint 2 is complete; the same command resumes and ends where
     an uninterrupted 2-rank run ends. Real sampling (temperature 1), so each rank's generator must come back;

@@ -44,6 +44,7 @@ run: {{output_dir: out, max_steps: 40, batch_size: 8, save_steps: 0}}
 '''
 
 
+@pytest.mark.slow  # a whole campaign in small (50 s on 2 cores)
 def test_suite_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     (tmp_path / "tiny_add.py").write_text(TASK_CODE)
     (tmp_path / "tiny_add.yaml").write_text(RECIPE)

@@ -92,7 +92,9 @@ def test_two_ranks_take_the_same_step_as_one_process(tmp_path, tiny_model_dir, p
                 assert len(g["uneven_plain"][0]) == (1 if rank == 0 else 8)
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "ddp-lora", "fsdp-lora", "fsdp-bf16"])
+# fsdp in the fast suite; the other strategies (40 s each on 2 cores) with -m slow
+@pytest.mark.parametrize("strategy", ["fsdp", *(pytest.param(s, marks=pytest.mark.slow)
+                                               for s in ("ddp-lora", "fsdp-lora", "fsdp-bf16"))])
 def test_killed_run_resumes_to_the_same_weights(tmp_path, tiny_model_dir, prompts, strategy):
     """SIGKILL of torchrun and its ranks once a checkpoint exists; the same command resumes and ends where
     an uninterrupted run ends. Both use real sampling: each rank's generator is restored. FSDP2 shards

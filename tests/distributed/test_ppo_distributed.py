@@ -71,7 +71,8 @@ def test_two_ranks_take_the_same_ppo_step_as_one_process(tmp_path, tiny_model_di
                 assert b[k] == pytest.approx(v, rel=1e-4, abs=1e-6), (name, k, a, b)
 
 
-@pytest.mark.parametrize("case", ["ddp-lora", "fsdp-full", "fsdp-lora"])
+# ddp-lora in the fast suite; the FSDP2 cases (45 s each on 2 cores) with -m slow
+@pytest.mark.parametrize("case", ["ddp-lora", *(pytest.param(c, marks=pytest.mark.slow) for c in ("fsdp-full", "fsdp-lora"))])
 def test_killed_ppo_run_resumes_to_the_same_weights(tmp_path, tiny_model_dir, prompts, case):  # noqa: F811
     """SIGKILL of torchrun and its ranks once checkpoint 2 exists; the same command resumes (policy and
     critic: LoRA adapters under DDP, sharded full weights under FSDP2, the value head and every optimizer

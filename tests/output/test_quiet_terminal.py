@@ -37,6 +37,7 @@ def test_train_is_quiet_by_default_and_verbose_brings_the_bars_back(tmp_path):
     assert "Writing model shards" in loud.stderr  # the final model's save, shown by transformers
 
 
+@pytest.mark.slow  # the train run above covers the shared code; the tools demo adds its own (16 s)
 def test_tool_demo_is_quiet_by_default(tmp_path):
     from slimgrpo.commands.demo_tools import TOOLS_DIR
 
@@ -47,6 +48,7 @@ def test_tool_demo_is_quiet_by_default(tmp_path):
     assert not [s for s in THIRD_PARTY if s in run.stderr], run.stderr
 
 
+@pytest.mark.slow  # a LoRA run, then its export (30 s on 2 cores)
 def test_export_of_a_lora_run_is_quiet_unless_verbose(tmp_path):
     trained = cli("train", demo_model_config(tmp_path), "lora.enabled=true", "lora.r=4")
     assert trained.returncode == 0, trained.stderr

@@ -63,6 +63,7 @@ def _config_json(tmp_path):
     return path
 
 
+@pytest.mark.slow  # the search traced end to end (45 s on 2 cores); the fast tests cover its parts
 def test_cli_longest_with_trace(tmp_path, capsys):
     """The CLI on a config.json whose YaRN scaling stretches 1,024 positions to 4,096, on CUDA in 530 MiB (18 MiB
     over the CUDA context): both shapes, the changes memory.fit made, a trace at each answer against the budget,
