@@ -87,7 +87,8 @@ def test_addition_recipe_runs_on_the_real_model(tmp_path, smollm2):
                            str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr
     done = cli("train", str(REPO / "examples" / "smollm2_addition.yaml"), f"model.path={smollm2}",
-               f"data.path={tmp_path / 'data' / 'train.jsonl'}", f"run.output_dir={tmp_path / 'run'}",
+               f"data.path={tmp_path / 'data' / 'train.jsonl'}", f"eval.data={tmp_path / 'data' / 'heldout.jsonl'}",
+               f"run.output_dir={tmp_path / 'run'}",
                "run.max_steps=2", "run.save_checkpoints=false", "run.keep_best=false", "run.save_model=false",
                "log.progress=false",
                env={"OMP_NUM_THREADS": "2"}, timeout=900)
