@@ -94,8 +94,10 @@ def test_addition_recipe_runs_on_the_real_model(tmp_path, smollm2):
                env={"OMP_NUM_THREADS": "2"}, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     records = metrics(tmp_path / "run")
-    assert [r["step"] for r in records] == [1, 2]
-    assert all("rewards/last_number_correct/mean" in r and "rewards/only_the_number/mean" in r for r in records)
+    assert [r["step"] for r in records] == [0, 1, 2]  # step 0: the held-out evaluation before training
+    assert any(k.startswith("eval/") for k in records[0]) and any(k.startswith("eval/") for k in records[2])
+    steps = records[1:]
+    assert all("rewards/last_number_correct/mean" in r and "rewards/only_the_number/mean" in r for r in steps)
 
 
 def test_packed_rows_equal_the_padded_path_on_the_real_model(smollm2):
