@@ -85,6 +85,8 @@ class Trainer:
         self.dataset, self.sampler, self.trainer_state = parts.dataset, parts.sampler, parts.trainer_state
         self.optimizer, self.scheduler, self.generator = parts.optimizer, parts.scheduler, parts.generator
         self.engine, self.sampling, self.reward_runner = parts.engine, parts.sampling, parts.reward_runner
+        # what the advantages depend on (estimator, scaling, the reward weights), read once
+        self.advantage_settings = AdvantageSettings.from_config(self.cfg, self.reward_runner.weights)
         # multi-turn with tools / environments, or TRL's rollout_func (which receives this trainer), or None
         self.agent = CustomRollout(parts.rollout_func, self) if parts.rollout_func is not None else parts.agent
         self.updater, self.watch = parts.updater, parts.watch  # the update stage; non-finite, collapse, stall
@@ -160,8 +162,7 @@ class Trainer:
 
     def compute_advantages(self, rewards: RewardOutput) -> torch.Tensor:
         """The step's [rows] advantages (``advantage/compute.py``): rows with no reward (NaN) get 0."""
-        settings = AdvantageSettings.from_config(self.cfg, self.reward_runner.weights)
-        return compute_advantages(rewards, settings, self.dist, self.policy.device)
+        return compute_advantages(rewards, self.advantage_settings, self.dist, self.policy.device)
 
     # ------------------------------------------------------------------------- the loop
 

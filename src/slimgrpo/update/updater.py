@@ -60,6 +60,7 @@ class Updater:
         fill_token_chunk(cfg, policy.model)
         self.settings = UpdateSettings.from_config(cfg, policy.model)
         self.entropy_control = EntropyController.from_config(cfg.loss)  # entropy bonus coefficient
+        self.ppo_settings = PPOSettings.from_config(cfg.loss)  # PPO's KL reward, GAE, whitening
         self.value_metrics: dict[str, Any] = {}  # PPO: the critic's numbers of this step
 
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -87,7 +88,7 @@ class Updater:
             return advantages
         values = self.critic.batch_values(batch, self.settings)  # at sampling time
         ppo = ppo_advantages(advantages, values, batch.loss_mask, batch.old_logp, batch.ref_logp,
-                             PPOSettings.from_config(self.cfg.loss), self.dist)  # advantage/gae.py
+                             self.ppo_settings, self.dist)  # advantage/gae.py
         batch.loss_mask, batch.advantages = ppo.mask, ppo.advantages  # unscorable rows leave the loss
         batch.returns, batch.old_values = ppo.returns, values
         self.value_metrics = ppo.metrics
