@@ -250,6 +250,29 @@ def test_a_saturating_reward_is_seen_on_the_terminal_in_metrics_and_stops_with_e
         assert "stalled     steps 3-10: most groups had rewards all equal" in out
 
 
+def test_a_stall_stop_with_keep_best_returns_the_best_model_in_final(tmp_path, caplog):
+    """run.keep_best judged on the training reward: the stall stop (exit 5) still writes final/ from the best
+    checkpoint, and the stop step's model to last/ (without keep_best: no final/, the test above)."""
+    caplog.set_level(logging.WARNING, logger="slimgrpo")
+    rc = train(write_run(tmp_path, ["sat_rewards.py:saturating"], stop_on_stall=True, keep_best=True,
+                         best_metric="reward"))
+    (notice,) = [r.message for r in caplog.records if "learning has stalled" in r.message]
+    assert "exit code 5), final/ gets the best model judged so far (run.keep_best)." in notice
+    run_dir = tmp_path / "run"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert rc == 5 and summary["stopped_by"] == "stall" and summary["steps"] == 5
+    best = summary["final_step"]  # the first step whose reward reached 1.0 (steps 1-2 vary, then 1.0)
+    assert best == summary["best_step"] and 1 <= best < 5
+    assert (run_dir / "final").is_dir() and (run_dir / "last").is_dir()
+    from safetensors.torch import load_file
+
+    final = load_file(run_dir / "final" / "model.safetensors")
+    kept = load_file(run_dir / "checkpoints" / f"checkpoint-{best}" / "model" / "model.safetensors")
+    last = load_file(run_dir / "last" / "model.safetensors")
+    assert all(torch.equal(final[k], kept[k]) for k in final)
+    assert any(not torch.equal(final[k], last[k]) for k in final)
+
+
 def test_a_reward_without_spread_from_step_1_is_named_at_step_1(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="slimgrpo")
     rc = train(write_run(tmp_path, ["sat_rewards.py:always_one"], max_steps=1, save_steps=0))

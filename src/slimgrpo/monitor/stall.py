@@ -359,8 +359,9 @@ def pre_stall_checkpoint(output_dir, stall: Stall):
     return before[-1] if before else None
 
 
-def stall_notice(stall: Stall, output_dir, stopping: bool) -> str:
-    """The detection message plus what happens now and which checkpoint to go back to."""
+def stall_notice(stall: Stall, output_dir, stopping: bool, keep_best: bool = False) -> str:
+    """The detection message plus what happens now and which checkpoint to go back to (``keep_best``: the
+    stop still writes ``final/``, from the best model judged so far)."""
     kept = pre_stall_checkpoint(output_dir, stall)
     if kept is not None:
         where = (f"The last checkpoint from before the stall is {kept}: resume from it with the cause changed, "
@@ -368,7 +369,8 @@ def stall_notice(stall: Stall, output_dir, stopping: bool) -> str:
     else:
         where = "No checkpoint from before the stall exists (run.save_steps sets how often one is saved)."
     if stopping:
-        return f"{stall.message} Stopping here (run.stop_on_stall=true, exit code 5), without a final model. {where}"
+        final = ("final/ gets the best model judged so far (run.keep_best)" if keep_best else "without a final model")
+        return f"{stall.message} Stopping here (run.stop_on_stall=true, exit code 5), {final}. {where}"
     return (f"{stall.message} Training goes on (run.stop_on_stall=true would stop here with exit code 5). "
             f"{where}")
 

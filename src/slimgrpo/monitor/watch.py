@@ -69,7 +69,8 @@ class RunWatch:
             log.warning(warning)
         if verdict.detected is not None:
             if self.dist.is_main:
-                log.warning(stall.stall_notice(verdict.detected, self.output_dir, self.cfg.run.stop_on_stall))
+                log.warning(stall.stall_notice(verdict.detected, self.output_dir, self.cfg.run.stop_on_stall,
+                                               keep_best=self.best is not None and self.best.step is not None))
             if self.cfg.run.stop_on_stall:  # the same numbers on every rank: every rank stops here
                 self.stalled = verdict.detected
                 return True

@@ -263,7 +263,9 @@ class Trainer:
         if preempted:
             summary["preempted_by"] = self.stop.signal or "a signal to another rank"
         summary.update(self.watch.summary_fields())
-        if self.cfg.run.save_model and not preempted and self.watch.stalled is None:  # every rank: FSDP2 gathers
+        # A stall stop writes no final/ (the stalled model is no result), unless run.keep_best holds a best model.
+        kept_best = self.cfg.run.keep_best and best_step is not None
+        if self.cfg.run.save_model and not preempted and (self.watch.stalled is None or kept_best):  # every rank
             summary.update(self.checkpoints.save_final(best_step, self.step_idx))  # run.keep_best: the best
         if self.dist.is_main:
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))

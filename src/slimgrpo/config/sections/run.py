@@ -83,9 +83,10 @@ class RunConfig:
     """The mean reward counts as flat when, over the stretch, it moved (highest - lowest step mean) by at most
     this fraction of the reward's spread at the start (the mean ``reward_std`` of the first three steps)."""
     stop_on_stall: bool = False
-    """Stop the run where a stall is detected (see ``stall_steps``) with exit code 5, without a final model;
-    the last checkpoint from before the stalled stretch is kept (pruning by ``save_total_limit`` spares it
-    while a stretch lasts). False: warn and train on."""
+    """Stop the run where a stall is detected (see ``stall_steps``) with exit code 5, without a final model
+    (with ``keep_best``: ``final/`` is the best model so far, ``last/`` the stop step's); the last checkpoint
+    from before the stalled stretch is kept (pruning by ``save_total_limit`` spares it while a stretch lasts).
+    False: warn and train on."""
     keep_best: bool = False
     """TRL's ``load_best_model_at_end``: ``final/`` is the model of the evaluation with the best
     ``run.best_metric`` (before training counts too: a run that only got worse returns the model it started
