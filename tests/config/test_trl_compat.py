@@ -110,8 +110,29 @@ def test_refusals(trl_values, key, tmp_path):
 
 
 def test_ok_values_are_accepted():
-    result = convert({"use_dora": False, "model_revision": "main", "push_to_hub": False, "use_vllm": True})
+    result = convert({"use_dora": False, "model_revision": "main", "push_to_hub": False, "vllm_group_port": 51216})
     assert not result.refused and all(r.status == "ignored" for r in result.rows[:4])
+
+
+def test_trl_vllm_keys_map_onto_the_colocated_engine():
+    """use_vllm selects rollout.engine=vllm (colocated, TRL 1.16's default vllm_mode); server mode is refused;
+    the importance-sampling keys map one to one, the deprecated cap winning over clip_max as in TRL."""
+    result = convert({"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_mode": "token_mask",
+                      "vllm_importance_sampling_clip_max": 2.0, "vllm_importance_sampling_clip_min": 0.5,
+                      "vllm_enable_sleep_mode": False, "vllm_gpu_memory_utilization": 0.4,
+                      "vllm_tensor_parallel_size": 1, "vllm_server_port": 8000})
+    assert not result.refused
+    v = result.values
+    assert (v["rollout.engine"], v["rollout.importance_sampling_mode"], v["rollout.importance_sampling_cap"],
+            v["rollout.importance_sampling_min"], v["rollout.vllm_sleep_mode"],
+            v["rollout.vllm_gpu_memory_utilization"]) == ("vllm", "token_mask", 2.0, 0.5, False, 0.4)
+    assert convert({"use_vllm": False}).values.get("rollout.engine") is None  # slimgrpo's own choice stays
+    both = convert({"vllm_importance_sampling_clip_max": 2.0, "vllm_importance_sampling_cap": 5.0}).values
+    assert both["rollout.importance_sampling_cap"] == 5.0
+    server = convert({"use_vllm": True, "vllm_mode": "server"})
+    assert [r.key for r in server.refused] == ["vllm_mode"] and "colocated" in server.refused[0].detail
+    assert not convert({"use_vllm": False, "vllm_mode": "server"}).refused  # no vLLM asked: nothing to refuse
+    assert [r.key for r in convert({"vllm_tensor_parallel_size": 2}).refused] == ["vllm_tensor_parallel_size"]
 
 
 @pytest.mark.parametrize("key, expect", [
@@ -120,7 +141,7 @@ def test_ok_values_are_accepted():
     ("bf16", "model.dtype"),
     ("learning_rate", "optim.learning_rate"),
     ("per_device_train_batch_size", "memory.micro_batch_size"),
-    ("use_vllm", "own engine"),
+    ("use_vllm", "rollout.engine"),
 ])
 def test_unknown_key_hints_name_slimgrpo_keys(key, expect):
     message = unknown_key_message(key)

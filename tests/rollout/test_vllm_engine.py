@@ -6,6 +6,8 @@ tests/rollout/test_vllm_slow.py."""
 
 from __future__ import annotations
 
+import math
+
 import copy
 import sys
 import types
@@ -21,7 +23,8 @@ from slimgrpo.config.sections import rollout as rollout_config
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.rollout import vllm_engine as ve
-from slimgrpo.update.sampler_correction import correct_for_sampler, mismatch_metrics, truncated_is_weights
+from slimgrpo.update.sampler_correction import (correct_for_sampler, is_weights, mismatch_metrics,
+                                               truncated_is_weights)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -144,6 +147,9 @@ def test_vllm_missing_is_refused_before_any_weights_load(tmp_path, tiny_model_di
     ({}, {"loss": {"loss_type": "cispo", "epsilon_high": 5.0}}, "importance_sampling_correction=false"),
     ({}, {"loss": {"off_policy_mask_threshold": 0.5}}, "off_policy_mask_threshold"),
     ({"importance_sampling_cap": 0.5}, {}, "importance_sampling_cap"),
+    ({"importance_sampling_cap": None}, {}, "both null"),
+    ({"importance_sampling_min": 3.0}, {}, "importance_sampling_min must be >= 0 and below"),
+    ({"importance_sampling_mode": "sequence"}, {}, "importance_sampling_mode: 'sequence' is not one of"),
     ({"vllm_kv_cache_gb": 0}, {}, "vllm_kv_cache_gb"),
 ])
 def test_what_vllm_cannot_honour_is_refused(fake_vllm, rollout, others, reason):
@@ -364,13 +370,52 @@ def test_truncated_importance_weights():
     w = truncated_is_weights(train_lp, sampler, mask, cap=3.0)
     assert torch.allclose(w, torch.tensor([[1.0, torch.exp(torch.tensor(-1.5)).item(), 1.0]]))
     assert truncated_is_weights(sampler, train_lp, torch.ones(1, 3, dtype=torch.bool), 3.0)[0, 1] == 3.0  # e^1.5
-    m = mismatch_metrics(train_lp, sampler, mask, w, 3.0)
+    m = mismatch_metrics(train_lp, sampler, mask, w)
     assert m["rollout/logprob_diff_max"] == 1.5 and m["rollout/logprob_diff_mean"] == 0.75
+
+
+def naive_is_weights(train, sampler, mask, mode, cap, low):
+    """TRL 1.16's four modes written out row by row, token by token (the reference for ``is_weights``)."""
+    rows, T = train.shape
+    out = torch.ones(rows, T)
+    for i in range(rows):
+        diffs = [0.0 if math.isnan(train[i, t] - sampler[i, t]) else float(train[i, t] - sampler[i, t])
+                 for t in range(T)]
+        seq = math.exp(sum(d for t, d in enumerate(diffs) if mask[i, t]))
+        for t in range(T):
+            if not mask[i, t]:
+                continue
+            rho = seq if mode.startswith("sequence") else math.exp(diffs[t])
+            hi = math.inf if cap is None else cap
+            lo = -math.inf if low is None else low
+            if mode.endswith("truncate"):
+                out[i, t] = min(max(rho, lo), hi)
+            else:
+                out[i, t] = rho if lo <= rho <= hi else 0.0
+    return out
+
+
+@pytest.mark.parametrize("mode", ["sequence_mask", "sequence_truncate", "token_mask", "token_truncate"])
+@pytest.mark.parametrize("cap,low", [(3.0, None), (1.5, 0.5), (None, 0.8)])
+def test_each_trl_importance_sampling_mode_matches_a_naive_reference(mode, cap, low):
+    """5 rows x 7 tokens, ragged masks, one NaN sampler log-prob (counted as no difference, as TRL does)."""
+    g = torch.Generator().manual_seed(3)
+    train = -torch.rand(5, 7, generator=g) * 2
+    sampler = train + torch.randn(5, 7, generator=g) * 0.4
+    sampler[1, 2] = float("nan")
+    mask = torch.arange(7)[None, :] < torch.tensor([7, 5, 3, 1, 6])[:, None]
+    w, outside = is_weights(train, sampler, mask, mode, cap, low)
+    assert torch.allclose(w, naive_is_weights(train, sampler, mask, mode, cap, low), atol=1e-6), mode
+    assert outside.shape == ((5, 1) if mode.startswith("sequence") else (5, 7))
+    m = mismatch_metrics(train, sampler, mask, w, outside, sequence=mode.startswith("sequence"))
+    assert m["rollout/is_weight_min"] <= m["rollout/is_weight_mean"] <= m["rollout/is_weight_max"]
+    assert 0 <= m["rollout/is_capped_fraction"] <= 1 and math.isfinite(m["rollout/logprob_diff_max"])
 
 
 def test_the_correction_scales_each_tokens_advantage():
     batch = SimpleNamespace(old_logp=torch.tensor([[-1.0, -1.0], [-2.0, -2.0]]), advantages=torch.tensor([1.0, -2.0]))
-    r = SimpleNamespace(temperature=1.0, importance_sampling_correction=True, importance_sampling_cap=2.0)
+    r = SimpleNamespace(temperature=1.0, importance_sampling_correction=True, importance_sampling_cap=2.0,
+                        importance_sampling_min=None, importance_sampling_mode="token_truncate")
     never = lambda: pytest.fail("the batch has its old log-probs: none computed")  # noqa: E731
     sampler = torch.tensor([[-1.0, -3.0], [-2.0, -1.0]])
     mask = torch.ones(2, 2, dtype=torch.bool)
@@ -378,6 +423,13 @@ def test_the_correction_scales_each_tokens_advantage():
     expected = torch.tensor([[1.0, 2.0], [-2.0, -2.0 * torch.exp(torch.tensor(-1.0)).item()]])  # capped at 2
     assert torch.allclose(batch.advantages, expected)
     assert out["rollout/is_capped_fraction"] == 0.25
+    # TRL 1.16's default, sequence_mask: row 0's ratio e^2 > 2 drops the row; row 1's e^-1 stays, on each token
+    r.importance_sampling_mode = "sequence_mask"
+    batch.advantages = torch.tensor([1.0, -2.0])
+    out = correct_for_sampler(batch, sampler, mask, r, never)
+    e = torch.exp(torch.tensor(-1.0)).item()
+    assert torch.allclose(batch.advantages, torch.tensor([[0.0, 0.0], [-2.0 * e, -2.0 * e]]))
+    assert out["rollout/is_capped_fraction"] == 0.5 and out["rollout/is_weight_min"] == 0.0
     r.importance_sampling_correction = False
     batch.advantages = torch.tensor([1.0, -2.0])
     assert "rollout/logprob_diff_mean" in correct_for_sampler(batch, sampler, mask, r, never)
@@ -479,3 +531,13 @@ def test_settings_follow_the_config(tmp_path):
     cfg.rollout.vllm_dtype, cfg.rollout.vllm_kv_cache_gb, cfg.rollout.max_batch_rows = "bfloat16", 0.5, 4
     s = ve.VllmSettings.from_config(cfg, "m", model)
     assert (s.dtype, s.kv_cache_bytes, s.max_num_seqs) == ("bfloat16", 2**29, 4)
+
+
+def test_the_modes_the_config_takes_are_the_ones_the_correction_runs():
+    import typing
+
+    from slimgrpo.config.sections.rollout import IMPORTANCE_SAMPLING_MODES, RolloutConfig
+
+    hints = typing.get_type_hints(RolloutConfig)
+    assert set(typing.get_args(hints["importance_sampling_mode"])) == set(IMPORTANCE_SAMPLING_MODES)
+    assert RolloutConfig().importance_sampling_mode == "sequence_mask"  # TRL 1.16's default

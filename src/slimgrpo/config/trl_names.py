@@ -525,8 +525,8 @@ TRL_KEY_HINTS: dict[str, str] = {
     'use_transformers_paged':
         "'use_transformers_paged' is TRL's and has no slimgrpo key: the rollout engine batches itself.",
     'use_vllm':
-        "'use_vllm' is TRL's and has no slimgrpo key: slimgrpo generates with its own engine on the trainer's weights"
-        ' (no vLLM, no second copy).',
+        "'use_vllm' is TRL's name: in slimgrpo use rollout.engine (true = vllm, colocated in the training process "
+        "(TRL's vllm_mode=colocate); false leaves slimgrpo's choice (auto)).",
     'vespo_k_neg':
         "'vespo_k_neg' is TRL's name: in slimgrpo use loss.vespo_k_neg (same name and meaning as TRL).",
     'vespo_k_pos':
@@ -536,51 +536,54 @@ TRL_KEY_HINTS: dict[str, str] = {
     'vespo_lambda_pos':
         "'vespo_lambda_pos' is TRL's name: in slimgrpo use loss.vespo_lambda_pos (same name and meaning as TRL).",
     'vllm_enable_sleep_mode':
-        "'vllm_enable_sleep_mode' is TRL's and has no slimgrpo key: slimgrpo generates with its own engine on the "
-        "trainer's weights (no vLLM, no second copy).",
+        "'vllm_enable_sleep_mode' is TRL's name: in slimgrpo use rollout.vllm_sleep_mode (TRL default false, slimgrpo"
+        ' true (CUDA only: vLLM has no sleep mode on CPU)).',
     'vllm_gpu_memory_utilization':
-        "'vllm_gpu_memory_utilization' is TRL's and has no slimgrpo key: slimgrpo generates with its own engine on "
-        "the trainer's weights (no vLLM, no second copy).",
+        "'vllm_gpu_memory_utilization' is TRL's name: in slimgrpo use rollout.vllm_gpu_memory_utilization (same "
+        'default, 0.3).',
     'vllm_group_port':
-        "'vllm_group_port' is TRL's and has no slimgrpo key: slimgrpo generates with its own engine on the trainer's "
-        'weights (no vLLM, no second copy).',
+        "'vllm_group_port' is TRL's and has no slimgrpo key: server mode only: slimgrpo's vLLM runs colocated in the "
+        'training process (no server to reach).',
     'vllm_importance_sampling_cap':
-        "'vllm_importance_sampling_cap' is TRL's and has no slimgrpo key: no vLLM mismatch to correct.",
+        "'vllm_importance_sampling_cap' is TRL's name: in slimgrpo use rollout.importance_sampling_cap (TRL's "
+        'deprecated name of vllm_importance_sampling_clip_max (it wins over it, as in TRL)).',
     'vllm_importance_sampling_clip_max':
-        "'vllm_importance_sampling_clip_max' is TRL's and has no slimgrpo key: no vLLM mismatch to correct.",
+        "'vllm_importance_sampling_clip_max' is TRL's name: in slimgrpo use rollout.importance_sampling_cap (same "
+        'default, 3.0).',
     'vllm_importance_sampling_clip_min':
-        "'vllm_importance_sampling_clip_min' is TRL's and has no slimgrpo key: no vLLM mismatch to correct.",
+        "'vllm_importance_sampling_clip_min' is TRL's name: in slimgrpo use rollout.importance_sampling_min (same "
+        'default, none).',
     'vllm_importance_sampling_correction':
-        "'vllm_importance_sampling_correction' is TRL's and has no slimgrpo key: samples come from the trained "
-        'weights themselves, so there is no sampler/trainer mismatch to correct.',
+        "'vllm_importance_sampling_correction' is TRL's name: in slimgrpo use rollout.importance_sampling_correction "
+        '(on by default in both).',
     'vllm_importance_sampling_mode':
-        "'vllm_importance_sampling_mode' is TRL's and has no slimgrpo key: no vLLM mismatch to correct.",
+        "'vllm_importance_sampling_mode' is TRL's name: in slimgrpo use rollout.importance_sampling_mode (the same "
+        'four modes, same default (sequence_mask)).',
     'vllm_max_model_length':
-        "'vllm_max_model_length' is TRL's and has no slimgrpo key: slimgrpo generates with its own engine on the "
-        "trainer's weights (no vLLM, no second copy).",
+        "'vllm_max_model_length' is TRL's and has no slimgrpo key: the engine's context is data.max_prompt_length + "
+        'rollout.max_completion_length.',
     'vllm_mode':
-        "'vllm_mode' is TRL's and has no slimgrpo key: slimgrpo generates with its own engine on the trainer's "
-        'weights (no vLLM, no second copy).',
+        "'vllm_mode' is TRL's name: in slimgrpo use rollout.engine (colocate only (TRL 1.16's default); server is "
+        'refused).',
     'vllm_model_impl':
-        "'vllm_model_impl' is TRL's and has no slimgrpo key: slimgrpo generates with its own engine on the trainer's "
-        'weights (no vLLM, no second copy).',
+        "'vllm_model_impl' is TRL's and has no slimgrpo key: vLLM's own model implementation is used.",
     'vllm_server_base_url':
-        "'vllm_server_base_url' is TRL's and has no slimgrpo key: slimgrpo generates with its own engine on the "
-        "trainer's weights (no vLLM, no second copy).",
+        "'vllm_server_base_url' is TRL's and has no slimgrpo key: server mode only: slimgrpo's vLLM runs colocated in"
+        ' the training process (no server to reach).',
     'vllm_server_host':
-        "'vllm_server_host' is TRL's and has no slimgrpo key: slimgrpo generates with its own engine on the trainer's"
-        ' weights (no vLLM, no second copy).',
+        "'vllm_server_host' is TRL's and has no slimgrpo key: server mode only: slimgrpo's vLLM runs colocated in the"
+        ' training process (no server to reach).',
     'vllm_server_port':
-        "'vllm_server_port' is TRL's and has no slimgrpo key: slimgrpo generates with its own engine on the trainer's"
-        ' weights (no vLLM, no second copy).',
+        "'vllm_server_port' is TRL's and has no slimgrpo key: server mode only: slimgrpo's vLLM runs colocated in the"
+        ' training process (no server to reach).',
     'vllm_server_timeout':
-        "'vllm_server_timeout' is TRL's and has no slimgrpo key: slimgrpo generates with its own engine on the "
-        "trainer's weights (no vLLM, no second copy).",
+        "'vllm_server_timeout' is TRL's and has no slimgrpo key: server mode only: slimgrpo's vLLM runs colocated in "
+        'the training process (no server to reach).',
     'vllm_structured_outputs_regex':
         "'vllm_structured_outputs_regex' is TRL's and has no slimgrpo key: constrained decoding is not supported.",
     'vllm_tensor_parallel_size':
-        "'vllm_tensor_parallel_size' is TRL's and has no slimgrpo key: slimgrpo generates with its own engine on the "
-        "trainer's weights (no vLLM, no second copy).",
+        "'vllm_tensor_parallel_size' is TRL's and has no slimgrpo key: one vLLM engine on the training device (no "
+        'tensor parallelism).',
     'warmup_ratio':
         "'warmup_ratio' is TRL's name: in slimgrpo use optim.warmup_ratio (transformers < 5 name; same as "
         'warmup_steps below 1).',

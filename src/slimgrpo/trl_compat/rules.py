@@ -205,6 +205,26 @@ def _use_cpu(value, trl):
     return "cpu" if value else SKIP
 
 
+def _use_vllm(value, trl):
+    return "vllm" if value else SKIP
+
+
+def _vllm_mode(value, trl):
+    if value == "server" and trl.get("use_vllm"):
+        raise Refused("slimgrpo runs vLLM colocated in the training process (vllm_mode: colocate, TRL 1.16's "
+                      "default, with rollout.engine=vllm); a separate `trl vllm-serve` server is not supported")
+    return SKIP
+
+
+def _is_clip_max(value, trl):
+    """TRL's ``vllm_importance_sampling_clip_max``; the deprecated ``vllm_importance_sampling_cap`` wins over it."""
+    return SKIP if trl.get("vllm_importance_sampling_cap") is not None else value
+
+
+def _sampler_cap(value, trl):
+    return SKIP if value is None else value
+
+
 def _fsdp(value, trl):
     return "fsdp" if value else SKIP
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from slimgrpo.trl_compat import rules as r
 from slimgrpo.trl_compat.rules import I, M, R
 
-_VLLM = "slimgrpo generates with its own engine on the trainer's weights (no vLLM, no second copy)"
+_VLLM_SERVER = "server mode only: slimgrpo's vLLM runs colocated in the training process (no server to reach)"
 _HUB = "slimgrpo never uploads; push the run's final/ folder yourself"
 _EVAL = "slimgrpo's evaluation is eval.data / eval.steps / eval.num_samples; this knob has no counterpart"
 _LOADER = "prompts are read and tokenized up front; there is no DataLoader to tune"
@@ -122,17 +122,31 @@ RULES: list[r.Rule] = [
     R("generation_kwargs", "extra generate() arguments are not passed; temperature, top_p, top_k, min_p, "
       "repetition_penalty have their own keys (min_new_tokens: rollout.min_completion_length)"),
     I("cache_implementation", "the rollout engine manages its KV cache"),
-    I("use_vllm", _VLLM), I("vllm_mode", _VLLM), I("vllm_model_impl", _VLLM), I("vllm_enable_sleep_mode", _VLLM),
-    R("vllm_structured_outputs_regex", "constrained decoding is not supported"),
-    I("vllm_server_base_url", _VLLM), I("vllm_server_host", _VLLM), I("vllm_server_port", _VLLM),
-    I("vllm_server_timeout", _VLLM), I("vllm_group_port", _VLLM), I("vllm_gpu_memory_utilization", _VLLM),
-    I("vllm_max_model_length", _VLLM), I("vllm_tensor_parallel_size", _VLLM),
-    I("vllm_importance_sampling_correction", "samples come from the trained weights themselves, so there is "
-      "no sampler/trainer mismatch to correct"),
-    I("vllm_importance_sampling_mode", "no vLLM mismatch to correct"),
-    I("vllm_importance_sampling_clip_max", "no vLLM mismatch to correct"),
-    I("vllm_importance_sampling_clip_min", "no vLLM mismatch to correct"),
-    I("vllm_importance_sampling_cap", "no vLLM mismatch to correct"),
+    M("use_vllm", "rollout.engine", "true = vllm, colocated in the training process (TRL's vllm_mode=colocate); "
+      "false leaves slimgrpo's choice (auto)", r._use_vllm),
+    M("vllm_mode", "rollout.engine", "colocate only (TRL 1.16's default); server is refused", r._vllm_mode),
+    I("vllm_model_impl", "vLLM's own model implementation is used", source="GRPOConfig"),
+    M("vllm_enable_sleep_mode", "rollout.vllm_sleep_mode", "TRL default false, slimgrpo true (CUDA only: vLLM "
+      "has no sleep mode on CPU)"),
+    R("vllm_structured_outputs_regex", "constrained decoding is not supported", source="GRPOConfig"),
+    I("vllm_server_base_url", _VLLM_SERVER, source="GRPOConfig"),
+    I("vllm_server_host", _VLLM_SERVER, source="GRPOConfig"),
+    I("vllm_server_port", _VLLM_SERVER, source="GRPOConfig"),
+    I("vllm_server_timeout", _VLLM_SERVER, source="GRPOConfig"),
+    I("vllm_group_port", _VLLM_SERVER, source="GRPOConfig"),
+    M("vllm_gpu_memory_utilization", "rollout.vllm_gpu_memory_utilization", "same default, 0.3"),
+    I("vllm_max_model_length", "the engine's context is data.max_prompt_length + rollout.max_completion_length",
+      source="GRPOConfig"),
+    R("vllm_tensor_parallel_size", "one vLLM engine on the training device (no tensor parallelism)",
+      ok=(1, None), source="GRPOConfig"),
+    M("vllm_importance_sampling_correction", "rollout.importance_sampling_correction", "on by default in both"),
+    M("vllm_importance_sampling_mode", "rollout.importance_sampling_mode", "the same four modes, same default "
+      "(sequence_mask)"),
+    M("vllm_importance_sampling_clip_max", "rollout.importance_sampling_cap", "same default, 3.0",
+      r._is_clip_max),
+    M("vllm_importance_sampling_clip_min", "rollout.importance_sampling_min", "same default, none"),
+    M("vllm_importance_sampling_cap", "rollout.importance_sampling_cap", "TRL's deprecated name of "
+      "vllm_importance_sampling_clip_max (it wins over it, as in TRL)", r._sampler_cap),
     I("use_transformers_continuous_batching", "the rollout engine batches itself"),
     I("transformers_continuous_batching_config", "the rollout engine batches itself"),
     I("use_transformers_paged", "the rollout engine batches itself"),

