@@ -23,6 +23,7 @@ from slimgrpo.config.sections import rollout as rollout_config
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.rollout import vllm_engine as ve
+from slimgrpo.plan.vllm import KV_HEADROOM
 from slimgrpo.update.sampler_correction import (correct_for_sampler, is_weights, mismatch_metrics,
                                                truncated_is_weights)
 
@@ -206,7 +207,7 @@ def test_kv_pool_is_sized_for_one_step():
     conf = SimpleNamespace(num_hidden_layers=30, num_key_value_heads=3, num_attention_heads=9, hidden_size=576,
                            head_dim=64)
     tokens = 16 * 640  # 16 rows x (128 prompt + 512 completion)
-    assert ve.kv_cache_bytes(conf, tokens, 4) == int(2 * 30 * 3 * 64 * 4 * tokens * ve.KV_HEADROOM)
+    assert ve.kv_cache_bytes(conf, tokens, 4) == int(2 * 30 * 3 * 64 * 4 * tokens * KV_HEADROOM)
     assert ve.kv_cache_bytes(conf, 1, 4) == ve.MIN_KV_BYTES
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from slimgrpo.config import Config, ConfigError, auto_token_chunk, from_dict, merge_overrides, resolve_path
+from slimgrpo.config.sections.rollout import resolve_engine
 from slimgrpo.plan.advice import Suggestion, fit_to_budget, format_gib, parse_bytes, render_plan
 from slimgrpo.plan.planner import MemoryPlan, PlanInputs, plan_memory
 from slimgrpo.plan.shapes import ModelShape, load_shape
@@ -73,7 +74,27 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
         tiled_mlp=tiled_mlp_setting(cfg),
         fsdp_shards=world_size if cfg.distributed.strategy == "fsdp" and world_size > 1 else 1,
         fsdp_generation=cfg.distributed.fsdp_generation,
+        **vllm_inputs(cfg, device, dtype_bytes),
     )
+
+
+def vllm_inputs(cfg: Config, device: str, dtype_bytes: int) -> dict[str, Any]:
+    """The planner's vLLM fields (plan/vllm.py) from the ``rollout`` section; none when the run uses the
+    built-in engine. On CUDA the GPU's memory is read where one is visible (vLLM claims a fraction of it)."""
+    r = cfg.rollout
+    if resolve_engine(r.engine, device) != "vllm":
+        return {}
+    total = None
+    if device == "cuda":
+        index = cuda_index(cfg.run.device)
+        if index is not None:
+            import torch
+
+            total = int(torch.cuda.mem_get_info(index)[1])
+    return {"rollout_engine": "vllm", "vllm_sleep": r.vllm_sleep_mode,
+            "vllm_weight_bytes": {"float32": 4, "bfloat16": 2, "float16": 2}.get(r.vllm_dtype, dtype_bytes),
+            "vllm_kv_cache_bytes": int(r.vllm_kv_cache_gb * 2**30) if r.vllm_kv_cache_gb is not None else None,
+            "vllm_gpu_memory_utilization": r.vllm_gpu_memory_utilization, "gpu_total_bytes": total}
 
 
 def tiled_mlp_setting(cfg: Config) -> str:

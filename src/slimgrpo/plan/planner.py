@@ -44,6 +44,7 @@ from slimgrpo.memory.tiled_mlp import tiled_shard_tokens
 from slimgrpo.plan.types import PHASES, Component, MemoryPlan, PlanInputs
 from slimgrpo.plan.shapes import ModelShape
 from slimgrpo.plan.sharding import shard_components
+from slimgrpo.plan.vllm import vllm_components
 
 # Component, MemoryPlan, PHASES and PlanInputs are re-exported: callers import them from here.
 __all__ = ["Component", "MemoryPlan", "PHASES", "PlanInputs", "plan_memory", "logits_bytes", "kv_cache_bytes",
@@ -592,7 +593,7 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
         loss,
         *_buffer_components(x),
         *_critic_components(shape, x),
-        *_generation_components(shape, x),
+        *(vllm_components(shape, x) if x.rollout_engine == "vllm" else _generation_components(shape, x)),
         Component("framework overhead", overhead, "always", what),
     ])
     device = [c for c in components if c.location == "device"]

@@ -111,10 +111,25 @@ class PlanInputs:
     framework_overhead_bytes: int | None = None
     """Memory the framework holds before any tensor; None = CUDA_FRAMEWORK_OVERHEAD_BYTES on cuda,
     CPU_FRAMEWORK_OVERHEAD_BYTES (measured import RSS) on cpu."""
+    rollout_engine: str = "slimgrpo"
+    """rollout.engine as resolved: "slimgrpo" (the built-in engine's generation lines) or "vllm" (a colocated
+    vLLM's weights copy, KV pool and runtime instead: plan/vllm.py)."""
+    vllm_weight_bytes: int = 0
+    """Bytes per weight of vLLM's copy (rollout.vllm_dtype); 0 = param_dtype_bytes (vllm_dtype=auto)."""
+    vllm_kv_cache_bytes: int | None = None
+    """vLLM's KV pool as rollout.vllm_kv_cache_gb sets it; None = sized as the engine sizes it."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """CUDA: the fraction of the GPU's memory vLLM claims (rollout.vllm_gpu_memory_utilization)."""
+    vllm_sleep: bool = True
+    """CUDA: vLLM frees its claim before the update (rollout.vllm_sleep_mode)."""
+    gpu_total_bytes: int | None = None
+    """CUDA: the GPU's whole memory, for vLLM's claim; None = not known where the plan is made."""
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.rollout_engine not in ("slimgrpo", "vllm"):
+            raise ValueError(f"rollout_engine must be 'slimgrpo' or 'vllm', got {self.rollout_engine!r}")
         if self.param_dtype_bytes not in (2, 4):
             raise ValueError(f"param_dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), got {self.param_dtype_bytes!r}")
         if self.optimizer not in ("adamw", "adamw_8bit"):

