@@ -74,3 +74,11 @@ def test_plan_inputs_read_the_rollout_section():
         == "slimgrpo"  # auto: the built-in engine (rollout/vllm_engine.resolve_engine)
     with pytest.raises(ValueError, match="rollout_engine"):
         PlanInputs(rollout_engine="sglang")
+
+
+def test_the_tricks_list_names_the_engine_not_the_builtin_decode_packing():
+    from slimgrpo.plan.tricks import assumed_tricks
+
+    tricks = assumed_tricks(plan_memory(SMOL, PlanInputs(device="cpu", param_dtype_bytes=4, rollout_engine="vllm")))
+    assert any(t.startswith("rollout engine: vLLM, colocated") for t in tricks)
+    assert not any(t.startswith("decode weights packed") for t in tricks)

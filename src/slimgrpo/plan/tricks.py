@@ -58,7 +58,10 @@ def assumed_tricks(plan: MemoryPlan) -> list[str]:
     out.append(f"loss: chunked LM head, {_n(x.token_chunk)} tokens x {_n(x.vocab_chunk or shape.vocab)} vocabulary "
                "per chunk (loss.token_chunk, auto from the vocabulary; loss.vocab_chunk)")
     out.append(f"optimizer: {'8-bit AdamW' if x.optimizer == 'adamw_8bit' else 'AdamW'} (memory.optimizer)")
-    if x.device == "cpu":
+    if x.rollout_engine == "vllm":
+        sleep = ", sleep mode between rollouts" if x.device == "cuda" and x.vllm_sleep else ""
+        out.append(f"rollout engine: vLLM, colocated{sleep} (rollout.engine; plan/vllm.py)")
+    elif x.device == "cpu":
         packing = decode_packing(shape, x)
         rule = "auto: " if x.decode_packing == "auto" else ""
         out.append(f"decode weights packed: {packing} ({rule}rollout packing rule, planner.decode_packing)")
