@@ -77,3 +77,22 @@ def test_plan_command_plans_one_rank_and_refuses_an_uneven_split(capsys):
     assert main([*args, "--nproc", "3"]) == 2
     err = capsys.readouterr().err
     assert "--nproc 3" in err and "cannot share evenly" in err
+
+
+@pytest.mark.parametrize("lora, dtype_bytes, eight_bit", [(False, 2, False), (True, 2, True), (False, 4, True)])
+def test_the_fit_never_suggests_8bit_adamw_where_fsdp2_refuses_it(lora, dtype_bytes, eight_bit):
+    """bfloat16 full fine-tuning under FSDP2 with memory.optimizer=adamw_8bit is refused at validation
+    (config/precision.py): the fit leaves the optimizer alone there; LoRA and float32 weights may still take it."""
+    from slimgrpo.plan.advice import fit_to_budget
+
+    x = PlanInputs(device="cuda", lora=lora, lora_rank=4, param_dtype_bytes=dtype_bytes, fsdp_shards=4,
+                   num_generations=2, max_prompt_length=33, max_completion_length=17)
+    _, steps, _ = fit_to_budget(SHAPE, x, 1)  # nothing fits one byte: the fit tries every rung it may
+    at = x
+    for step in steps:  # never 8-bit AdamW while the run is still bfloat16 full fine-tuning
+        assert not ("optimizer" in step.change and not at.lora and at.param_dtype_bytes == 2), steps
+        at = dataclasses.replace(at, **step.change)
+    changed = [k for s in steps for k in s.change]
+    assert "optimizer" in changed  # LoRA first where it was full fine-tuning, then 8-bit AdamW on the adapters
+    if not eight_bit:
+        assert changed.index("lora") < changed.index("optimizer")

@@ -106,6 +106,10 @@ def _checkpointing(x: PlanInputs):
 
 
 def _eight_bit(x: PlanInputs):
+    """Not for bfloat16 full fine-tuning sharded by FSDP2: validation refuses that combination
+    (config/precision.py: no 8-bit AdamW steps bfloat16 DTensors), so the fit must not land on it."""
+    if x.fsdp_shards > 1 and not x.lora and x.param_dtype_bytes == 2:
+        return None
     if x.optimizer != "adamw_8bit":
         return {"optimizer": "adamw_8bit"}, "8-bit AdamW: ~2 B per trained parameter instead of 2 moments"
     return None
