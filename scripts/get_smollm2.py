@@ -81,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.dir)
     if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
         print(f"{out} already holds a model; verifying only")
+        if a.keep_gguf and not Path(a.keep_gguf).is_file():  # a folder made without --keep-gguf: fetch the file
+            Path(a.keep_gguf).parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                shutil.copyfile(fetch_gguf(Path(tmp) / GGUF_NAME), a.keep_gguf)
+            print(f"  GGUF kept at {a.keep_gguf}")
     else:
         if out.exists() and any(out.iterdir()):
             sys.exit(f"{out} exists and is not empty (and holds no converted model): choose a new folder")
