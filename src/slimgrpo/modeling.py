@@ -66,11 +66,11 @@ def read_model_config(path: str) -> dict[str, Any]:
 
 
 def looks_like_hub_name(path: str) -> bool:
-    """``org/name`` that is not a local path (only then may transformers try the hub)."""
-    import re
+    """``org/name`` that is not a local path (only then may transformers try the hub); a name ending in a file
+    suffix (``.gguf``, ``.jsonl``) is a path (config/paths.py's rule)."""
+    from slimgrpo.config.paths import looks_like_hub_name as hub_like
 
-    return not os.path.exists(path) and bool(re.fullmatch(r"[A-Za-z0-9_\-.]+/[A-Za-z0-9_\-.]+", path)) \
-        and not path.startswith(".")
+    return not os.path.exists(path) and hub_like(path)
 
 
 def max_positions(model_config: dict[str, Any]) -> int | None:

@@ -112,6 +112,21 @@ def test_eval_path_errors_name_the_key_or_flag_and_the_folder(project, capsys):
     assert "--json-samples" in capsys.readouterr().err
 
 
+def test_a_missing_relative_data_file_is_a_path_not_a_hub_name(project, capsys):
+    """``data/heldout.jsonl`` has the shape of ``org/name`` but names a file: missing, the error says which key
+    and the folder it was taken from (the config file's), not a hub lookup from the working directory."""
+    from slimgrpo.config.paths import looks_like_hub_name
+
+    assert looks_like_hub_name("Qwen/Qwen2.5-0.5B") and looks_like_hub_name("openai/gsm8k")
+    assert not looks_like_hub_name("data/heldout.jsonl") and not looks_like_hub_name("models/x.gguf")
+    conf = project / "configs" / "run.yaml"
+    conf.write_text(conf.read_text() + "eval:\n  data: data/heldout.jsonl\n")
+    assert main(["train", str(conf)]) == 2
+    err = capsys.readouterr().err
+    assert "eval.data 'data/heldout.jsonl' (relative to the config file's folder" in err
+    assert str(project / "configs" / "data" / "heldout.jsonl") + " does not exist" in err
+
+
 def test_critic_path_that_does_not_exist_names_the_key(project, capsys):
     conf = project / "configs" / "run.yaml"
     assert main(["train", str(conf), "loss.advantage_estimator=gae", "critic.model_path=critic-model"]) == 2

@@ -47,8 +47,14 @@ class PathOrigin:
         return f"{key} {self.written!r} (relative to {where}, {self.base})"
 
 
+# A name ending so is a file, never a hub repository (``data/heldout.jsonl`` is a path, ``org/name`` a repo).
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv", ".txt", ".arrow", ".gguf", ".safetensors",
+                 ".yaml", ".yml")
+
+
 def looks_like_hub_name(value: str) -> bool:
-    return bool(re.fullmatch(r"[A-Za-z0-9_\-.]+/[A-Za-z0-9_\-.]+", value)) and not value.startswith(".")
+    return (bool(re.fullmatch(r"[A-Za-z0-9_\-.]+/[A-Za-z0-9_\-.]+", value)) and not value.startswith(".")
+            and not value.lower().endswith(FILE_SUFFIXES))
 
 
 def _resolve(key: str, value: str, base: str) -> str:
