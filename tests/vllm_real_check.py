@@ -53,6 +53,7 @@ def policy_logprobs(model, rollout):
 def main(workdir: str) -> int:
     from slimgrpo.rollout.engine import TorchRolloutEngine
     from slimgrpo.rollout.sampling import SamplingParams
+    from slimgrpo.plan.vllm import MIN_KV_BYTES
     from slimgrpo.rollout import vllm_engine as ve
 
     out: dict = {}
@@ -60,7 +61,7 @@ def main(workdir: str) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     model, tok = build_model(folder)
     settings = ve.VllmSettings(model_path=str(folder), dtype="float32", device="cpu", max_model_len=128,
-                               max_num_seqs=16, kv_cache_bytes=ve.MIN_KV_BYTES)
+                               max_num_seqs=16, kv_cache_bytes=MIN_KV_BYTES)
     t = time.perf_counter()
     engine = ve.VllmRolloutEngine(model, settings)
     out["start_s"] = round(time.perf_counter() - t, 2)

@@ -23,7 +23,7 @@ from slimgrpo.config.sections import rollout as rollout_config
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.rollout import vllm_engine as ve
-from slimgrpo.plan.vllm import KV_HEADROOM
+from slimgrpo.plan.vllm import KV_HEADROOM, MIN_KV_BYTES
 from slimgrpo.update.sampler_correction import (correct_for_sampler, is_weights, mismatch_metrics,
                                                truncated_is_weights)
 
@@ -176,8 +176,8 @@ def test_torchrun_is_refused(fake_vllm, monkeypatch):
 
 
 def test_auto_picks_the_builtin_engine_until_measured():
-    assert ve.resolve_engine("auto", "cpu") == "slimgrpo" == ve.resolve_engine("auto", "cuda")
-    assert ve.resolve_engine("vllm", "cpu") == "vllm"
+    assert rollout_config.resolve_engine("auto", "cpu") == "slimgrpo" == rollout_config.resolve_engine("auto", "cuda")
+    assert rollout_config.resolve_engine("vllm", "cpu") == "vllm"
 
 
 # ------------------------------------------------------------------------------------------ pure pieces
@@ -208,7 +208,7 @@ def test_kv_pool_is_sized_for_one_step():
                            head_dim=64)
     tokens = 16 * 640  # 16 rows x (128 prompt + 512 completion)
     assert ve.kv_cache_bytes(conf, tokens, 4) == int(2 * 30 * 3 * 64 * 4 * tokens * KV_HEADROOM)
-    assert ve.kv_cache_bytes(conf, 1, 4) == ve.MIN_KV_BYTES
+    assert ve.kv_cache_bytes(conf, 1, 4) == MIN_KV_BYTES
 
 
 def _outputs(rows_per_prompt):
@@ -271,7 +271,7 @@ def test_live_weights_lora_are_merged_without_touching_the_model(tiny_model_dir)
 
 def _engine(model_dir, model):
     s = ve.VllmSettings(model_path=str(model_dir), dtype="float32", device="cpu", max_model_len=64,
-                        max_num_seqs=8, kv_cache_bytes=ve.MIN_KV_BYTES)
+                        max_num_seqs=8, kv_cache_bytes=MIN_KV_BYTES)
     return ve.VllmRolloutEngine(model, s)
 
 
@@ -357,7 +357,7 @@ def test_a_start_failure_names_the_way_out(fake_vllm, tiny_model_dir, monkeypatc
         raise ValueError("head size 16 is not supported")
 
     s = ve.VllmSettings(model_path=str(tiny_model_dir), dtype="float32", device="cpu", max_model_len=64,
-                        max_num_seqs=8, kv_cache_bytes=ve.MIN_KV_BYTES)
+                        max_num_seqs=8, kv_cache_bytes=MIN_KV_BYTES)
     with pytest.raises(ve.VllmEngineError, match="head size 16.*rollout.engine=slimgrpo"):
         ve.VllmRolloutEngine(torch.nn.Linear(2, 2), s, llm_factory=broken)
 

@@ -33,9 +33,9 @@ import torch
 from torch import nn
 
 from slimgrpo.causal_lm import unwrap_causal_lm
-from slimgrpo.config.sections.rollout import device_kind, resolve_engine  # noqa: F401 (build.py's)
+from slimgrpo.config.sections.rollout import device_kind
 from slimgrpo.containers import Rollout
-from slimgrpo.plan.vllm import MIN_KV_BYTES, vllm_kv_pool_bytes  # noqa: F401 (MIN_KV_BYTES: the tests')
+from slimgrpo.plan.vllm import vllm_kv_pool_bytes
 from .sampling import SamplingParams
 
 CRITIC_ADAPTER = "critic"  # modeling.CRITIC_ADAPTER, PPO's value adapter (rollout/ may not import modeling)

@@ -39,6 +39,7 @@ from slimgrpo import threads
 from slimgrpo.checkpoint.manager import CheckpointParts, Checkpointer
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
 from slimgrpo.config.validate import loss_warnings
+from slimgrpo.config.sections.rollout import resolve_engine
 from slimgrpo.data import PromptDataset, PromptSampler, check_enough_prompts, load_prompt_dataset, steps_for_epochs
 from slimgrpo.distributed import wrap as launch
 from slimgrpo.distributed.context import DistContext
@@ -56,7 +57,6 @@ from slimgrpo.agent.rollout import AgentRollout
 from slimgrpo.agent.setup import AgentInputs, setup_agent
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
-from slimgrpo.rollout.vllm_engine import resolve_engine
 from slimgrpo.train import seeding
 from slimgrpo.update.critic import Critic, build_critic
 from slimgrpo.update.optim import build_optimizer, build_scheduler
