@@ -88,12 +88,19 @@ def check_job(cfg: Config, ctx: DistContext) -> None:
     problem = fsdp_problem(cfg) if cfg.distributed.strategy == "fsdp" else None
     if problem:
         _refuse(ctx, problem)
-    if cfg.prompts_per_step % ctx.world_size:
-        _refuse(
-            ctx,
-            f"run.batch_size={cfg.run.batch_size} gives {cfg.prompts_per_step} prompts per step "
-            f"(rollout.num_generations={cfg.rollout.num_generations}), which {ctx.world_size} processes cannot "
-            f"share evenly: use a multiple of {ctx.world_size * cfg.rollout.num_generations} for run.batch_size, "
+    problem = split_problem(cfg, ctx.world_size)
+    if problem:
+        _refuse(ctx, problem)
+
+
+def split_problem(cfg: Config, world_size: int) -> str | None:
+    """Why the prompts of a step cannot be shared evenly by ``world_size`` processes (None: they can). The
+    torchrun job checks it before any weight loads (``check_job``), the Python API when it builds the run."""
+    if cfg.prompts_per_step % world_size == 0:
+        return None
+    return (f"run.batch_size={cfg.run.batch_size} gives {cfg.prompts_per_step} prompts per step "
+            f"(rollout.num_generations={cfg.rollout.num_generations}), which {world_size} processes cannot "
+            f"share evenly: use a multiple of {world_size * cfg.rollout.num_generations} for run.batch_size, "
             f"or a number of processes that divides {cfg.prompts_per_step}")
 
 

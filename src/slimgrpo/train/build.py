@@ -43,6 +43,7 @@ from slimgrpo.config.sections.rollout import resolve_engine
 from slimgrpo.data import PromptDataset, PromptSampler, check_enough_prompts, load_prompt_dataset, steps_for_epochs
 from slimgrpo.distributed import wrap as launch
 from slimgrpo.distributed.context import DistContext
+from slimgrpo.distributed.process_group import split_problem
 from slimgrpo.evaluate.during import DuringTrainingEval, make_evaluator
 from slimgrpo.memory.malloc import pin_mmap_threshold
 from slimgrpo.modeling import (Policy, build_policy, generation_eos_ids, looks_like_hub_name, max_positions,
@@ -232,12 +233,9 @@ def _prompts(cfg: Config, dist: DistContext, policy: Policy) -> tuple[PromptData
     ``run.num_train_epochs`` sets ``run.max_steps`` from the data size here."""
     dataset = load_prompt_dataset(resolve_path(cfg, cfg.data.path), policy.tokenizer, cfg.data)
     check_enough_prompts(len(dataset), cfg.prompts_per_step, cfg.run.batch_size, cfg.rollout.num_generations)
-    if cfg.prompts_per_step % dist.world_size:
-        raise ValueError(
-            f"run.batch_size={cfg.run.batch_size} gives {cfg.prompts_per_step} prompts per step, which "
-            f"{dist.world_size} processes cannot share evenly: use a multiple of "
-            f"{dist.world_size * cfg.rollout.num_generations}"
-        )
+    problem = split_problem(cfg, dist.world_size)  # (torchrun's check_job said so already, before any weight)
+    if problem:
+        raise ValueError(problem)
     if cfg.run.num_train_epochs is not None:  # TRL's num_train_epochs: the run length from the data size
         cfg.run.max_steps = steps_for_epochs(cfg.run.num_train_epochs, len(dataset), cfg.prompts_per_step)
     sampler = PromptSampler(len(dataset), cfg.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
