@@ -116,6 +116,24 @@ def run_task(task: str, a, results: dict, save) -> None:
               f"{run['eval']['sampled_accuracy']:.1%} greedy {run['eval']['greedy_accuracy']:.1%}"
               f"{' COLLAPSED' if run['collapsed'] else ''}{best_text(run)} ({time.perf_counter() - t:.0f} s with eval)",
               flush=True)
+    if a.score_last:
+        score_last_models(entry, steps, out, score, save)
+
+
+def score_last_models(entry: dict, steps: int, out: Path, score, save) -> None:
+    """``--score-last``: each keep_best run's last-step model (``last/``) scored like its ``final/``, so the table
+    can set the model keep_best returned beside the one a run without it would have returned (same training
+    run). A run whose best was its last step scored that model already."""
+    for key, run in entry.items():
+        if not key.startswith("slimgrpo-s") or "eval" not in run or "eval_last" in run or run.get("final_step") is None:
+            continue
+        if run["final_step"] == steps:
+            run["eval_last"] = run["eval"]
+        elif (out / key / "last").is_dir():
+            run["eval_last"] = score(out / key / "last", f"eval-{key}-last")
+        else:
+            continue
+        save()
 
 
 def best_text(run: dict) -> str:
@@ -166,8 +184,8 @@ def summary(results: dict) -> list[str]:
                   f"collapsed: held-out accuracy, sampled or greedy, more than {100 * COLLAPSE_POINTS:.0f} points "
                   "below the base model's; wall ratio: slimgrpo / TRL, mean wall time per run)", "",
               "| task | trainer | seed | wall s | peak RSS MiB | held-out sampled | gain | greedy | gain | collapsed | "
-              "best step (value) |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+              "best step (value) | last step's model: sampled / greedy gain |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]
     for name, entry in results.items():
         if "base" not in entry:
             continue
@@ -178,7 +196,7 @@ def summary(results: dict) -> list[str]:
                 lines.append(f"| {name} | {LABELS[trainer]} | {seed} | {v['wall_s']:.0f} | "
                              f"{common.format_mib(v['peak_rss_mib'])} | {s:.1%} | {100 * (s - b['sampled_accuracy']):+.1f} | "
                              f"{g:.1%} | {100 * (g - b['greedy_accuracy']):+.1f} | {'yes' if v['collapsed'] else ''} | "
-                             f"{best_cell(v)} |")
+                             f"{best_cell(v)} | {last_cell(v, b)} |")
     return lines
 
 
@@ -189,6 +207,14 @@ def best_cell(run: dict) -> str:
         return "-"
     value = run.get("best_value")
     return f"{run['final_step']} ({value:.1%})" if isinstance(value, (int, float)) else str(run["final_step"])
+
+
+def last_cell(run: dict, base: dict) -> str:
+    """``+58.0 / +36.0``: the last-step model's held-out gains (``--score-last``), ``-`` where not scored."""
+    e = run.get("eval_last")
+    if e is None:
+        return "-"
+    return " / ".join(f"{100 * (e[f'{m}_accuracy'] - base[f'{m}_accuracy']):+.1f}" for m in ("sampled", "greedy"))
 
 
 def plot(results: dict, png: Path) -> None:
@@ -237,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-keep-best", action="store_true",
                    help="slimgrpo's runs return their last step's model (the suite before issue 46), even where the "
                         "recipe says run.keep_best; with it, they are judged on the last 32 training prompts")
+    p.add_argument("--score-last", action="store_true",
+                   help="also score each keep_best run's last-step model (last/), for the column beside final/'s")
     p.add_argument("--out", type=Path, default=common.BENCH_DIR / "runs" / "learn_suite", help="campaign folder")
     p.add_argument("--png", type=Path, default=None, help="write the plot here")
     a = p.parse_args(argv)

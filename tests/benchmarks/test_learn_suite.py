@@ -109,12 +109,35 @@ def test_summary_means_and_ratio():
                         "slimgrpo-s1": run(0.0, 210, True)}}
     table = learn_suite.summary(results)
     assert "| sort | 20.0% / 20.0% | +40.0 ± 14.1 (2) | +10.0 ± 42.4 (2) | 0 / 1 | 410 / 205 | 0.50x |" in table
-    assert "| sort | slimgrpo | 1 | 210 | 1,000 | 0.0% | -20.0 | 0.0% | -20.0 | yes | - |" in table
+    assert "| sort | slimgrpo | 1 | 210 | 1,000 | 0.0% | -20.0 | 0.0% | -20.0 | yes | - | - |" in table
     kept = {**run(0.6, 200), "final_step": 20, "best_value": 0.59375, "best_metric": "eval/accuracy_greedy"}
-    row = "| sort | slimgrpo | 0 | 200 | 1,000 | 60.0% | +40.0 | 60.0% | +40.0 |  | 20 (59.4%) |"  # run.keep_best's step
+    row = "| sort | slimgrpo | 0 | 200 | 1,000 | 60.0% | +40.0 | 60.0% | +40.0 |  | 20 (59.4%) | - |"  # keep_best's step
     assert row in learn_suite.summary({"sort": {**results["sort"], "slimgrpo-s0": kept}})
     one_seed = {"sort": {k: v for k, v in results["sort"].items() if not k.endswith("s1")}}
     assert "| sort | 20.0% / 20.0% | +30.0 (1) | +40.0 (1) | 0 / 0 | 400 / 200 | 0.50x |" in learn_suite.summary(one_seed)
+
+
+def test_score_last_scores_last_only_where_the_best_was_earlier(tmp_path):
+    """--score-last: a keep_best run whose best came before its last step gets its last/ model scored; one whose
+    best was the last step reuses that score; the table shows the last step's gains beside the kept model's."""
+    def run(acc, final_step):
+        return {"eval": {"sampled_accuracy": acc, "greedy_accuracy": acc}, "wall_s": 1.0, "peak_rss_mib": 1.0,
+                "collapsed": False, "final_step": final_step, "best_value": 0.5, "best_metric": "m"}
+
+    entry = {"base": {"sampled_accuracy": 0.2, "greedy_accuracy": 0.2}, "slimgrpo-s0": run(0.6, 30),
+             "slimgrpo-s1": run(0.5, 40), "slimgrpo-s2": run(0.4, 10)}
+    (tmp_path / "slimgrpo-s0" / "last").mkdir(parents=True)  # s2 has no last/ left: not scored
+    scored = []
+
+    def score(model_dir, stem):
+        scored.append((model_dir.relative_to(tmp_path).as_posix(), stem))
+        return {"sampled_accuracy": 0.3, "greedy_accuracy": 0.1}
+
+    learn_suite.score_last_models(entry, 40, tmp_path, score, lambda: None)
+    assert scored == [("slimgrpo-s0/last", "eval-slimgrpo-s0-last")]
+    assert entry["slimgrpo-s1"]["eval_last"] is entry["slimgrpo-s1"]["eval"] and "eval_last" not in entry["slimgrpo-s2"]
+    table = "\n".join(learn_suite.summary({"t": entry}))
+    assert "| 30 (50.0%) | +10.0 / -10.0 |" in table and "| 40 (50.0%) | +30.0 / +30.0 |" in table
 
 
 def test_trl_gets_the_recipe_keys_and_its_own_defaults(tmp_path):
