@@ -147,7 +147,7 @@ def test_vllm_missing_is_refused_before_any_weights_load(tmp_path, tiny_model_di
     ({}, {"run": {"device": "mps"}}, "CPU and CUDA only"),
     ({}, {"loss": {"loss_type": "cispo", "epsilon_high": 5.0}}, "importance_sampling_correction=false"),
     ({}, {"loss": {"off_policy_mask_threshold": 0.5}}, "off_policy_mask_threshold"),
-    ({"importance_sampling_cap": 0.5}, {}, "importance_sampling_cap"),
+    ({"importance_sampling_cap": 0.0}, {}, "importance_sampling_cap must be > 0"),
     ({"importance_sampling_cap": None}, {}, "both null"),
     ({"importance_sampling_min": 3.0}, {}, "importance_sampling_min must be >= 0 and below"),
     ({"importance_sampling_mode": "sequence"}, {}, "importance_sampling_mode: 'sequence' is not one of"),

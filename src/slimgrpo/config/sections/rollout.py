@@ -211,8 +211,8 @@ def vllm_problem(cfg) -> str | None:
         if cap is None and low is None:
             return ("rollout.importance_sampling_cap and rollout.importance_sampling_min are both null: give at "
                     "least one bound (TRL's vllm_importance_sampling_clip_max / _clip_min)")
-        if cap is not None and not cap >= 1:
-            return f"rollout.importance_sampling_cap must be >= 1 (or null), got {cap}"
+        if cap is not None and not cap > 0:
+            return f"rollout.importance_sampling_cap must be > 0 (or null), got {cap}"
         if low is not None and not 0 <= low < (cap if cap is not None else math.inf):
             return (f"rollout.importance_sampling_min must be >= 0 and below rollout.importance_sampling_cap "
                     f"({cap}), got {low}")
