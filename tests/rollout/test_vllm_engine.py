@@ -24,8 +24,7 @@ from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.rollout import vllm_engine as ve
 from slimgrpo.plan.vllm import KV_HEADROOM, MIN_KV_BYTES
-from slimgrpo.update.sampler_correction import (correct_for_sampler, is_weights, mismatch_metrics,
-                                               truncated_is_weights)
+from slimgrpo.update.sampler_correction import correct_for_sampler, is_weights, mismatch_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -368,9 +367,9 @@ def test_truncated_importance_weights():
     train_lp = torch.tensor([[-1.0, -2.0, -0.5]])
     sampler = torch.tensor([[-1.0, -0.5, -2.0]])
     mask = torch.tensor([[True, True, False]])
-    w = truncated_is_weights(train_lp, sampler, mask, cap=3.0)
+    w = is_weights(train_lp, sampler, mask, "token_truncate", cap=3.0)[0]
     assert torch.allclose(w, torch.tensor([[1.0, torch.exp(torch.tensor(-1.5)).item(), 1.0]]))
-    assert truncated_is_weights(sampler, train_lp, torch.ones(1, 3, dtype=torch.bool), 3.0)[0, 1] == 3.0  # e^1.5
+    assert is_weights(sampler, train_lp, torch.ones(1, 3, dtype=torch.bool), "token_truncate", 3.0)[0][0, 1] == 3.0
     m = mismatch_metrics(train_lp, sampler, mask, w)
     assert m["rollout/logprob_diff_max"] == 1.5 and m["rollout/logprob_diff_mean"] == 0.75
 

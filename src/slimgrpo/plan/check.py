@@ -46,9 +46,12 @@ def plan_device(cfg: Config, override: str | None = None) -> str:
     return "cuda" if cfg.run.device.startswith("cuda") else "cpu"
 
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # model.dtype / rollout.vllm_dtype -> bytes per weight
+
+
 def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_064) -> PlanInputs:
     """What the planner needs, read off the config (per process under torchrun)."""
-    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(cfg.model.dtype, 2 if device == "cuda" else 4)
+    dtype_bytes = DTYPE_BYTES.get(cfg.model.dtype, 2 if device == "cuda" else 4)
     prompts = max(cfg.prompts_per_step // max(world_size, 1), 1)
     rows = prompts * cfg.rollout.num_generations
     targets = cfg.lora.target_modules
@@ -92,7 +95,7 @@ def vllm_inputs(cfg: Config, device: str, dtype_bytes: int) -> dict[str, Any]:
 
             total = int(torch.cuda.mem_get_info(index)[1])
     return {"rollout_engine": "vllm", "vllm_sleep": r.vllm_sleep_mode,
-            "vllm_weight_bytes": {"float32": 4, "bfloat16": 2, "float16": 2}.get(r.vllm_dtype, dtype_bytes),
+            "vllm_weight_bytes": DTYPE_BYTES.get(r.vllm_dtype, dtype_bytes),
             "vllm_kv_cache_bytes": int(r.vllm_kv_cache_gb * 2**30) if r.vllm_kv_cache_gb is not None else None,
             "vllm_gpu_memory_utilization": r.vllm_gpu_memory_utilization, "gpu_total_bytes": total}
 

@@ -52,12 +52,6 @@ def is_weights(train_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch
     return torch.where(mask, w, torch.ones_like(w)), outside
 
 
-def truncated_is_weights(train_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
-                         cap: float) -> torch.Tensor:
-    """``min(exp(train - sampler), cap)`` per token [rows, T], 1 off ``mask`` (``token_truncate``)."""
-    return is_weights(train_logp, sampler_logp, mask, "token_truncate", cap)[0]
-
-
 def mismatch_metrics(train_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
                      weights: torch.Tensor | None, outside: torch.Tensor | None = None,
                      sequence: bool = False) -> dict[str, float]:
