@@ -12,8 +12,9 @@ generation time and the weight sync (``rollout/weight_sync_s``).
 
 Cases (W-real: SmolLM2-135M-Instruct, 2 GSM8K chat prompts x 8 completions of at most 128 tokens, T=1):
 ``decode-fp32``, ``decode-bf16`` (each engine in bfloat16, pinned to 128 tokens and stopping at EOS),
-``step-full`` / ``step-lora`` (3 GRPO steps, medians of steps 2-3), ``demo`` (``slimgrpo demo`` with each engine;
-``--demo-model`` names a demo model whose head size vLLM-CPU takes: the bundled one's is 16).
+``step-full`` / ``step-lora`` (3 GRPO steps, medians of steps 2-3), ``demo`` (``slimgrpo demo`` with each engine,
+both on the demo model's vLLM twin ``model_h32``, 2 heads of 32: the demo's own model has head size 16, which
+vLLM-CPU does not take; ``--demo-model`` names another).
 
 Timings need a quiet machine: the table says the load average at the start and end of each run.
 """
@@ -44,7 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     p.add_argument("--repeats", type=int, default=3, help="runs per engine and case, alternating")
     p.add_argument("--num-threads", type=int, default=2)
-    p.add_argument("--demo-model", help="model folder for the demo case (head size >= 32 for vLLM-CPU)")
+    p.add_argument("--demo-model", default=str(common.REPO_ROOT / "src" / "slimgrpo" / "demo" / "model_h32"),
+                   help="model folder of the demo case, for both engines (head size >= 32 for vLLM-CPU)")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 16 tokens, 2 steps, one call")
     p.add_argument("--out", default=str(common.BENCH_DIR / "runs" / "bench_vllm"))
     return p.parse_args(argv)

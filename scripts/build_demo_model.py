@@ -4,9 +4,11 @@
     .venv/bin/python scripts/build_demo_model.py               # rebuild (~1 CPU-minute)
     .venv/bin/python scripts/build_demo_model.py --check-grpo  # + a throw-away GRPO check
     .venv/bin/python scripts/build_demo_model.py --grpo-only   # the check on the saved model
+    .venv/bin/python scripts/build_demo_model.py --heads 2 --model-name model_h32   # the vLLM twin
 
 Everything lands in ``src/slimgrpo/demo/`` (``data/`` and ``model/``) unless ``--out`` says
-otherwise. The task lives in ``slimgrpo.demo.task``; this script only builds and measures.
+otherwise. ``model_h32/`` is the same recipe with 2 attention heads of 32 instead of 4 of 16: vLLM's CPU
+attention takes head sizes of 32 and up, so ``slimgrpo demo rollout.engine=vllm`` runs on it. The task lives in ``slimgrpo.demo.task``; this script only builds and measures.
 
 Reproducibility: seeds are fixed, the thread count is pinned (``--threads``, default 1) and
 ``torch.use_deterministic_algorithms(True)`` is on, so two runs on one machine give
@@ -83,8 +85,9 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
     (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
-    """A ~0.1M-parameter Llama: 2 layers, hidden 64, tied embeddings, fp32.
+def build_model(tokenizer: PreTrainedTokenizerFast, seed: int, heads: int = 4) -> LlamaForCausalLM:
+    """A ~0.1M-parameter Llama: 2 layers, hidden 64, tied embeddings, fp32; ``heads`` attention heads
+    (4 of 16 for the demo's model; 2 of 32 for its twin ``model_h32``, whose head size vLLM's CPU attention takes).
 
     Llama rather than Qwen2 because transformers 5 lists ``qwen2`` among the model types
     whose AutoTokenizer always builds the model family's own tokenizer class, whatever
@@ -96,8 +99,8 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausal
         hidden_size=64,
         intermediate_size=256,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
         max_position_embeddings=64,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
@@ -344,6 +347,8 @@ def parse_args() -> argparse.Namespace:
     )
     add = p.add_argument
     add("--out", type=Path, default=DEFAULT_OUT, help="folder that receives data/ and model/")
+    add("--heads", type=int, default=4, help="attention heads of hidden size 64 (2: the vLLM twin, head size 32)")
+    add("--model-name", default="model", help="subfolder of --out for the model (model_h32: the vLLM twin)")
     add("--threads", type=int, default=1, help="torch threads (pinned for reproducibility)")
     add("--seed", type=int, default=MODEL_SEED, help="seed of the init and warm-start batches")
     add("--clean-steps", type=int, default=600, help="warm-start steps on exact sums")
@@ -370,7 +375,7 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
-    data_dir, model_dir = args.out / "data", args.out / "model"
+    data_dir, model_dir = args.out / "data", args.out / args.model_name
     t_start = time.perf_counter()
 
     train_rows, eval_rows = make_splits()
@@ -383,7 +388,7 @@ def main() -> None:
         print(f"data: {len(train_rows)} train / {len(eval_rows)} eval prompts -> {data_dir}")
 
         tokenizer = build_tokenizer()
-        model = build_model(tokenizer, args.seed)
+        model = build_model(tokenizer, args.seed, args.heads)
         n_params = sum(p.numel() for p in model.parameters())
         print(f"model: Llama {n_params / 1e3:.1f}K params, vocab {len(tokenizer)}")
         print(f"warm-start: {args.clean_steps} exact + {args.sloppy_steps} sloppy steps "

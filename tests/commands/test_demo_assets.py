@@ -188,3 +188,56 @@ def test_demo_config_dict_has_the_agreed_keys():
             "max_completion_length", "temperature", "beta"} <= set(config)
     assert config["num_generations"] >= 2
     assert config["max_completion_length"] >= 4  # three digits and EOS
+
+
+# ----------------------------------------------------------------------------- the vLLM twin (model_h32)
+
+
+def test_the_vllm_twin_is_the_demo_model_with_heads_of_32():
+    """model_h32 has the demo model's tokenizer (byte for byte), shapes and parameter count; only the split of
+    hidden size 64 into attention heads differs (2 of 32 instead of 4 of 16), a size vLLM's CPU attention takes."""
+    from slimgrpo.config.sections.rollout import VLLM_CPU_HEAD_SIZES, _head_size
+    from slimgrpo.demo import VLLM_MODEL_DIR
+    from safetensors import safe_open
+
+    for name in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]:
+        assert (VLLM_MODEL_DIR / name).read_bytes() == (MODEL_DIR / name).read_bytes(), name
+    assert _head_size(MODEL_DIR) == 16 and _head_size(VLLM_MODEL_DIR) == 32 in VLLM_CPU_HEAD_SIZES
+
+    def settings(d, name):  # the transformers version that wrote a file is not a setting
+        return {k: v for k, v in json.loads((d / name).read_text()).items() if k != "transformers_version"}
+
+    main, twin = settings(MODEL_DIR, "config.json"), settings(VLLM_MODEL_DIR, "config.json")
+    differ = {k for k in main.keys() | twin.keys() if main.get(k) != twin.get(k)}
+    assert differ == {"num_attention_heads", "num_key_value_heads", "head_dim"}, differ
+    assert settings(MODEL_DIR, "generation_config.json") == settings(VLLM_MODEL_DIR, "generation_config.json")
+
+    def shapes(d):
+        with safe_open(str(d / "model.safetensors"), "pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+    assert shapes(MODEL_DIR) == shapes(VLLM_MODEL_DIR)
+
+
+def test_demo_on_vllm_trains_the_twin(monkeypatch, tmp_path):
+    """``slimgrpo demo rollout.engine=vllm`` validates with model_h32 (vLLM treated as installed here); the
+    bundled model itself is refused for its head size, and a user's own model.path is left alone."""
+    from slimgrpo.commands import demo as demo_cmd
+    from slimgrpo.config import ConfigError
+    from slimgrpo.config.sections import rollout as rollout_section
+    from slimgrpo.demo import VLLM_MODEL_DIR
+
+    monkeypatch.setattr(rollout_section, "vllm_installed", lambda: True)
+    monkeypatch.setattr(rollout_section, "_torchvision_clash", lambda: None)
+    cfg, _ = demo_cmd.demo_config(str(tmp_path / "d"), ["rollout.engine=vllm"])
+    assert str(cfg.model.path) == str(VLLM_MODEL_DIR)
+    cfg, _ = demo_cmd.demo_config(str(tmp_path / "d"), [])
+    assert str(cfg.model.path) == str(MODEL_DIR)  # the default engine keeps the demo model
+    import shutil
+
+    mine = shutil.copytree(VLLM_MODEL_DIR, tmp_path / "mine")
+    cfg, _ = demo_cmd.demo_config(str(tmp_path / "d"), ["rollout.engine=vllm", f"model.path={mine}"])
+    assert str(cfg.model.path) == str(mine)
+    monkeypatch.setattr(demo_cmd, "twin_for_vllm", lambda cfg: False)
+    with pytest.raises(ConfigError, match="head size is 16"):
+        demo_cmd.demo_config(str(tmp_path / "d"), ["rollout.engine=vllm"])

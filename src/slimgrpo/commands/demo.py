@@ -19,13 +19,14 @@ from slimgrpo.train.build import RunInputs, build_run
 from slimgrpo.train.trainer import Trainer
 from slimgrpo.units import human_duration
 
-from slimgrpo.demo import EVAL_NUM_SAMPLES  # noqa: E402
+from slimgrpo.demo import EVAL_NUM_SAMPLES, VLLM_MODEL_DIR  # noqa: E402
 
 REWARD = "slimgrpo.demo.task:demo_accuracy"
 
 
 def demo_config(output_dir: str, overrides: list[str], algorithm: str = "grpo"):
-    from slimgrpo.demo import EVAL_FILE, EVAL_TEMPERATURE, MODEL_DIR, TRAIN_FILE, demo_config_dict, ppo_settings
+    from slimgrpo.demo import (EVAL_FILE, EVAL_TEMPERATURE, MODEL_DIR, TRAIN_FILE, VLLM_MODEL_DIR, demo_config_dict,
+                               ppo_settings)
 
     d = demo_config_dict()
     data: dict[str, Any] = {
@@ -55,8 +56,21 @@ def demo_config(output_dir: str, overrides: list[str], algorithm: str = "grpo"):
         data["optim"]["learning_rate"] = d["learning_rate"]
         data["run"]["max_steps"] = d["max_steps"]
     cfg = from_dict(merge_overrides(data, overrides))
+    if twin_for_vllm(cfg):
+        data["model"]["path"] = str(VLLM_MODEL_DIR)
+        cfg = from_dict(merge_overrides(data, overrides))
     validate_config(cfg)
     return cfg, str(EVAL_FILE)
+
+
+def twin_for_vllm(cfg) -> bool:
+    """True when the demo should train the bundled model's vLLM twin: ``rollout.engine`` resolves to vLLM and
+    ``model.path`` is the bundled model (head size 16, which vLLM's CPU attention does not take)."""
+    from slimgrpo.config.sections.rollout import device_kind, resolve_engine
+    from slimgrpo.demo import MODEL_DIR
+
+    engine = resolve_engine(cfg.rollout.engine, device_kind(cfg.run.device))
+    return engine == "vllm" and str(cfg.model.path) == str(MODEL_DIR)
 
 
 def _claim_folder(cfg):
@@ -87,6 +101,9 @@ def run_demo(output_dir: str = "outputs/demo", overrides: list[str] | None = Non
     quiet_third_party(cfg.log.verbose)
     name = "PPO (learned critic, GAE)" if cfg.ppo else "GRPO"
     console.print(f"[bold]slimgrpo demo[/bold]: {name} on a bundled tiny model, CPU, {cfg.run.max_steps} steps")
+    if str(cfg.model.path) == str(VLLM_MODEL_DIR):
+        console.print("rollout.engine=vllm: vLLM's CPU attention takes head sizes of 32 and up, so the demo trains "
+                      "model_h32, the bundled model's twin with 2 attention heads of 32 (docs/demo.md#on-vllm)")
     policy = build_policy(cfg)
     T = cfg.eval.temperature
     # the lock already held: the trainer releases it when the run ends

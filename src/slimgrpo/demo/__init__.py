@@ -5,6 +5,8 @@
       data/eval.jsonl    200 held-out prompts, disjoint from train
       model/             LlamaForCausalLM (0.13M params, fp32 safetensors) and its
                          character-level PreTrainedTokenizerFast (pad=0, eos=1, no bos)
+      model_h32/         its twin for vLLM: the same recipe with 2 attention heads of 32 instead of
+                         4 of 16 (vLLM's CPU attention takes head sizes of 32 and up)
 
 All of it is rebuilt by ``scripts/build_demo_model.py``; see ``docs/demo.md``.
 """
@@ -17,6 +19,7 @@ from slimgrpo.demo.task import demo_accuracy, demo_well_formed, make_dataset
 
 DEMO_DIR = Path(__file__).resolve().parent
 MODEL_DIR = DEMO_DIR / "model"
+VLLM_MODEL_DIR = DEMO_DIR / "model_h32"  # what `slimgrpo demo rollout.engine=vllm` trains (docs/demo.md#on-vllm)
 TRAIN_FILE = DEMO_DIR / "data" / "train.jsonl"
 EVAL_FILE = DEMO_DIR / "data" / "eval.jsonl"
 
@@ -67,6 +70,7 @@ __all__ = [
     "EVAL_TEMPERATURE",
     "MODEL_DIR",
     "TRAIN_FILE",
+    "VLLM_MODEL_DIR",
     "demo_accuracy",
     "demo_config_dict",
     "demo_well_formed",
