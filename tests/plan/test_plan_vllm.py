@@ -1,6 +1,7 @@
 """The plan's lines for rollout.engine=vllm (plan/vllm.py): vLLM's own copy of the weights, its KV pool and its
-runtime replace the built-in engine's generation lines; on CUDA its claim is a fraction of the GPU, freed
-before the update with sleep mode. The pool is the one the engine asks vLLM for (one formula)."""
+runtime replace the built-in engine's generation lines (on CUDA a workspace stand-in in place of the runtime,
+all freed before the update with sleep mode; gpu_memory_utilization is a start-up check, a note). The pool is
+the one the engine asks vLLM for (one formula)."""
 
 from __future__ import annotations
 
@@ -49,19 +50,42 @@ def test_a_bf16_engine_under_an_fp32_policy_halves_the_copy_and_converts_one_ten
 
 
 @pytest.mark.parametrize("sleep", [True, False])
-def test_cuda_claim_is_the_fraction_of_the_gpu_and_sleep_frees_it_for_the_update(sleep):
+def test_cuda_plan_is_the_copy_the_pool_and_a_workspace_and_sleep_frees_them_for_the_update(sleep):
+    """The engine gives vLLM its KV pool by size (kv_cache_memory_bytes, which vLLM documents as ignoring
+    gpu_memory_utilization), so on a known GPU the plan holds the copy, the pool and the workspace, not a
+    fraction of the GPU; the fraction is a start-up check, stated as a note."""
     x = PlanInputs(device="cuda", rollout_engine="vllm", vllm_gpu_memory_utilization=0.3, vllm_sleep=sleep,
-                   gpu_total_bytes=80 << 30)
+                   gpu_total_bytes=80 << 30, num_generations=8, prompts_per_step=2, max_prompt_length=150,
+                   max_completion_length=128, param_dtype_bytes=2)
     plan = plan_memory(SMOL, x)
-    engine = lines(plan)["vLLM engine"]
-    assert engine.bytes == int(0.3 * (80 << 30)) and engine.phase == ("generation" if sleep else "always")
-    assert plan.phase_total("generation") >= engine.bytes if sleep else plan.phase_total("always") >= engine.bytes
+    v = lines(plan)
+    assert "vLLM engine" not in v
+    phase = "generation" if sleep else "always"
+    assert all(v[name].phase == phase for name in ("vLLM weights", "vLLM KV pool", "vLLM workspace"))
+    assert v["vLLM weights"].bytes == SMOL.num_params * 2
+    assert v["vLLM KV pool"].bytes == max(MIN_KV_BYTES, int(2 * 2 * SMOL.layers * SMOL.kv_heads * SMOL.head_dim
+                                                            * 16 * 278 * KV_HEADROOM))
+    engine = sum(v[n].bytes for n in ("vLLM weights", "vLLM KV pool", "vLLM workspace"))
+    assert engine < 0.3 * (80 << 30) / 10  # a 135M model's engine is far below the fraction's 24 GiB
+    assert plan.phase_total(phase) >= engine
+    note = next(n for n in plan.notes if "vllm_gpu_memory_utilization" in n)
+    assert "0.3" in note and "leaves it" in note
 
 
-def test_cuda_plan_off_the_machine_is_a_lower_bound_named_as_such():
-    v = lines(plan_memory(SMOL, PlanInputs(device="cuda", rollout_engine="vllm")))
+def test_cuda_start_check_says_when_the_fraction_is_not_free():
+    x = PlanInputs(device="cuda", rollout_engine="vllm", vllm_gpu_memory_utilization=0.9, gpu_total_bytes=16 << 30,
+                   param_dtype_bytes=4)  # fp32 SmolLM2 + fp32 AdamW moments hold ~2 GiB throughout
+    note = next(n for n in plan_memory(SMOL, x).notes if "vllm_gpu_memory_utilization" in n)
+    assert "does NOT leave it" in note and "lower rollout.vllm_gpu_memory_utilization to 0.8" in note
+
+
+def test_cuda_plan_off_the_machine_names_the_start_check_it_cannot_make():
+    plan = plan_memory(SMOL, PlanInputs(device="cuda", rollout_engine="vllm"))
+    v = lines(plan)
     assert {"vLLM weights", "vLLM KV pool", "vLLM workspace"} <= set(v) and "vLLM engine" not in v
-    assert "at least" in v["vLLM KV pool"].formula and v["vLLM KV pool"].bytes >= MIN_KV_BYTES
+    assert v["vLLM KV pool"].bytes >= MIN_KV_BYTES
+    assert any("no GPU visible here" in n for n in plan.notes)
+    assert not any("vllm_gpu_memory_utilization" in n for n in plan_memory(SMOL, PlanInputs(device="cuda")).notes)
 
 
 def test_plan_inputs_read_the_rollout_section():

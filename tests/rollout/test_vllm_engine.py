@@ -351,6 +351,37 @@ def test_a_tied_head_is_repacked_after_each_reload():
     assert not ve.refresh_tied_head(worker) and done == [head]
 
 
+def test_reload_warnings_vllm_always_gives_are_dropped_and_others_kept(fake_vllm, tiny_model_dir, caplog):
+    """vLLM warns "Failed to load weights" on every sync for the rotary embedding and a tied head (both expected:
+    no weights / refreshed after the reload); another layer's warning, or an untied head's, still shows."""
+    import logging
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert ve.ties_head(model)
+    engine = _engine(tiny_model_dir, model)
+    llm = FakeLLM.built[-1]
+    said = ["RotaryEmbedding", "Llama3RotaryEmbedding", "ParallelLMHead", "QKVParallelLinear"]
+    reload = llm.collective_rpc
+
+    def warning_reload(method, kwargs=None):
+        if method == "reload_weights":
+            for layer in said:
+                logging.getLogger(ve.RELOAD_LOGGER).warning("%s: Failed to load weights", layer)
+        return reload(method, kwargs)
+
+    llm.collective_rpc = warning_reload
+    with caplog.at_level(logging.WARNING, logger=ve.RELOAD_LOGGER):
+        engine.sync_weights(force=True)
+    assert [r.getMessage() for r in caplog.records] == ["QKVParallelLinear: Failed to load weights"]
+    assert not logging.getLogger(ve.RELOAD_LOGGER).filters  # the filter lives for the reload only
+    untied = ve.ExpectedReloadWarnings(tied_head=False)
+    record = logging.LogRecord(ve.RELOAD_LOGGER, logging.WARNING, "", 0, "%s: Failed to load weights",
+                               ("ParallelLMHead",), None)
+    assert untied.filter(record) and not ve.ExpectedReloadWarnings(tied_head=True).filter(record)
+
+
 def test_a_start_failure_names_the_way_out(fake_vllm, tiny_model_dir, monkeypatch):
     def broken(**kw):
         raise ValueError("head size 16 is not supported")

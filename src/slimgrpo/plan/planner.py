@@ -44,7 +44,7 @@ from slimgrpo.memory.tiled_mlp import tiled_shard_tokens
 from slimgrpo.plan.types import PHASES, Component, MemoryPlan, PlanInputs
 from slimgrpo.plan.shapes import ModelShape
 from slimgrpo.plan.sharding import shard_components
-from slimgrpo.plan.vllm import vllm_components
+from slimgrpo.plan.vllm import vllm_components, vllm_start_note
 
 # Component, MemoryPlan, PHASES and PlanInputs are re-exported: callers import them from here.
 __all__ = ["Component", "MemoryPlan", "PHASES", "PlanInputs", "plan_memory", "logits_bytes", "kv_cache_bytes",
@@ -602,6 +602,9 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     peak = totals["always"] + totals[peak_phase]
     host = sum(c.bytes for c in components if c.location == "host")
     notes = _notes(shape, x)
+    start = vllm_start_note(x, totals["always"])
+    if start:
+        notes.append(start)
     if inputs.decode_packing == "auto" and x.decode_packing == "head" and x.device == "cpu" \
             and not _small_projections(shape):
         notes.append("decode weights: the LM head only is packed for decoding (packing every projection, ~1.5x "

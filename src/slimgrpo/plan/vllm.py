@@ -6,11 +6,12 @@ engine's KV cache, logits and decode copies.
   prompt + completion length, ``KV_HEADROOM`` more for block rounding, at least ``MIN_KV_BYTES``) and vLLM's
   import and engine modules (``VLLM_CPU_IMPORT_BYTES``, measured), all for the whole run: vLLM has no sleep
   mode on CPU.
-- **CUDA**: vLLM claims ``rollout.vllm_gpu_memory_utilization`` of the GPU's memory (weights, activations and a
-  KV pool that fills the rest); where the GPU is not known here (a plan made off the machine), the copy, the
-  default pool and ``VLLM_CUDA_WORKSPACE_BYTES`` stand in, a lower bound. With ``rollout.vllm_sleep_mode`` (level
-  2) the claim is freed before the update, so it counts in the generation phase only; what sleep leaves behind
-  is not measured yet (the GPU suite's vLLM rows will).
+- **CUDA**: the same copy and pool (the engine gives vLLM its pool by size, ``kv_cache_memory_bytes``, which
+  vLLM documents as ignoring ``gpu_memory_utilization``), and ``VLLM_CUDA_WORKSPACE_BYTES`` for its activations
+  and CUDA graphs (a stand-in until the GPU suite measures it). ``rollout.vllm_gpu_memory_utilization`` claims
+  nothing then: vLLM only checks at start-up that that fraction of the GPU is free, which the plan states as a
+  note (``vllm_start_note``). With ``rollout.vllm_sleep_mode`` (level 2) the engine's memory is freed before the
+  update, so it counts in the generation phase only; what sleep leaves behind is not measured yet.
 
 The weight sync sends the live tensors; it converts one tensor at a time where ``vllm_dtype`` differs from the
 weights' or LoRA is merged (``W + scale·B·A``), so the largest converted tensor is its transient.
@@ -36,6 +37,22 @@ def vllm_kv_pool_bytes(layers: int, kv_heads: int, head_dim: int, tokens: int, d
     return max(MIN_KV_BYTES, int(raw * KV_HEADROOM))
 
 
+def vllm_start_note(x: PlanInputs, always_bytes: int) -> str | None:
+    """CUDA: vLLM refuses to start unless ``gpu_memory_utilization`` of the GPU is free when it starts (after
+    the policy is loaded): the plan says what that asks, and whether the plan's always-held memory leaves it."""
+    if x.device != "cuda" or x.rollout_engine != "vllm":
+        return None
+    u = x.vllm_gpu_memory_utilization
+    if not x.gpu_total_bytes:
+        return (f"vLLM starts only when rollout.vllm_gpu_memory_utilization ({u}) of the GPU's memory is free at "
+                "start-up (no GPU visible here to check it); it claims no more than the lines above")
+    asked, left = int(u * x.gpu_total_bytes), x.gpu_total_bytes - always_bytes
+    fits = "leaves it" if asked <= left else "does NOT leave it: lower rollout.vllm_gpu_memory_utilization to " \
+        f"{max(0.01, int(100 * left / x.gpu_total_bytes) / 100)} or below"
+    return (f"vLLM starts only when rollout.vllm_gpu_memory_utilization x GPU memory = {u}·{_n(x.gpu_total_bytes)} "
+            f"B is free at start-up; the plan's always-held memory {fits} (it claims no more than the lines above)")
+
+
 def vllm_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     """The vLLM engine's lines (module docstring), in place of the built-in engine's generation lines."""
     Bv = x.vllm_weight_bytes or x.param_dtype_bytes
@@ -57,17 +74,10 @@ def vllm_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     else:
         phase = "generation" if x.vllm_sleep else "always"
         slept = ", freed before the update (sleep mode)" if x.vllm_sleep else " (no sleep mode: held throughout)"
-        if x.gpu_total_bytes:
-            claim = int(x.vllm_gpu_memory_utilization * x.gpu_total_bytes)
-            out.append(Component("vLLM engine", claim, phase,
-                                 f"gpu_memory_utilization·GPU memory = {x.vllm_gpu_memory_utilization}·"
-                                 f"{_n(x.gpu_total_bytes)}: weights, activations, KV pool{slept}"))
-        else:
-            out += [Component("vLLM weights", N * Bv, phase, f"N·{Bv} B = {_n(N)}·{Bv}{slept}"),
-                    Component("vLLM KV pool", kv, phase, f"{kv_what} (at least: vLLM fills "
-                              f"gpu_memory_utilization {x.vllm_gpu_memory_utilization} of the GPU)"),
-                    Component("vLLM workspace", VLLM_CUDA_WORKSPACE_BYTES, phase,
-                              "activations and CUDA graphs (a stand-in, not measured)")]
+        out += [Component("vLLM weights", N * Bv, phase, f"N·{Bv} B = {_n(N)}·{Bv}{slept}"),
+                Component("vLLM KV pool", kv, phase, f"{kv_what}{slept}"),
+                Component("vLLM workspace", VLLM_CUDA_WORKSPACE_BYTES, phase,
+                          f"activations and CUDA graphs (a stand-in, not measured){slept}")]
     converted = x.lora or Bv != x.param_dtype_bytes
     if converted:
         largest = max([shape.vocab * shape.hidden] + [i * o for i, o in shape.linear_dims().values()])

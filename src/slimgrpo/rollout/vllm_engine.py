@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -222,6 +223,34 @@ def refresh_tied_head(worker) -> bool:
     return True
 
 
+# vLLM 0.32's layer-wise reload logs "<layer class>: Failed to load weights" for each layer the weights given did not
+# name. Two of those are expected on every sync: rotary embeddings (no weights, a computed cos/sin cache) and a tied
+# LM head (it is the embedding's weight; refresh_tied_head repacks it). Any other layer's warning is real.
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class ExpectedReloadWarnings(logging.Filter):
+    """Drops vLLM's reload warnings for the rotary embedding and, when the policy ties it, the LM head."""
+
+    def __init__(self, tied_head: bool):
+        super().__init__()
+        self.tied_head = tied_head
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not text.endswith(": Failed to load weights"):
+            return True
+        layer = text.split(":", 1)[0]
+        return not (layer.endswith("RotaryEmbedding") or (self.tied_head and layer == "ParallelLMHead"))
+
+
+def ties_head(model: nn.Module) -> bool:
+    """True when the policy's output layer is its input embedding (tied weights)."""
+    model = unwrap_causal_lm(model)
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and embed is not None and head.weight is embed.weight
+
+
 # ---------------------------------------------------------------------------------------------- the engine
 
 class VllmRolloutEngine:
@@ -307,7 +336,13 @@ class VllmRolloutEngine:
         return time.perf_counter() - t
 
     def _reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        quiet = ExpectedReloadWarnings(ties_head(self.model))
+        logger = logging.getLogger(RELOAD_LOGGER)
+        logger.addFilter(quiet)
+        try:
+            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        finally:
+            logger.removeFilter(quiet)
         self._llm.collective_rpc(refresh_tied_head)
         self._llm.reset_prefix_cache()
 
