@@ -540,7 +540,8 @@ TRL_KEY_HINTS: dict[str, str] = {
         ' true (CUDA only: vLLM has no sleep mode on CPU)).',
     'vllm_gpu_memory_utilization':
         "'vllm_gpu_memory_utilization' is TRL's name: in slimgrpo use rollout.vllm_gpu_memory_utilization (same "
-        'default, 0.3).',
+        "default, 0.3; a start-up check only: the KV pool is one step's (rollout.vllm_kv_cache_gb), where TRL's vLLM "
+        'fills the fraction).',
     'vllm_group_port':
         "'vllm_group_port' is TRL's and has no slimgrpo key: server mode only: slimgrpo's vLLM runs colocated in the "
         'training process (no server to reach).',

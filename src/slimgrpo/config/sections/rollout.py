@@ -72,10 +72,12 @@ class RolloutConfig:
     policy samples faster on CPUs with AVX-512 BF16; the importance-sampling correction absorbs the mismatch."""
     vllm_kv_cache_gb: float | None = None
     """vLLM's KV-cache pool in GiB (None = sized for one step's rows at prompt + completion length, with
-    headroom). On CPU it replaces vLLM's default reservation of most of the machine's memory."""
+    headroom). It replaces vLLM's default reservation: most of the machine's memory on CPU, the rest of
+    ``vllm_gpu_memory_utilization`` on CUDA."""
     vllm_gpu_memory_utilization: float = 0.3
-    """CUDA: the fraction of the GPU's memory vLLM may claim for its weights, KV pool and workspace (TRL's
-    ``vllm_gpu_memory_utilization``); the rest is the trainer's."""
+    """CUDA: vLLM starts only when this fraction of the GPU's memory is free (TRL's
+    ``vllm_gpu_memory_utilization``). Its KV pool is given by size (``vllm_kv_cache_gb`` or one step's), which
+    vLLM lets override this fraction, so it claims its weights, that pool and a workspace, not the fraction."""
     vllm_sleep_mode: bool = True
     """CUDA: vLLM frees its weights and KV cache between rollouts (sleep level 2) so training gets the memory
     back (TRL's ``vllm_enable_sleep_mode``). vLLM does not support it on CPU, where it is ignored."""
