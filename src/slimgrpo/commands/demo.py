@@ -25,8 +25,7 @@ REWARD = "slimgrpo.demo.task:demo_accuracy"
 
 
 def demo_config(output_dir: str, overrides: list[str], algorithm: str = "grpo"):
-    from slimgrpo.demo import (EVAL_FILE, EVAL_TEMPERATURE, MODEL_DIR, TRAIN_FILE, VLLM_MODEL_DIR, demo_config_dict,
-                               ppo_settings)
+    from slimgrpo.demo import EVAL_FILE, EVAL_TEMPERATURE, MODEL_DIR, TRAIN_FILE, demo_config_dict, ppo_settings
 
     d = demo_config_dict()
     data: dict[str, Any] = {
