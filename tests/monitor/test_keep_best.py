@@ -173,6 +173,30 @@ def test_tracker_follows_trl_threshold_and_direction():
     assert (again.step, again.value, again.wait) == (3, 0.5, 1)
 
 
+def test_a_saturated_metric_tie_goes_to_the_better_sampled_score_and_then_stays_first():
+    """The extract recipe's seed 0 (learning suite, sixteenth session): greedy validation 100% at steps 20, 30 and
+    40; TRL's first-of-equals kept step 20 (sampled 90.6%). The tie goes to the higher sampled accuracy, then the
+    higher mean reward; equal on all, the first stays. Patience counts ties as no improvement (TRL's threshold)."""
+    t = BestTracker(BestSettings("eval/accuracy_greedy", patience=5))
+    seq = [(0, 0.344, 0.031, 0.221), (10, 0.938, 0.312, 0.6), (20, 1.0, 0.906, 1.232), (30, 1.0, 1.0, 1.345),
+           (40, 1.0, 1.0, 1.363), (50, 1.0, 1.0, 1.363), (60, 1.0, None, 2.0)]
+    out = [t.observe(s, {"eval/accuracy_greedy": g, "eval/accuracy_sampled": a, "eval/mean_reward": r})
+           for s, g, a, r in seq]
+    assert [j.improved for j in out] == [True, True, True, True, True, False, False]
+    assert (t.step, t.value) == (40, 1.0)
+    assert [j.wait for j in out] == [0, 0, 0, 1, 2, 3, 4]  # ties win the best, not the patience
+    state = t.state_dict()
+    again = BestTracker(t.settings)
+    again.load_state_dict(state)  # a resumed run keeps the scores its ties are judged by
+    assert again.tie == t.tie == (1.0, 1.363)
+    assert not again.observe(70, {"eval/accuracy_greedy": 1.0, "eval/accuracy_sampled": 1.0,
+                                  "eval/mean_reward": 1.3}).improved
+    # a training metric never ties by this rule (its mean over steps), nor does a lower-is-better one win a tie
+    # by its own direction: the tie scores are higher-is-better held-out scores
+    r = BestTracker(BestSettings("reward", every=1, max_steps=3))
+    assert [r.observe(s, {"reward": 0.5}).improved for s in (1, 2, 3)] == [True, False, False]
+
+
 def test_prune_never_deletes_the_protected_steps(tmp_path):
     root = tmp_path / "checkpoints"
     for step in range(1, 8):

@@ -8,7 +8,10 @@ A **judgement** is a step at which the metric is read:
 - a training metric (``reward``, ``rewards/<fn>/mean``): every ``run.save_steps`` steps and the last step,
   on its mean over the steps since the last judgement (one step's reward is too noisy to pick a model by).
 
-As in TRL, the best moves on any strict improvement; the patience counter is reset only by an improvement of
+As in TRL, the best moves on any strict improvement. Unlike TRL, a held-out metric's exact tie is broken by the
+evaluation's other scores (``TIE_BREAKERS``, in order): a small validation set saturates (a recipe's 32 prompts
+judged 100% greedy at steps 20, 30 and 40 of a run whose sampled accuracy still rose from 91% to 100%), and
+TRL's first-of-equals returned the least trained of them. Equal on those too, the first stays. The patience counter is reset only by an improvement of
 more than ``run.early_stopping_threshold``, and counts every other judgement. A new best is saved as a
 checkpoint at that step (the trainer does it; pruning spares it: :meth:`BestTracker.protected_step`). A
 judgement at a step whose checkpoint would not be kept (a non-finite streak or a collapse going on) or whose
@@ -23,6 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slimgrpo.config.best import best_metric, is_eval_metric
+
+
+# Held-out scores that break an exact tie of a held-out best_metric, in order (each: higher is better).
+TIE_BREAKERS = ("eval/accuracy_sampled", "eval/mean_reward", "eval/accuracy_greedy")
+
+
+def _number(raw: Any) -> float | None:
+    return float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
 
 
 @dataclass(frozen=True)
@@ -63,14 +74,14 @@ class BestTracker:
     step: int | None = None  # the best judgement so far
     value: float | None = None
     wait: int = 0  # judgements since the last improvement of more than the threshold
+    tie: tuple[float, ...] | None = None  # the best judgement's tie-breaking scores (TIE_BREAKERS)
     judged: list[tuple[int, float | None]] = field(default_factory=list)  # every judgement, for the summary
     _window: list[float] = field(default_factory=list)  # a training metric's values since the last judgement
 
     def _value(self, step: int, metrics: dict[str, Any]) -> tuple[bool, float | None]:
         """(is this step a judgement, the value read)."""
         s = self.settings
-        raw = metrics.get(s.metric)
-        number = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
+        number = _number(metrics.get(s.metric))
         if is_eval_metric(s.metric):
             return s.metric in metrics, number
         if step == 0:
@@ -88,6 +99,20 @@ class BestTracker:
         gain = value - than if self.settings.greater_is_better else than - value
         return gain > 0 and gain > margin
 
+    def tie_scores(self, metrics: dict[str, Any]) -> tuple[float, ...] | None:
+        """The tie-breaking scores of a held-out judgement (missing or non-finite: -inf); None for a training
+        metric (its mean over several steps does not tie)."""
+        if not is_eval_metric(self.settings.metric):
+            return None
+        values = (_number(metrics.get(k)) for k in TIE_BREAKERS if k != self.settings.metric)
+        return tuple(v if v is not None and math.isfinite(v) else -math.inf for v in values)
+
+    def wins_tie(self, value: float, scores: tuple[float, ...] | None) -> bool:
+        """``value`` equals the best's and its tie-breaking scores are higher (compared in TIE_BREAKERS order)."""
+        if scores is None or self.value is None or value != self.value:
+            return False
+        return self.tie is None or scores > self.tie
+
     def observe(self, step: int, metrics: dict[str, Any], eligible: bool = True) -> Judgement | None:
         """Feed every step's metrics (and the before-training evaluation as step 0), in order. ``eligible``:
         a checkpoint of this step would be kept (no non-finite streak or collapse going on)."""
@@ -96,13 +121,14 @@ class BestTracker:
             return None
         finite = value is not None and math.isfinite(value)
         previous = self.value
-        improved = eligible and finite and self.better(value, previous)
+        scores = self.tie_scores(metrics)
+        improved = eligible and finite and (self.better(value, previous) or self.wins_tie(value, scores))
         if eligible and finite and self.better(value, previous, self.settings.threshold):
             self.wait = 0
         elif step > 0:  # the evaluation before training starts the count, it is not a failure to improve
             self.wait += 1
         if improved:
-            self.step, self.value = step, value
+            self.step, self.value, self.tie = step, value, scores
         self.judged.append((step, value if finite else None))
         patience = self.settings.patience
         stop = patience is not None and step > 0 and self.wait >= patience
@@ -123,7 +149,8 @@ class BestTracker:
 
     def state_dict(self) -> dict[str, Any]:
         return {"metric": self.settings.metric, "step": self.step, "value": self.value, "wait": self.wait,
-                "judged": [list(x) for x in self.judged], "window": list(self._window)}
+                "judged": [list(x) for x in self.judged], "window": list(self._window),
+                "tie": [v if math.isfinite(v) else None for v in self.tie] if self.tie is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A resumed run: the best so far from the checkpoint. A checkpoint saved with another metric (or
@@ -133,6 +160,8 @@ class BestTracker:
         self.step, self.value, self.wait = state.get("step"), state.get("value"), int(state.get("wait", 0))
         self.judged = [(int(s), v) for s, v in state.get("judged", [])]
         self._window = [float(v) for v in state.get("window", [])]
+        tie = state.get("tie")  # absent in a checkpoint from before tie-breaking: any tie then wins
+        self.tie = tuple(-math.inf if v is None else float(v) for v in tie) if tie is not None else None
 
 
 def tracker_for(cfg) -> BestTracker | None:
