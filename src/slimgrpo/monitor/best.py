@@ -11,8 +11,9 @@ A **judgement** is a step at which the metric is read:
 As in TRL, the best moves on any strict improvement. Unlike TRL, a held-out metric's exact tie is broken by the
 evaluation's other scores (``TIE_BREAKERS``, in order): a small validation set saturates (a recipe's 32 prompts
 judged 100% greedy at steps 20, 30 and 40 of a run whose sampled accuracy still rose from 91% to 100%), and
-TRL's first-of-equals returned the least trained of them. Equal on those too, the first stays. The patience counter is reset only by an improvement of
-more than ``run.early_stopping_threshold``, and counts every other judgement. A new best is saved as a
+TRL's first-of-equals returned the least trained of them. Equal on those too, the first stays. The patience
+counter is reset only by an improvement of more than ``run.early_stopping_threshold`` (a tie won is none), and
+counts every other judgement. A new best is saved as a
 checkpoint at that step (the trainer does it; pruning spares it: :meth:`BestTracker.protected_step`). A
 judgement at a step whose checkpoint would not be kept (a non-finite streak or a collapse going on) or whose
 value is not finite is never the best. The tracker's state travels in every checkpoint's ``extra``, so a
