@@ -45,7 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     p.add_argument("--repeats", type=int, default=3, help="runs per engine and case, alternating")
     p.add_argument("--num-threads", type=int, default=2)
-    p.add_argument("--demo-model", default=str(common.REPO_ROOT / "src" / "slimgrpo" / "demo" / "model_h32"),
+    from slimgrpo.demo import VLLM_MODEL_DIR
+
+    p.add_argument("--demo-model", default=str(VLLM_MODEL_DIR),
                    help="model folder of the demo case, for both engines (head size >= 32 for vLLM-CPU)")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 16 tokens, 2 steps, one call")
     p.add_argument("--out", default=str(common.BENCH_DIR / "runs" / "bench_vllm"))

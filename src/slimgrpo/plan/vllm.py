@@ -65,19 +65,18 @@ def vllm_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
         kv = vllm_kv_pool_bytes(shape.layers, shape.kv_heads, shape.head_dim, tokens, Bv)
         kv_what = (f"max(64 MiB, {KV_HEADROOM}·2·{Bv}·L·kv_heads·head_dim·rows·S) = {KV_HEADROOM}·2·{Bv}·"
                    f"{shape.layers}·{shape.kv_heads}·{shape.head_dim}·{rows}·{_n(x.seq_len)}")
-    out = []
+    # CPU: held for the whole run (no sleep mode there); CUDA: freed before the update with sleep mode
+    phase = "generation" if x.device != "cpu" and x.vllm_sleep else "always"
+    held = "" if x.device == "cpu" else (", freed before the update (sleep mode)" if x.vllm_sleep
+                                         else " (no sleep mode: held throughout)")
+    out = [Component("vLLM weights", N * Bv, phase, f"vLLM's own copy, N·{Bv} B = {_n(N)}·{Bv}{held}"),
+           Component("vLLM KV pool", kv, phase, f"{kv_what}{held}")]
     if x.device == "cpu":
-        out += [Component("vLLM weights", N * Bv, "always", f"vLLM's own copy, N·{Bv} B = {_n(N)}·{Bv}"),
-                Component("vLLM KV pool", kv, "always", kv_what),
-                Component("vLLM runtime", VLLM_CPU_IMPORT_BYTES, "always",
-                          "measured RSS of vLLM's engine modules beside torch + transformers")]
+        out.append(Component("vLLM runtime", VLLM_CPU_IMPORT_BYTES, "always",
+                             "measured RSS of vLLM's engine modules beside torch + transformers"))
     else:
-        phase = "generation" if x.vllm_sleep else "always"
-        slept = ", freed before the update (sleep mode)" if x.vllm_sleep else " (no sleep mode: held throughout)"
-        out += [Component("vLLM weights", N * Bv, phase, f"N·{Bv} B = {_n(N)}·{Bv}{slept}"),
-                Component("vLLM KV pool", kv, phase, f"{kv_what}{slept}"),
-                Component("vLLM workspace", VLLM_CUDA_WORKSPACE_BYTES, phase,
-                          f"activations and CUDA graphs (a stand-in, not measured){slept}")]
+        out.append(Component("vLLM workspace", VLLM_CUDA_WORKSPACE_BYTES, phase,
+                             f"activations and CUDA graphs (a stand-in, not measured){held}"))
     converted = x.lora or Bv != x.param_dtype_bytes
     if converted:
         largest = max([shape.vocab * shape.hidden] + [i * o for i, o in shape.linear_dims().values()])
