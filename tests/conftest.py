@@ -82,6 +82,27 @@ def build_tiny_model(folder: Path, vocab_size: int, seed: int = 0, tie: bool = T
     return model
 
 
+QUIETED_LOGGERS = ("transformers", "torch", "torchao", "peft", "datasets", "accelerate", "huggingface_hub")
+
+
+@pytest.fixture(autouse=True)
+def _undo_quiet_third_party():
+    """A test that trains in this process calls ``quiet_third_party``, which filters the root logger's handlers
+    (pytest's shared capture handler among them) to slimgrpo's records and raises the library loggers to ERROR:
+    without this, ``caplog`` would see no third-party WARNING in any later test. Restored after each test."""
+    import logging
+
+    levels = {name: logging.getLogger(name).level for name in QUIETED_LOGGERS}
+    yield
+    from slimgrpo.output.console import _OwnMessagesOnly
+
+    for handler in logging.getLogger().handlers:
+        for f in [f for f in handler.filters if isinstance(f, _OwnMessagesOnly)]:
+            handler.removeFilter(f)
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny tensors gain nothing from intra-op threads, and on a shared machine OpenMP barriers waiting for

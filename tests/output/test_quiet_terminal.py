@@ -57,3 +57,22 @@ def test_export_of_a_lora_run_is_quiet_unless_verbose(tmp_path):
     assert not [s for s in THIRD_PARTY if s in quiet.stderr], quiet.stderr
     loud = cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "merged-loud"), "--verbose")
     assert loud.returncode == 0 and "Loading weights" in loud.stderr, loud.stderr
+
+
+# The two tests below run in this order in one process: the first quiets the process as a training run does,
+# the second reads a third party's WARNING through caplog (conftest's _undo_quiet_third_party restores it).
+def test_quieting_in_process_filters_third_party_warnings():
+    import logging
+
+    from slimgrpo.output.console import quiet_third_party
+
+    quiet_third_party(verbose=False)
+    assert logging.getLogger("transformers").level == logging.ERROR
+
+
+def test_caplog_sees_third_party_warnings_after_a_test_that_quieted(caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("transformers.modeling_utils").warning("a third-party warning")
+    assert "a third-party warning" in caplog.text
