@@ -82,6 +82,9 @@ def run_task(task: str, a, results: dict, save) -> None:
                 "eval_limit": a.eval_limit}
     if keep_best:  # (a campaign from before keep_best has no such key: it stays comparable with --no-keep-best)
         settings["keep_best"] = True
+        metric = r["run"].get("best_metric")
+        if metric:  # the judge (a campaign judged by the default, before recipes named theirs, has no such key)
+            settings["best_metric"] = metric
     entry = results.setdefault(name, {"settings": settings})
     if entry["settings"] != settings:  # a resumed campaign must not mix runs of different settings
         raise SystemExit(f"{name}: {a.out / 'results.json'} holds runs with {entry['settings']}, not {settings}; "
