@@ -143,9 +143,17 @@ def best_text(run: dict) -> str:
     """``; kept step 20 of 40 (val greedy 59.4%)`` for a run.keep_best run, else ''."""
     if run.get("final_step") is None:
         return ""
-    value = run.get("best_value")
-    shown = f"{value:.1%}" if isinstance(value, (int, float)) else "?"
+    shown = value_text(run.get("best_metric"), run.get("best_value")) or "?"
     return f"; kept step {run['final_step']} ({run.get('best_metric')} {shown} on the validation prompts)"
+
+
+def value_text(metric: str | None, value) -> str:
+    """A judgement's value as the metric reads: a share (``eval/accuracy_*``, ``eval/pass@k``) in percent, a
+    reward as the number it is; '' when there is none."""
+    if not isinstance(value, (int, float)):
+        return ""
+    share = metric is None or metric.startswith(("eval/accuracy", "eval/pass@"))
+    return f"{value:.1%}" if share else f"{value:.3f}"
 
 
 def _runs(entry: dict, trainer: str) -> list[tuple[int, dict]]:
@@ -208,8 +216,8 @@ def best_cell(run: dict) -> str:
     ``-`` for a run that kept its last step by design, TRL's and campaigns without keep_best)."""
     if run.get("final_step") is None:
         return "-"
-    value = run.get("best_value")
-    return f"{run['final_step']} ({value:.1%})" if isinstance(value, (int, float)) else str(run["final_step"])
+    shown = value_text(run.get("best_metric"), run.get("best_value"))
+    return f"{run['final_step']} ({shown})" if shown else str(run["final_step"])
 
 
 def last_cell(run: dict, base: dict) -> str:

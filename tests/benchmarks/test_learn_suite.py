@@ -113,6 +113,9 @@ def test_summary_means_and_ratio():
     kept = {**run(0.6, 200), "final_step": 20, "best_value": 0.59375, "best_metric": "eval/accuracy_greedy"}
     row = "| sort | slimgrpo | 0 | 200 | 1,000 | 60.0% | +40.0 | 60.0% | +40.0 |  | 20 (59.4%) | - |"  # keep_best's step
     assert row in learn_suite.summary({"sort": {**results["sort"], "slimgrpo-s0": kept}})
+    by_reward = {**kept, "best_value": 0.8625, "best_metric": "eval/mean_reward"}  # a reward reads as a number
+    assert "| 20 (0.863) | - |" in "\n".join(learn_suite.summary({"sort": {**results["sort"], "slimgrpo-s0": by_reward}}))
+    assert "kept step 20 (eval/mean_reward 0.863 on" in learn_suite.best_text(by_reward)
     one_seed = {"sort": {k: v for k, v in results["sort"].items() if not k.endswith("s1")}}
     assert "| sort | 20.0% / 20.0% | +30.0 (1) | +40.0 (1) | 0 / 0 | 400 / 200 | 0.50x |" in learn_suite.summary(one_seed)
 
@@ -122,7 +125,7 @@ def test_score_last_scores_last_only_where_the_best_was_earlier(tmp_path):
     best was the last step reuses that score; the table shows the last step's gains beside the kept model's."""
     def run(acc, final_step):
         return {"eval": {"sampled_accuracy": acc, "greedy_accuracy": acc}, "wall_s": 1.0, "peak_rss_mib": 1.0,
-                "collapsed": False, "final_step": final_step, "best_value": 0.5, "best_metric": "m"}
+                "collapsed": False, "final_step": final_step, "best_value": 0.5, "best_metric": "eval/accuracy_greedy"}
 
     entry = {"base": {"sampled_accuracy": 0.2, "greedy_accuracy": 0.2}, "slimgrpo-s0": run(0.6, 30),
              "slimgrpo-s1": run(0.5, 40), "slimgrpo-s2": run(0.4, 10)}
