@@ -12,7 +12,8 @@ packing each prompt once costs more attention pairs (n² for n = g·P + m·T) th
 the plan is an upper bound (``check.not_modelled``).
 
 Rows off by more than 10% are ``KNOWN_OFF``: marked xfail with the measured ratio and the reason, never with a
-wider band. Measured at 97d4c10 + LOSS_CHUNK_COPIES_HALF (trace / plan per phase, printed on failure).
+wider band. Measured at 97d4c10 + LOSS_CHUNK_COPIES_HALF (trace / plan per phase, printed on failure); the
+cpu no-checkpointing rows again after the fp32 backward-workspace overlap (planner._overlap_recompute).
 """
 
 from __future__ import annotations
@@ -72,16 +73,16 @@ _CKPT_TILED_CUDA = ("CUDA, checkpointing and the tiled MLP on the small-vocabula
                     "plan (recompute of the tiled layer beside the shard's backward); cause not yet found, optimistic")
 # row -> reason (measured trace / plan per phase in the reason)
 KNOWN_OFF = {
-    "cpu-full-nockpt-untiled-unpadded-keep-smallV": f"update 0.90: {_SAFE_SUM}",
-    "cpu-full-nockpt-untiled-shared-keep-smallV": f"generation 0.82, update 0.83: {_PREFILL}; {_SAFE_SUM}",
-    "cpu-full-nockpt-tiled-unpadded-keep-smallV": f"update 0.89: {_SAFE_SUM}",
-    "cpu-full-nockpt-tiled-shared-keep-smallV": f"generation 0.82, update 0.83: {_PREFILL}; {_SAFE_SUM}",
+    "cpu-full-nockpt-untiled-shared-keep-smallV": f"generation 0.82, update 0.86: {_PREFILL}; {_SAFE_SUM}",
+    "cpu-full-nockpt-tiled-shared-keep-smallV": f"generation 0.81, update 0.86: {_PREFILL}; {_SAFE_SUM}",
     "cpu-full-ckpt-untiled-unpadded-keep-smallV": f"update 0.87: {_SAFE_SUM}",
     "cpu-full-ckpt-tiled-unpadded-keep-smallV": f"update 0.90: {_SAFE_SUM}",
-    "cpu-lora-nockpt-untiled-unpadded-keep-smallV": f"update 0.90: {_SAFE_SUM}",
-    "cpu-lora-nockpt-untiled-shared-keep-smallV": f"generation 0.82, update 0.82: {_PREFILL}; {_SAFE_SUM}",
-    "cpu-lora-nockpt-tiled-unpadded-keep-smallV": f"update 0.89: {_SAFE_SUM}",
-    "cpu-lora-nockpt-tiled-shared-keep-smallV": f"generation 0.75, update 0.81: {_PREFILL}; {_SAFE_SUM}",
+    "cpu-lora-nockpt-untiled-shared-keep-smallV": f"generation 0.82, update 0.86: {_PREFILL}; {_SAFE_SUM}",
+    "cpu-lora-nockpt-tiled-unpadded-keep-smallV": ("update 1.106 (optimistic): fp32 without checkpointing the layers' "
+                                                   "backward workspace is planned beyond the freed loss chunks "
+                                                   "(W-long 8 x 8K); with LoRA's tiled MLP on the 320-token "
+                                                   "vocabulary that leaves 0.6% too little (it was 0.89 before)"),
+    "cpu-lora-nockpt-tiled-shared-keep-smallV": f"generation 0.74, update 0.87: {_PREFILL}; {_SAFE_SUM}",
     "cpu-lora-ckpt-untiled-unpadded-keep-smallV": f"update 0.89: {_SAFE_SUM}",
     "cuda-full-nockpt-untiled-shared-keep-smallV": f"generation 0.85, update 0.89: {_PREFILL}; {_SAFE_SUM}",
     "cuda-full-nockpt-tiled-shared-keep-smallV": f"generation 0.85, update 0.87: {_PREFILL}; {_SAFE_SUM}",
@@ -94,6 +95,7 @@ KNOWN_OFF = {
     # optimistic): the LoRA decode's generation phase on CUDA, whatever the update's settings.
     "cuda-lora-nockpt-untiled-unpadded-keep-bigV": "generation 1.116: CUDA LoRA decode above the plan (optimistic)",
     "cuda-lora-ckpt-untiled-unpadded-offload-bigV": "generation 1.116: as the nockpt row",
+    "cuda-lora-nockpt-tiled-unpadded-keep-bigV": "generation 1.116: as the untiled row (failing unlisted at b311067)",
     "cuda-lora-ckpt-untiled-unpadded-keep-smallV": "generation 1.12: as the nockpt row",
     "cuda-lora-ckpt-untiled-unpadded-offload-smallV": "generation 1.12: as the nockpt row",
     "cuda-lora-nockpt-untiled-shared-keep-smallV": f"generation 0.78, update 0.87: {_PREFILL}; {_SAFE_SUM}",

@@ -276,9 +276,9 @@ def _activation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
                f"B·{NORM_BACKWARD_RESIDUAL_GRADS})·H - MLP's saved bytes) at the norm's backward)")
     out: list[Component] = []
     if not x.gradient_checkpointing:
-        b = L * layer_bytes + workspace + final_norm
-        out.append(Component("activations", b, "update",
-                             f"L·(one layer) + {ws_what} + tokens·(4+2B)·H; {what}"))
+        out.append(Component("activations", L * layer_bytes + final_norm, "update",
+                             f"L·(one layer) + final norm tokens·(4+2B)·H; {what}"))
+        out.append(Component("backward workspace", workspace, "update", f"{ws_what}; {what}"))
     else:
         inputs_per_layer = tokens * H * B
         resident = min(OFFLOAD_RESIDENT_LAYERS, L) if on_host else L
@@ -346,6 +346,14 @@ def _loss_component(shape: ModelShape, x: PlanInputs) -> Component:
     return Component("loss working set", b, "update",
                      f"chunked: {copies:g}·{_n(chunk)} tokens·{_n(vc)} vocab·4 B + m·T·H·4 (hidden grad)"
                      f"{head} + {LOSS_PER_TOKEN_TENSORS}·m·T·4")
+
+
+def _loss_kept_after(shape: ModelShape, x: PlanInputs) -> int:
+    """Of the chunked loss line, what outlives the LM head's backward: the hidden-state gradient (m·T·H·4) and
+    a trained head's fp32 gradient accumulator (V·H·4). The full-logits path frees its logits."""
+    if not x.chunked_loss:
+        return 0
+    return x.micro_rows * x.max_completion_length * shape.hidden * 4 + (0 if x.lora else shape.vocab * shape.hidden * 4)
 
 
 def _buffer_components(x: PlanInputs) -> list[Component]:
@@ -518,17 +526,27 @@ def _after_freed(components: list[Component], name: str, freed: int, what: str) 
 
 
 def _overlap_recompute(activations: list[Component], loss: Component, final_norm: int,
-                       offloaded: bool = False) -> list[Component]:
-    """With checkpointing the LM head and loss run (and free their chunks), and the final norm runs
-    backward (freeing what it saved), before backward reaches the decoder, where each layer is
-    recomputed: these working sets are alive one after the other, so the recompute line only holds
-    what exceeds the loss working set plus the final norm's saved tensors (the trace showed the
-    final-norm part: docs/benchmarks.md#trace-check). ``offloaded``: those saved tensors wait in host memory,
-    so freeing them frees nothing on the device."""
+                       offloaded: bool = False, kept_after_loss: int | None = None) -> list[Component]:
+    """The LM head and loss run (and free their chunks), and the final norm runs backward (freeing what it
+    saved), before backward reaches the decoder, where each layer's backward holds its workspace (and, with
+    checkpointing, the layer recomputed): these working sets are alive one after the other, so the recompute
+    line, or without checkpointing the backward workspace line, only holds what exceeds the loss working set
+    plus the final norm's saved tensors (the trace showed the final-norm part: docs/benchmarks.md#trace-check;
+    without checkpointing, W-long 8 x 8K: docs/benchmarks.md#plan-vs-measured). ``offloaded``: those saved tensors wait in host memory, so freeing them frees nothing
+    on the device. ``kept_after_loss``: the part of the loss line still alive at the layers' backward
+    (:func:`_loss_kept_after`); None: the backward workspace is not overlapped (a 16-bit compute dtype: issue
+    43's matrix traced its CUDA small-vocabulary rows 9-14% above such a plan, the moments not yet understood)."""
+    freed, what = loss.bytes + final_norm, "the loss working set and the final norm's saved tensors"
     if offloaded:
-        return _after_freed(activations, "recompute working set", loss.bytes, "the loss working set")
-    return _after_freed(activations, "recompute working set", loss.bytes + final_norm,
-                        "the loss working set and the final norm's saved tensors")
+        freed, what = loss.bytes, "the loss working set"
+    out = _after_freed(activations, "recompute working set", freed, what)
+    if kept_after_loss is None:
+        return out
+    # Without checkpointing only the loss's chunks and per-token tensors are gone by then: the hidden-state
+    # gradient flows on into the final norm's backward and the head's fp32 gradient stays as its .grad, and
+    # the final norm's own backward is not counted as freed.
+    return _after_freed(out, "backward workspace", loss.bytes - kept_after_loss,
+                        "the loss's chunks and per-token tensors")
 
 
 def _overlap_reference_stream(weights: list[Component], update: list[Component]) -> list[Component]:
@@ -583,7 +601,8 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     loss = _loss_component(shape, x)
     tokens = update_layer_bytes(shape, x)[1]
     final_norm = tokens * ((4 + 2 * _compute_bytes(x)) * shape.hidden + 4)
-    activations = _overlap_recompute(_activation_components(shape, x), loss, final_norm, _offloads_to_host(x))
+    kept = _loss_kept_after(shape, x) if _compute_bytes(x) == 4 else None  # fp32: the overlap the trace showed
+    activations = _overlap_recompute(_activation_components(shape, x), loss, final_norm, _offloads_to_host(x), kept)
     optimizer = _overlap_step_workspace(_optimizer_components(shape, x), activations + [loss])
     weights = _overlap_reference_stream(_weight_components(shape, x), optimizer + activations + [loss])
     components = shard_components(shape, x, [
