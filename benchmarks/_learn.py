@@ -113,6 +113,14 @@ def validation_file(train: Path) -> Path:
     return val
 
 
+def keep_best_overrides(train: Path, keep_best: bool) -> list[str]:
+    """On: judged on ``validation_file(train)``, the newest checkpoint beside the best. Off: no held-out
+    evaluation, no judge (a recipe's run.best_metric needs one) and no checkpoints."""
+    if keep_best:
+        return [f"eval.data={validation_file(train)}", "run.save_total_limit=1"]
+    return ["run.keep_best=false", "run.best_metric=", "eval.data=", "run.save_checkpoints=false"]
+
+
 def train_slimgrpo(recipe: Path, seed: int, model: Path, steps: int, threads: int, train: Path, run_dir: Path,
                    log: Path, keep_best: bool = False) -> dict:
     """``slimgrpo train RECIPE`` as a user runs it (the recipe's settings, slimgrpo's defaults elsewhere), with
@@ -121,13 +129,10 @@ def train_slimgrpo(recipe: Path, seed: int, model: Path, steps: int, threads: in
     settings, judged on ``validation_file(train)``; the newest checkpoint and the best one are on disk until
     the run is scored (``drop_checkpoints``). Off: no held-out evaluation and no checkpoints at all (only the
     final model is scored; a checkpoint is 1.6 GB)."""
-    if keep_best:
-        extra = [f"eval.data={validation_file(train)}", "run.save_total_limit=1"]
-    else:
-        extra = ["run.keep_best=false", "eval.data=", "run.save_checkpoints=false"]
     cmd = slimgrpo_cmd("train", str(recipe), f"model.path={model}", f"data.path={train}",
                        f"run.output_dir={run_dir}", f"run.seed={seed}", f"run.max_steps={steps}",
-                       f"run.num_threads={threads}", "log.progress=false", "log.log_completions_steps=0", *extra)
+                       f"run.num_threads={threads}", "log.progress=false", "log.log_completions_steps=0",
+                       *keep_best_overrides(train, keep_best))
     run = common.run_measured(cmd, log, common.choose_memory_cap(None), "slimgrpo")
     if run.returncode != 0:
         raise SystemExit(f"slimgrpo seed {seed} failed ({run.error}); log: {run.log_path}")

@@ -104,3 +104,23 @@ def test_task_answers_are_right():
         assert f"shipped to {row['answer']} on" in _question(row) and f"packed in {row['other']} and" in _question(row)
     # no (packed, shipped) pair of a held-out text occurs in training
     assert not {(r["other"], r["answer"]) for r in train} & {(r["other"], r["answer"]) for r in heldout}
+
+
+@pytest.mark.parametrize("recipe", [*(EXAMPLES / f"smollm2_{t}.yaml" for t in ("addition", *TASKS)),
+                                    EXAMPLES.parent / "benchmarks" / "tasks" / "smollm2_multiply.yaml"],
+                         ids=lambda p: p.stem)
+@pytest.mark.parametrize("keep_best", [True, False])
+def test_the_suite_runs_each_recipe_with_and_without_keep_best(recipe, keep_best, tmp_path):
+    """learn_suite's overrides give a valid config either way (without keep_best the recipe's judge goes too:
+    run.best_metric without an evaluation is refused). The recipes judge by the mean reward."""
+    import sys
+
+    sys.path.insert(0, str(EXAMPLES.parent / "benchmarks"))
+    import _learn
+
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(f'{{"prompt": "q{i}", "answer": "{i}"}}\n' for i in range(40)))
+    cfg = load_config(recipe, ["model.path=some/model", f"data.path={train}",
+                               *_learn.keep_best_overrides(train, keep_best)])
+    assert cfg.run.keep_best is keep_best
+    assert cfg.run.best_metric == ("eval/mean_reward" if keep_best else "")
