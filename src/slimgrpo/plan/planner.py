@@ -529,13 +529,14 @@ def _overlap_recompute(activations: list[Component], loss: Component, final_norm
                        offloaded: bool = False, kept_after_loss: int | None = None) -> list[Component]:
     """The LM head and loss run (and free their chunks), and the final norm runs backward (freeing what it
     saved), before backward reaches the decoder, where each layer's backward holds its workspace (and, with
-    checkpointing, the layer recomputed): these working sets are alive one after the other, so the recompute
-    line, or without checkpointing the backward workspace line, only holds what exceeds the loss working set
-    plus the final norm's saved tensors (the trace showed the final-norm part: docs/benchmarks.md#trace-check;
-    without checkpointing, W-long 8 x 8K: docs/benchmarks.md#plan-vs-measured). ``offloaded``: those saved tensors wait in host memory, so freeing them frees nothing
-    on the device. ``kept_after_loss``: the part of the loss line still alive at the layers' backward
-    (:func:`_loss_kept_after`); None: the backward workspace is not overlapped (a 16-bit compute dtype: issue
-    43's matrix traced its CUDA small-vocabulary rows 9-14% above such a plan, the moments not yet understood)."""
+    checkpointing, the layer recomputed): these working sets are alive one after the other. So the recompute
+    line only holds what exceeds the loss working set plus the final norm's saved tensors (the trace showed the
+    final-norm part: docs/benchmarks.md#trace-check), and without checkpointing the backward workspace line only
+    what exceeds the loss's chunks (W-long 8 x 8K: docs/benchmarks.md#plan-vs-measured). ``offloaded``: those
+    saved tensors wait in host memory, so freeing them frees nothing on the device. ``kept_after_loss``: the
+    part of the loss line still alive at the layers' backward (:func:`_loss_kept_after`); None: the backward
+    workspace is not overlapped (a 16-bit compute dtype: issue 43's matrix traced its CUDA small-vocabulary
+    rows 9-14% above such a plan, the moments not yet understood)."""
     freed, what = loss.bytes + final_norm, "the loss working set and the final norm's saved tensors"
     if offloaded:
         freed, what = loss.bytes, "the loss working set"
