@@ -66,7 +66,7 @@ def replay(campaign: Path, metric: str, reruns: list[Path]) -> tuple[dict, list[
                                      "a replayed score would not be the rerun's model's")
                 new[key] = dict(rerun_run)
                 last = run.get("eval_last") or (run["eval"] if run.get("final_step") == steps else None)
-                if "eval_last" not in rerun_run and last is not None and rerun_run.get("final_step") != steps:
+                if "eval_last" not in rerun_run and last is not None:
                     new[key]["eval_last"] = last  # the same last-step model, scored by this campaign
                 notes.append(f"{task} {key}: run again with {metric} ({folder.name}); same rewards step by step")
                 continue
@@ -80,8 +80,9 @@ def replay(campaign: Path, metric: str, reruns: list[Path]) -> tuple[dict, list[
                 continue
             new[key] = {**run, "eval": scored, "final_step": step, "best_value": value, "best_metric": metric}
             new[key].pop("eval_last", None)
-            if step != steps and "eval_last" in run:
-                new[key]["eval_last"] = run["eval_last"]
+            last = run.get("eval_last") or (run["eval"] if run.get("final_step") == steps else None)
+            if last is not None:  # the last step's model (scored twice in the table where it is the kept one)
+                new[key]["eval_last"] = last
             new[key]["collapsed"] = learn_suite.collapsed(scored, entry["base"])
             notes.append(f"{task} {key}: replayed, keeps step {step}: the model scored as this campaign's "
                          f"{'final/' if step == run.get('final_step') else 'last/'}")
@@ -90,7 +91,9 @@ def replay(campaign: Path, metric: str, reruns: list[Path]) -> tuple[dict, list[
             new = out.setdefault(task, {k: v for k, v in entry.items() if not k.startswith("slimgrpo-s")})
             for key, run in entry.items():
                 if key.startswith("slimgrpo-s") and "eval" in run and key not in new:
-                    new[key] = run
+                    new[key] = dict(run)
+                    if run.get("final_step") == entry["settings"]["steps"]:
+                        new[key].setdefault("eval_last", run["eval"])
                     notes.append(f"{task} {key}: run with {metric} ({folder.name}); no recorded run before it")
     return out, notes
 
