@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -83,24 +84,29 @@ def build_tiny_model(folder: Path, vocab_size: int, seed: int = 0, tie: bool = T
 
 
 QUIETED_LOGGERS = ("transformers", "torch", "torchao", "peft", "datasets", "accelerate", "huggingface_hub")
+# The levels before any test ran (conftest is imported before the test modules): a module- or session-scoped
+# fixture may quiet the process before a test's own fixtures start, so "before this test" is not the baseline.
+_BASE_LEVELS = {name: logging.getLogger(name).level for name in QUIETED_LOGGERS}
 
 
-@pytest.fixture(autouse=True)
-def _undo_quiet_third_party():
-    """A test that trains in this process calls ``quiet_third_party``, which filters the root logger's handlers
-    (pytest's shared capture handler among them) to slimgrpo's records and raises the library loggers to ERROR:
-    without this, ``caplog`` would see no third-party WARNING in any later test. Restored after each test."""
-    import logging
-
-    levels = {name: logging.getLogger(name).level for name in QUIETED_LOGGERS}
-    yield
+def _undo_quieting() -> None:
     from slimgrpo.output.console import _OwnMessagesOnly
 
     for handler in logging.getLogger().handlers:
         for f in [f for f in handler.filters if isinstance(f, _OwnMessagesOnly)]:
             handler.removeFilter(f)
-    for name, level in levels.items():
+    for name, level in _BASE_LEVELS.items():
         logging.getLogger(name).setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def _undo_quiet_third_party():
+    """A run in this process calls ``quiet_third_party``, which filters the root logger's handlers (pytest's
+    shared capture handlers among them) to slimgrpo's records and raises the library loggers to ERROR: without
+    this, ``caplog`` would see no third-party WARNING in any later test. Undone before and after each test."""
+    _undo_quieting()
+    yield
+    _undo_quieting()
 
 
 @pytest.fixture(scope="module")

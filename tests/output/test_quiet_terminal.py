@@ -78,3 +78,19 @@ def test_caplog_sees_third_party_warnings_after_a_test_that_quieted(caplog):
     with caplog.at_level(logging.WARNING):
         logging.getLogger("peft.tuners").warning("a third-party warning")
     assert "a third-party warning" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def quieted_by_a_module_fixture():
+    """A module-scoped fixture that runs a command in process quiets before the test's own fixtures start."""
+    from slimgrpo.output.console import quiet_third_party
+
+    quiet_third_party(verbose=False)
+
+
+def test_caplog_sees_third_party_warnings_after_a_module_fixture_quieted(quieted_by_a_module_fixture, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("peft.tuners").warning("a warning after the module fixture")
+    assert "a warning after the module fixture" in caplog.text
