@@ -78,10 +78,10 @@ KNOWN_OFF = {
     "cpu-full-ckpt-untiled-unpadded-keep-smallV": f"update 0.87: {_SAFE_SUM}",
     "cpu-full-ckpt-tiled-unpadded-keep-smallV": f"update 0.90: {_SAFE_SUM}",
     "cpu-lora-nockpt-untiled-shared-keep-smallV": f"generation 0.82, update 0.86: {_PREFILL}; {_SAFE_SUM}",
-    "cpu-lora-nockpt-tiled-unpadded-keep-smallV": ("update 1.106 (optimistic): fp32 without checkpointing the layers' "
-                                                   "backward workspace is planned beyond the freed loss chunks "
-                                                   "(W-long 8 x 8K); with LoRA's tiled MLP on the 320-token "
-                                                   "vocabulary that leaves 0.6% too little (it was 0.89 before)"),
+    "cpu-lora-nockpt-tiled-unpadded-keep-smallV": ("update 1.106 (optimistic; 0.89 before the fp32 workspace "
+                                                   "overlap hid it): the peak is the loss phase, where the trace "
+                                                   "holds 14.7 MB of loss working set against the planned 8.6 "
+                                                   "(320-token vocabulary: one chunk spans the micro-batch)"),
     "cpu-lora-nockpt-tiled-shared-keep-smallV": f"generation 0.74, update 0.87: {_PREFILL}; {_SAFE_SUM}",
     "cpu-lora-ckpt-untiled-unpadded-keep-smallV": f"update 0.89: {_SAFE_SUM}",
     "cuda-full-nockpt-untiled-shared-keep-smallV": f"generation 0.85, update 0.89: {_PREFILL}; {_SAFE_SUM}",
