@@ -229,6 +229,19 @@ def test_bad_input_is_refused_naming_the_key(tmp_path, tiny_model_dir, overrides
         assert "rewards/vowels/mean" in str(err.value)
 
 
+def test_a_judge_without_keep_best_is_accepted_and_judges_nothing(tmp_path, tiny_model_dir):
+    """A recipe names its judge; switching keep_best off on the command line (with or without evaluation and
+    checkpoints) must not need the judge cleared too (TRL accepts metric_for_best_model alone)."""
+    from slimgrpo.monitor.best import settings_for
+
+    (tmp_path / "heldout.jsonl").write_text(json.dumps(HELDOUT[0]) + "\n")
+    path = write_run(tmp_path, tiny_model_dir, eval={"data": "heldout.jsonl", "num_samples": 2},
+                     run={"keep_best": True, "best_metric": "eval/mean_reward"})
+    for overrides in (["run.keep_best=false", "run.save_checkpoints=false"], ["run.keep_best=false", "eval.data="]):
+        cfg = load_config(str(path), overrides)
+        assert cfg.run.best_metric == "eval/mean_reward" and settings_for(cfg) is None
+
+
 def test_metric_names_that_work(tmp_path, tiny_model_dir):
     (tmp_path / "heldout.jsonl").write_text(json.dumps(HELDOUT[0]) + "\n")
     path = write_run(tmp_path, tiny_model_dir, eval={"data": "heldout.jsonl", "num_samples": 2})

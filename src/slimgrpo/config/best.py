@@ -66,11 +66,11 @@ def validate_best(cfg) -> None:
                           f"before the run stops) or null (never stop early), got {patience}")
     if run.early_stopping_threshold < 0:
         raise ConfigError(f"run.early_stopping_threshold must be >= 0, got {run.early_stopping_threshold}")
-    if not (run.keep_best or patience is not None or run.best_metric):
-        return
     if patience is not None and not run.keep_best:
         raise ConfigError("run.early_stopping_patience stops the run and keeps the best model: set "
                           "run.keep_best=true too (as TRL's EarlyStoppingCallback needs load_best_model_at_end)")
+    if not run.keep_best:  # run.best_metric alone judges nothing (TRL: metric_for_best_model without
+        return             # load_best_model_at_end): a recipe's judge may stay set with keep_best switched off
     metric = best_metric(cfg)
     choices = ", ".join(available_metrics(cfg))
     if not metric:
