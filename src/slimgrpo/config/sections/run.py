@@ -99,7 +99,8 @@ class RunConfig:
     A held-out metric of ``eval.*`` (``eval/accuracy_greedy``, ``eval/accuracy_sampled``, ``eval/pass@<k>``,
     ``eval/mean_reward``, ``eval/rewards/<function>``), judged at every evaluation; or a training reward
     (``reward``, ``rewards/<function>/mean``), judged every ``save_steps`` steps on its mean since the last
-    judgement. Empty: ``eval/accuracy_greedy`` when ``eval.data`` is set."""
+    judgement. Empty: ``eval/accuracy_greedy`` when ``eval.data`` is set. Without ``keep_best`` it judges nothing
+    (accepted, as TRL accepts ``metric_for_best_model`` alone)."""
     greater_is_better: bool = True
     """TRL's ``greater_is_better``: a higher ``best_metric`` is better (every metric slimgrpo names is)."""
     early_stopping_patience: int | None = None
