@@ -115,7 +115,7 @@ def validation_file(train: Path) -> Path:
 
 def keep_best_overrides(train: Path, keep_best: bool) -> list[str]:
     """On: judged on ``validation_file(train)``, the newest checkpoint beside the best. Off: no held-out
-    evaluation, no judge (a recipe's run.best_metric needs one) and no checkpoints."""
+    evaluation, no judge and no checkpoints (the recipe's run.best_metric cleared: nothing to judge by)."""
     if keep_best:
         return [f"eval.data={validation_file(train)}", "run.save_total_limit=1"]
     return ["run.keep_best=false", "run.best_metric=", "eval.data=", "run.save_checkpoints=false"]
