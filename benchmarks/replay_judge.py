@@ -22,13 +22,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _learn  # noqa: E402
 import learn_suite  # noqa: E402
 
 from slimgrpo.monitor.best import BestSettings, BestTracker  # noqa: E402
 
 
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+def _last_eval(run: dict, steps: int) -> dict | None:
+    """The score of a run's last-step model: its ``last/`` (``--score-last``), or its kept model when that was
+    the last step's; None where it was not scored."""
+    return run.get("eval_last") or (run["eval"] if run.get("final_step") == steps else None)
 
 
 def replayed_step(records: list[dict], metric: str, greater_is_better: bool = True) -> tuple[int | None, float | None]:
@@ -57,15 +60,15 @@ def replay(campaign: Path, metric: str, reruns: list[Path]) -> tuple[dict, list[
         for key, run in entry.items():
             if not key.startswith("slimgrpo-s") or "eval" not in run:
                 continue
-            records = _records(campaign / task / key)
+            records = _learn.steps_all(campaign / task / key)
+            last = _last_eval(run, steps)
             rerun = next(((p, r[task][key]) for p, r in again if task in r and "eval" in r[task].get(key, {})), None)
             if rerun is not None:
                 folder, rerun_run = rerun
-                if _trajectory(_records(folder / task / key)) != _trajectory(records):
+                if _trajectory(_learn.steps_all(folder / task / key)) != _trajectory(records):
                     raise SystemExit(f"{task} {key}: the rerun in {folder} trained differently from {campaign}: "
                                      "a replayed score would not be the rerun's model's")
                 new[key] = dict(rerun_run)
-                last = run.get("eval_last") or (run["eval"] if run.get("final_step") == steps else None)
                 if "eval_last" not in rerun_run and last is not None:
                     new[key]["eval_last"] = last  # the same last-step model, scored by this campaign
                 notes.append(f"{task} {key}: run again with {metric} ({folder.name}); same rewards step by step")
@@ -80,7 +83,6 @@ def replay(campaign: Path, metric: str, reruns: list[Path]) -> tuple[dict, list[
                 continue
             new[key] = {**run, "eval": scored, "final_step": step, "best_value": value, "best_metric": metric}
             new[key].pop("eval_last", None)
-            last = run.get("eval_last") or (run["eval"] if run.get("final_step") == steps else None)
             if last is not None:  # the last step's model (scored twice in the table where it is the kept one)
                 new[key]["eval_last"] = last
             new[key]["collapsed"] = learn_suite.collapsed(scored, entry["base"])
@@ -92,8 +94,9 @@ def replay(campaign: Path, metric: str, reruns: list[Path]) -> tuple[dict, list[
             for key, run in entry.items():
                 if key.startswith("slimgrpo-s") and "eval" in run and key not in new:
                     new[key] = dict(run)
-                    if run.get("final_step") == entry["settings"]["steps"]:
-                        new[key].setdefault("eval_last", run["eval"])
+                    last = _last_eval(run, entry["settings"]["steps"])
+                    if last is not None:
+                        new[key]["eval_last"] = last
                     notes.append(f"{task} {key}: run with {metric} ({folder.name}); no recorded run before it")
     return out, notes
 
