@@ -67,6 +67,16 @@ def fused_applicable(importance_sampling_level: str, has_old_logp: bool, vocab_c
     return importance_sampling_level == "token" or not has_old_logp
 
 
+def takes_fused_path(fuse: bool, top_entropy_quantile: float, entropy_grad: bool, importance_sampling_level: str,
+                     has_old_logp: bool, vocab_chunk: int | None) -> bool:
+    """Whether a micro-batch's loss runs through the fused head (``update.micro_loss``'s choice, and the
+    planner's: the two paths hold different working sets). ``fuse``: ``loss.fuse_head_loss``; the top-entropy
+    mask (``top_entropy_quantile < 1``) needs every token's entropy before the loss and the entropy bonus
+    (``entropy_grad``) its gradient, which only the separate path gives; then ``fused_applicable``."""
+    return (fuse and top_entropy_quantile >= 1.0 and not entropy_grad
+            and fused_applicable(importance_sampling_level, has_old_logp, vocab_chunk))
+
+
 def _softmax_into(z: Tensor, out: Tensor, want_entropy: bool) -> tuple[Tensor, Tensor | None, Tensor]:
     """Log-sum-exp, entropy and softmax of logits ``z`` [n, V] (``z`` is left holding ``z - max``).
 
@@ -85,6 +95,18 @@ def _softmax_into(z: Tensor, out: Tensor, want_entropy: bool) -> tuple[Tensor, T
         e_log_e = torch.bmm(e[:, None, :], z[:, :, None]).view(-1)  # [n]
         entropy = log_s - e_log_e / s
     return m + log_s, entropy, e.div_(s[:, None])
+
+
+def _not_separable(g_true: Tensor, g_used: Tensor) -> bool:
+    """Whether the per-chunk gradients ``g_used`` [N] differ from the whole vector's ``g_true`` [N] beyond the
+    tolerance (the objective was not token-separable): one boolean read from the device.
+
+    A boolean, not two floats compared on the host: ``slimgrpo plan --trace`` runs this on fake tensors, whose
+    boolean reads are ``False`` (trace/fake_data.py), so the trace takes the separable path that a run of the
+    objectives ``fused_applicable`` admits takes (``_correct`` would add a second chunked pass to the trace only).
+    """
+    tol = _SEPARABLE_RTOL * g_true.abs().max().clamp_min(1e-30)
+    return bool((g_true - g_used).abs().max() > tol)
 
 
 def _objective_grad(objective: FlatObjective, logp: Tensor) -> Tensor:
@@ -140,8 +162,7 @@ class _FusedHeadLoss(torch.autograd.Function):
             grads.hidden = None if grad_hidden is None else grad_hidden[s:e]
             _backprop_slice(ws, _SliceSoftmax(p, cap, 0, vocab), h, head, y, g, grads)  # products 2 and 3
         g_true = _objective_grad(objective, logp)
-        tol = _SEPARABLE_RTOL * max(float(g_true.abs().max()), 1e-30) if n_tokens else 0.0
-        if n_tokens and float((g_true - g_used).abs().max()) > tol:
+        if n_tokens and _not_separable(g_true, g_used):
             _correct(hidden, head, targets, g_true - g_used, token_chunk, grad_hidden, grads)
         with torch.enable_grad():
             x = logp.detach().clone().requires_grad_()
@@ -255,4 +276,4 @@ def completion_loss(
     return loss, logp, entropy
 
 
-__all__ = ["FlatObjective", "completion_loss", "fused_applicable", "fused_token_loss"]
+__all__ = ["FlatObjective", "completion_loss", "fused_applicable", "fused_token_loss", "takes_fused_path"]

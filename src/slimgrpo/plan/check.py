@@ -12,6 +12,7 @@ from rich.console import Console
 
 from slimgrpo.config import Config, ConfigError, auto_token_chunk, from_dict, merge_overrides, resolve_path
 from slimgrpo.config.sections.rollout import resolve_engine
+from slimgrpo.loss.fused import takes_fused_path
 from slimgrpo.plan.advice import Suggestion, fit_to_budget, format_gib, parse_bytes, render_plan
 from slimgrpo.plan.planner import MemoryPlan, PlanInputs, plan_memory
 from slimgrpo.plan.shapes import ModelShape, load_shape
@@ -68,7 +69,8 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
         offload_activations=cfg.memory.offload_activations,
         reference_placement=cfg.memory.reference_placement,
         token_chunk=cfg.loss.token_chunk or auto_token_chunk(vocab),
-        vocab_chunk=cfg.loss.vocab_chunk, chunked_loss=True,
+        vocab_chunk=cfg.loss.vocab_chunk, chunked_loss=True, fused_loss=fused_loss(cfg),
+        entropy_bonus=cfg.loss.entropy_coef != 0.0 or cfg.loss.use_adaptive_entropy,
         generation_batch_rows=cfg.rollout.max_batch_rows,
         attn_implementation=cfg.model.attn_implementation or "sdpa",
         micro_batch_tokens=cfg.memory.micro_batch_tokens,
@@ -79,6 +81,17 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
         fsdp_generation=cfg.distributed.fsdp_generation,
         **vllm_inputs(cfg, device, dtype_bytes),
     )
+
+
+def fused_loss(cfg: Config) -> bool:
+    """Whether the update's micro-batches take the fused head + loss (``update.micro_loss``'s rule,
+    ``fused.takes_fused_path``). An adaptive entropy bonus switches path with its coefficient: planned fused,
+    whose blocks are at least the separate path's with the bonus."""
+    L = cfg.loss
+    old_logp = L.num_iterations > 1 or L.steps_per_generation > 1 or cfg.ppo
+    always_bonus = L.entropy_coef != 0.0 and not L.use_adaptive_entropy
+    return takes_fused_path(L.fuse_head_loss, L.top_entropy_quantile, always_bonus, L.importance_sampling_level,
+                            old_logp, L.vocab_chunk)
 
 
 def vllm_inputs(cfg: Config, device: str, dtype_bytes: int) -> dict[str, Any]:

@@ -75,21 +75,30 @@ OFFLOAD_RESIDENT_LAYERS = 2
 # Activation offload (update/offload.py) moves only saved tensors of at least this many bytes.
 OFFLOAD_MIN_BYTES = 1 << 20
 
-# Chunked LM head: per chunk logit, the raw head output, its fp32 copy (softmax computed in place)
-# and a compute-dtype copy for the weight matmul, plus an fp32 clone when entropy is logged:
-# at most 3 fp32-sized copies (loss/chunked_head.py).
-LOSS_CHUNK_COPIES = 3
-# With a 16-bit compute dtype the chunk also lives in bf16 (the head's output and the gradient cast back for the
-# weight matmul) beside the fp32 copies: traced about 4 fp32-sized blocks at the head's backward (issue 43's matrix,
-# tests/plan/test_plan_matrix.py: CUDA, bf16, vocabulary 32,000 over hidden 64, LoRA and full: trace / plan 1.29-1.35
-# with 3 copies). At full size a block is at most 64 MiB (config.auto_token_chunk): ~0.1 GiB optimistic before.
-LOSS_CHUNK_COPIES_HALF = 4
+# Chunked LM head: float32 [token_chunk, vocabulary slice] blocks alive at once (loss/chunked_head.py,
+# loss/fused.py), as issue 43's matrix traces them (tests/plan/test_plan_matrix.py):
+# - the fused head + loss (loss/fused.py, where ``fused.takes_fused_path`` holds: the default GRPO family): the
+#   logits block and the softmax scratch beside it;
+# - log-probs, then the loss (the separate path): the logits block, in forward and again in backward; one more
+#   with a frozen head and one vocabulary slice (LoRA: forward forms dlogp/dh beside the entropy's e·log e block)
+#   or with the entropy bonus (backward's softmax beside the logits).
+# A 16-bit compute dtype adds the head output in that dtype: half an fp32 block more.
+# (Until the trace took the separable path its runs take (fused._not_separable), it also ran the fallback's second
+# chunked pass; these counts were then 3 and, 16-bit, 4.)
+LOSS_BLOCKS_FUSED = 2
+LOSS_BLOCKS_SEPARATE = 1
+LOSS_BLOCKS_SEPARATE_EXTRA = 1  # the frozen head's dlogp/dh pass, or the entropy bonus's backward
+# [n, H] float32 temporaries of one token chunk's hidden-state gradient (chunked_head._backprop_slice: the target
+# rows of W, their scaled copy, p·W, the difference), beside the [N, H] accumulator; they weigh where one chunk
+# spans the micro-batch (a small vocabulary).
+LOSS_CHUNK_HIDDEN_TEMPORARIES = 3
 # Full-logits path (TRL-like): logits and their gradient in the compute dtype.
 FULL_LOGITS_COPIES = 2
 # Per-token fp32 tensors of the GRPO objective (log-probs, ratio, clipped terms, KL, masks...).
 LOSS_PER_TOKEN_TENSORS = 12
 
-# Decode: fp32 logits of the last position for every row, plus the sampling workspace.
+# Decode: fp32 logits of the last position for every row, plus the sampling workspace (rollout/engine.py drops a
+# step's logits once sampled; a 16-bit head's own output is counted beside them, planner._generation_components).
 GEN_LOGITS_COPIES = 2
 # The rollout prefills prompts this many positions at a time (rollout/engine.py TorchRolloutEngine's
 # prefill_chunk): the prefill's working set is one chunk's, not the whole prompt's.

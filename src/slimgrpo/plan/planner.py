@@ -32,8 +32,8 @@ from slimgrpo.memory import attention as attn_kernels
 from slimgrpo.plan.formulas import (ADAMW_8BIT_BYTES_PER_PARAM, ADAMW_STATES, BACKWARD_WORKSPACE_LAYERS,
                        CHECKPOINT_RECOMPUTE_LAYERS, CPU_ADAMW_STEP_TEMPORARIES, CPU_FRAMEWORK_OVERHEAD_BYTES,
                        CUDA_FRAMEWORK_OVERHEAD_BYTES, MASTER_WEIGHT_BYTES, CUDA_TRACE_MARGIN, FULL_LOGITS_COPIES, GEN_LOGITS_COPIES,
-                       GRAD_ACCUMULATION_TEMPORARIES, GiB, KiB, LORA_ADAPTER_BYTES, LOSS_CHUNK_COPIES,
-                       LOSS_CHUNK_COPIES_HALF,
+                       GRAD_ACCUMULATION_TEMPORARIES, GiB, KiB, LORA_ADAPTER_BYTES, LOSS_BLOCKS_FUSED,
+                       LOSS_BLOCKS_SEPARATE, LOSS_BLOCKS_SEPARATE_EXTRA, LOSS_CHUNK_HIDDEN_TEMPORARIES,
                        LOSS_PER_TOKEN_TENSORS, NORM_BACKWARD_FP32_TENSORS, NORM_BACKWARD_RESIDUAL_GRADS, MiB,
                        NF4_BYTES_PER_PARAM, OFFLOAD_RESIDENT_LAYERS, offloaded_bytes,
                        PREFILL_CHUNK_TOKENS, QLORA_COMPUTE_BYTES, TILED_MLP_AUTO_TOKENS, TILED_MLP_BACKWARD_BUFFERS,
@@ -338,14 +338,29 @@ def _loss_component(shape: ModelShape, x: PlanInputs) -> Component:
                          f" + {LOSS_PER_TOKEN_TENSORS}·m·T·4")
     chunk = min(x.token_chunk, m * T)
     vc = min(x.vocab_chunk or V, V)
-    # A trained head (full fine-tuning) accumulates its gradient over the chunks in fp32.
-    head_grad = 0 if x.lora else V * H * 4
-    copies = LOSS_CHUNK_COPIES if B == 4 else LOSS_CHUNK_COPIES_HALF
-    b = math.ceil(logits_bytes(chunk, vc, 1, 4, copies)) + m * T * H * 4 + head_grad + per_token
-    head = " + V·H·4 (fp32 head-grad accumulator)" if head_grad else ""
+    blocks, path = loss_blocks(x, vc == V)
+    # A trained head (full fine-tuning) accumulates its gradient over the chunks in fp32; in a 16-bit dtype its
+    # per-slice product is formed in that dtype and widened (chunked_head._backprop_slice).
+    head_grad = 0 if x.lora else V * H * 4 + (0 if B == 4 else vc * H * (B + 4))
+    hidden = m * T * H * (4 + B) + LOSS_CHUNK_HIDDEN_TEMPORARIES * chunk * H * 4
+    b = math.ceil(logits_bytes(chunk, vc, 1, 4, blocks)) + hidden + head_grad + per_token
+    head = (" + V·H·4 (fp32 head-grad accumulator)" + ("" if B == 4 else f" + slice·H·({B}+4) (its per-slice product)")
+            if head_grad else "")
     return Component("loss working set", b, "update",
-                     f"chunked: {copies:g}·{_n(chunk)} tokens·{_n(vc)} vocab·4 B + m·T·H·4 (hidden grad)"
-                     f"{head} + {LOSS_PER_TOKEN_TENSORS}·m·T·4")
+                     f"chunked, {path}: {blocks:g}·{_n(chunk)} tokens·{_n(vc)} vocab·4 B + m·T·H·(4+{B}) (hidden "
+                     f"grad, gathered hidden) + {LOSS_CHUNK_HIDDEN_TEMPORARIES}·{_n(chunk)}·H·4 (per-chunk "
+                     f"temporaries){head} + {LOSS_PER_TOKEN_TENSORS}·m·T·4")
+
+
+def loss_blocks(x: PlanInputs, one_slice: bool) -> tuple[float, str]:
+    """fp32 ``[chunk, vocabulary slice]`` blocks the chunked head holds at once, and the path's name (formulas:
+    LOSS_BLOCKS_*): a 16-bit compute dtype adds half a block (the head output in that dtype)."""
+    if x.fused_loss:
+        blocks, path = LOSS_BLOCKS_FUSED, "fused head + loss"
+    else:
+        extra = x.entropy_bonus or (x.lora and one_slice)  # backward's softmax / the frozen head's dlogp/dh pass
+        blocks, path = LOSS_BLOCKS_SEPARATE + (LOSS_BLOCKS_SEPARATE_EXTRA if extra else 0), "log-probs then loss"
+    return blocks + (0.0 if _compute_bytes(x) == 4 else 0.5), path
 
 
 def _loss_kept_after(shape: ModelShape, x: PlanInputs) -> int:
@@ -424,6 +439,7 @@ def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
         kv_what = (f"{x.kv_cache_dtype}: 2·(1 + 4/head_dim)·L·S·kv_heads·head_dim·rows + one layer dequantised "
                    f"2·B·S·kv_heads·head_dim·rows; L {shape.layers}, S {_n(S)}, kv_heads {shape.kv_heads}, "
                    f"head_dim {shape.head_dim}")
+    head_out = 0 if B == 4 else B  # a 16-bit head's output, widened to fp32 for sampling
     groups = min(x.prompts_per_step, math.ceil(gen_rows / x.num_generations))
     chunk = min(P, PREFILL_CHUNK_TOKENS)  # queries of one prefill chunk, against up to P keys
     prefill = groups * chunk * inference_bytes_per_token_layer(shape, x)
@@ -432,8 +448,9 @@ def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     return [
         *_decode_weight_components(shape, x),
         Component("KV cache", kv, "generation", f"{kv_what}·{gen_rows}"),
-        Component("generation logits", gen_rows * V * 4 * GEN_LOGITS_COPIES, "generation",
-                  f"{GEN_LOGITS_COPIES}·rows·V·4 = {GEN_LOGITS_COPIES}·{gen_rows}·{_n(V)}·4"),
+        Component("generation logits", gen_rows * V * (4 * GEN_LOGITS_COPIES + head_out), "generation",
+                  f"rows·V·({GEN_LOGITS_COPIES}·4{f' + {head_out}' if head_out else ''}) = {_n(gen_rows)}·{_n(V)}·"
+                  f"{4 * GEN_LOGITS_COPIES + head_out}" + (" (the head's 16-bit output beside them)" if head_out else "")),
         Component("prefill working set", prefill, "generation",
                   f"groups·min(P, chunk)·(one layer, no grad) + chunk·P terms = {groups}·{_n(chunk)}·"
                   f"{_n(inference_bytes_per_token_layer(shape, x))} + {_n(mask_shared + mask_layer)}"),
@@ -602,7 +619,7 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     loss = _loss_component(shape, x)
     tokens = update_layer_bytes(shape, x)[1]
     final_norm = tokens * ((4 + 2 * _compute_bytes(x)) * shape.hidden + 4)
-    kept = _loss_kept_after(shape, x) if _compute_bytes(x) == 4 else None  # fp32: the overlap the trace showed
+    kept = _loss_kept_after(shape, x)
     activations = _overlap_recompute(_activation_components(shape, x), loss, final_norm, _offloads_to_host(x), kept)
     optimizer = _overlap_step_workspace(_optimizer_components(shape, x), activations + [loss])
     weights = _overlap_reference_stream(_weight_components(shape, x), optimizer + activations + [loss])

@@ -242,14 +242,20 @@ class TorchRolloutEngine:
 
         # Everything above is allocated once per call, under the pinned mmap threshold; only the decode loop's
         # per-step tensors come from glibc's heap (memory/malloc.py).
+        handed = [logits]  # _decode takes the prefill's logits over: held here, they would live through every step
+        del logits
         with generation_heap():
-            self._decode(stepper, logits, seen, params, generator, (out_tokens, out_logprobs, lengths, ended))
+            self._decode(stepper, handed, seen, params, generator, (out_tokens, out_logprobs, lengths, ended))
         return out_tokens.t().contiguous(), out_logprobs.t().contiguous(), lengths, ~ended
 
-    def _decode(self, stepper, logits: torch.Tensor, seen: torch.Tensor | None, params: SamplingParams,
+    def _decode(self, stepper, handed: list[torch.Tensor], seen: torch.Tensor | None, params: SamplingParams,
                 generator: torch.Generator | None, outputs: tuple[torch.Tensor, ...]) -> None:
-        """Sample up to ``max_new_tokens`` per row from the prefill's ``logits`` [n, V] on, writing ``outputs``
-        (step-major tokens and log-probs, lengths, ended) in place; rows leave the batch as they finish."""
+        """Sample up to ``max_new_tokens`` per row from the prefill's logits [n, V] on (``handed``, a one-item list
+        this emptying takes over), writing ``outputs`` (step-major tokens and log-probs, lengths, ended) in place;
+        rows leave the batch as they finish. A step's logits are dropped once sampled, before the next step's
+        are formed: one [b, V] float32 block at a time (plus the sampling workspace and, in 16-bit, the head's
+        output), as the planner counts them (``generation logits``)."""
+        logits = handed.pop()
         out_tokens, out_logprobs, lengths, ended = outputs
         device, n, max_new = logits.device, logits.shape[0], params.max_new_tokens
         workspace = SamplingWorkspace()
@@ -263,6 +269,7 @@ class TorchRolloutEngine:
             if t < params.min_new_tokens and eos.numel():
                 logits.index_fill_(1, eos, float("-inf"))  # EOS is not allowed yet
             tokens, logprobs = sample_next(logits, params, generator, workspace=workspace)  # [b], [b]
+            del logits  # sampled: not alive beside the next step's
             tokens = torch.where(done, pad, tokens)
             out_tokens[t].index_copy_(0, alive, tokens)
             out_logprobs[t].index_copy_(0, alive, logprobs.masked_fill(done, 0.0))

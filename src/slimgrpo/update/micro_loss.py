@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from slimgrpo.containers import LossStats
-from slimgrpo.loss.fused import completion_loss, fused_applicable
+from slimgrpo.loss.fused import completion_loss, takes_fused_path
 from slimgrpo.loss.logprobs import completion_logprobs
 from slimgrpo.loss.objectives import Normaliser, PolicyObjective, TokenEntropy, grpo_loss
 from slimgrpo.update.layout import choose_layout, forward
@@ -26,7 +26,7 @@ def micro_batch_loss(model, micro: MicroBatch, settings: UpdateSettings, norm: N
                      entropy_coef: float | None = None) -> tuple[torch.Tensor, LossStats, torch.Tensor | None]:
     """``(loss, stats, entropy [rows, T])`` of one micro-batch; call ``loss.backward()`` afterwards.
 
-    ``settings.fuse`` (``loss.fuse_head_loss``) picks the fused path where ``fused_applicable`` allows it;
+    ``settings.fuse`` (``loss.fuse_head_loss``) picks the fused path where ``fused.takes_fused_path`` allows it;
     the forward layout is ``layout.choose_layout``'s. ``micro.entropy_cut``: the batch's entropy threshold for
     ``top_entropy_quantile < 1`` (that mask needs every token's entropy before the loss, so it takes the
     unfused path). ``entropy_coef``: the entropy-bonus coefficient of this optimizer step (None:
@@ -36,13 +36,12 @@ def micro_batch_loss(model, micro: MicroBatch, settings: UpdateSettings, norm: N
     loss_settings = settings.loss
     coef = loss_settings.entropy_coef if entropy_coef is None else entropy_coef
     entropy_grad = loss_settings.entropy_bonus and coef != 0.0
-    fusable = loss_settings.top_entropy_quantile >= 1.0 and not entropy_grad
     rows = micro.completion_rows
     head = dict(temperature=settings.temperature, token_chunk=settings.token_chunk,
                 hidden_fn=choose_layout(model, rows, settings, with_grad=True))
     fused_loss = None
-    if settings.fuse and fusable and fused_applicable(loss_settings.importance_sampling_level,
-                                                      micro.old_logp is not None, settings.vocab_chunk):
+    if takes_fused_path(settings.fuse, loss_settings.top_entropy_quantile, entropy_grad,
+                        loss_settings.importance_sampling_level, micro.old_logp is not None, settings.vocab_chunk):
         policy_only = dataclasses.replace(loss_settings, entropy_coef=0.0, use_adaptive_entropy=False)
         objective = PolicyObjective(micro.old_logp, micro.ref_logp, micro.advantages, micro.loss_mask, policy_only,
                                     norm)
