@@ -8,7 +8,8 @@ ru_maxrss), beside ``slimgrpo plan``'s peak and, with ``--trace``, the trace's d
 Rows (``ROWS``): W-long 8 x 8K on W-cpu's shape (full fine-tuning, fp32, no checkpointing; the tiled MLP by
 ``auto``), SmolLM2-135M's 8K window both ways (benchmarks/window.py's settings: checkpointing, 2 x (256 + 7,936)
 and 2 x (7,000 + 1,024)), W-real full and LoRA (SmolLM2 on GSM8K, completions to EOS: the plan is an upper bound
-there), the addition recipe (examples/smollm2_addition.yaml) and the demo. SmolLM2 rows need
+there; the ``-pinned`` rows generate every completion at its full 128 tokens, as the plan counts them), the
+addition recipe (examples/smollm2_addition.yaml) and the demo. SmolLM2 rows need
 ``python scripts/get_smollm2.py .bench/smollm2``; rows whose inputs are missing print why and are skipped.
 The goal: plan / measured and trace / measured within 0.9 - 1.1 on every row, and where a row must err, the plan
 above the measurement (the safe side). Peak RSS is a memory figure: fine on a busy machine (the load is printed).
@@ -51,6 +52,17 @@ def _window(variant: str) -> Callable[[], "vs_trl.Settings | None"]:
             return _missing("SmolLM2-135M-Instruct: python scripts/get_smollm2.py .bench/smollm2")
         return window.settings(variant, None, 2)
     return build
+
+
+def _pinned(build: Callable[[], "vs_trl.Settings | None"]) -> Callable[[], "vs_trl.Settings | None"]:
+    """The same row with every completion at its full length (min = max new tokens), as the plan counts them: the
+    W-real rows stop at EOS, far under 128 tokens on average, where the plan is an upper bound by design."""
+    def build_pinned():
+        s = build()
+        if s is not None:
+            s.pin_length = True
+        return s
+    return build_pinned
 
 
 def _needs_smollm2(build: Callable[[], "vs_trl.Settings"]) -> Callable[[], "vs_trl.Settings | None"]:
@@ -99,6 +111,10 @@ ROWS: dict[str, Row] = {
                        _needs_smollm2(_vs_trl("--workload", "w-real", "--steps", "2"))),
     "w-real-lora": Row("W-real: SmolLM2 on GSM8K, 16 x 128 to EOS, LoRA",
                        _needs_smollm2(_vs_trl("--workload", "w-real", "--lora", "--steps", "2"))),
+    "w-real-full-pinned": Row("W-real, full, every completion 128 tokens (pinned)",
+                              _pinned(_needs_smollm2(_vs_trl("--workload", "w-real", "--steps", "2")))),
+    "w-real-lora-pinned": Row("W-real, LoRA, every completion 128 tokens (pinned)",
+                              _pinned(_needs_smollm2(_vs_trl("--workload", "w-real", "--lora", "--steps", "2")))),
     "addition": Row("addition recipe (examples/smollm2_addition.yaml), 2 steps", _addition),
     "demo": Row("demo (slimgrpo demo's model and task)", _vs_trl("--workload", "demo", "--steps", "3")),
 }
