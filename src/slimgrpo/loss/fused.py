@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from slimgrpo.config.sections.loss import auto_token_chunk
+from slimgrpo.config.sections.loss import auto_token_chunk, fused_applicable, takes_fused_path  # the path rules
 from slimgrpo.loss.chunked_head import (
     HeadSpec,
     _backprop_slice,
@@ -54,28 +54,6 @@ FlatObjective = Callable[[Tensor], Tensor]  # logp [n] float32 (with grad) -> sc
 # Tolerance of the separability check (relative to the largest |g|): elementwise kernels may differ in
 # the last bit between a vectorised body and its tail, which must not trigger the fallback.
 _SEPARABLE_RTOL = 1e-6
-
-def fused_applicable(importance_sampling_level: str, has_old_logp: bool, vocab_chunk: int | None) -> bool:
-    """Whether the fused path is expected to be separable (else the caller keeps the separate path).
-
-    Token-level ratios are separable; the sequence ratio is too at the on-policy point (its value is 1
-    whatever the log-probs) but not with old log-probs.  Vocabulary chunks need two passes over the
-    logits (the log-sum-exp before the softmax), which the fused pass cannot save.
-    """
-    if vocab_chunk is not None:
-        return False
-    return importance_sampling_level == "token" or not has_old_logp
-
-
-def takes_fused_path(fuse: bool, top_entropy_quantile: float, entropy_grad: bool, importance_sampling_level: str,
-                     has_old_logp: bool, vocab_chunk: int | None) -> bool:
-    """Whether a micro-batch's loss runs through the fused head (``update.micro_loss``'s choice, and the
-    planner's: the two paths hold different working sets). ``fuse``: ``loss.fuse_head_loss``; the top-entropy
-    mask (``top_entropy_quantile < 1``) needs every token's entropy before the loss and the entropy bonus
-    (``entropy_grad``) its gradient, which only the separate path gives; then ``fused_applicable``."""
-    return (fuse and top_entropy_quantile >= 1.0 and not entropy_grad
-            and fused_applicable(importance_sampling_level, has_old_logp, vocab_chunk))
-
 
 def _softmax_into(z: Tensor, out: Tensor, want_entropy: bool) -> tuple[Tensor, Tensor | None, Tensor]:
     """Log-sum-exp, entropy and softmax of logits ``z`` [n, V] (``z`` is left holding ``z - max``).

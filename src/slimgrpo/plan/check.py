@@ -11,8 +11,8 @@ from typing import Any
 from rich.console import Console
 
 from slimgrpo.config import Config, ConfigError, auto_token_chunk, from_dict, merge_overrides, resolve_path
+from slimgrpo.config.sections.loss import takes_fused_path
 from slimgrpo.config.sections.rollout import resolve_engine
-from slimgrpo.loss.fused import takes_fused_path
 from slimgrpo.plan.advice import Suggestion, fit_to_budget, format_gib, parse_bytes, render_plan
 from slimgrpo.plan.planner import MemoryPlan, PlanInputs, plan_memory
 from slimgrpo.plan.shapes import ModelShape, load_shape
@@ -85,7 +85,7 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
 
 def fused_loss(cfg: Config) -> bool:
     """Whether the update's micro-batches take the fused head + loss (``update.micro_loss``'s rule,
-    ``fused.takes_fused_path``). An adaptive entropy bonus switches path with its coefficient: planned fused,
+    ``config.sections.loss.takes_fused_path``). An adaptive entropy bonus switches path with its coefficient: planned fused,
     whose blocks are at least the separate path's with the bonus."""
     L = cfg.loss
     old_logp = L.num_iterations > 1 or L.steps_per_generation > 1 or cfg.ppo

@@ -72,7 +72,7 @@ class PlanInputs:
     """False = materialise [m, T, V] logits, as a trainer without a chunked head does (for comparisons)."""
     fused_loss: bool = True
     """The update's LM head and loss run as one pass (loss/fused.py: ``loss.fuse_head_loss`` where the objective
-    allows it, ``fused.takes_fused_path``); False: log-probs through the chunked head, then the loss."""
+    allows it, ``config.sections.loss.takes_fused_path``); False: log-probs through the chunked head, then the loss."""
     entropy_bonus: bool = False
     """loss.entropy_coef != 0 or use_adaptive_entropy: the entropy gets a gradient (the separate path)."""
     padding_mask: bool = True

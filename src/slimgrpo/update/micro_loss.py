@@ -14,7 +14,8 @@ import dataclasses
 import torch
 
 from slimgrpo.containers import LossStats
-from slimgrpo.loss.fused import completion_loss, takes_fused_path
+from slimgrpo.config.sections.loss import takes_fused_path
+from slimgrpo.loss.fused import completion_loss
 from slimgrpo.loss.logprobs import completion_logprobs
 from slimgrpo.loss.objectives import Normaliser, PolicyObjective, TokenEntropy, grpo_loss
 from slimgrpo.update.layout import choose_layout, forward
@@ -26,7 +27,7 @@ def micro_batch_loss(model, micro: MicroBatch, settings: UpdateSettings, norm: N
                      entropy_coef: float | None = None) -> tuple[torch.Tensor, LossStats, torch.Tensor | None]:
     """``(loss, stats, entropy [rows, T])`` of one micro-batch; call ``loss.backward()`` afterwards.
 
-    ``settings.fuse`` (``loss.fuse_head_loss``) picks the fused path where ``fused.takes_fused_path`` allows it;
+    ``settings.fuse`` (``loss.fuse_head_loss``) picks the fused path where ``takes_fused_path`` (config) allows it;
     the forward layout is ``layout.choose_layout``'s. ``micro.entropy_cut``: the batch's entropy threshold for
     ``top_entropy_quantile < 1`` (that mask needs every token's entropy before the loss, so it takes the
     unfused path). ``entropy_coef``: the entropy-bonus coefficient of this optimizer step (None:

@@ -129,6 +129,29 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo", "lusp
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # LossConfig.importance_sampling_level's
 
 
+def fused_applicable(importance_sampling_level: str, has_old_logp: bool, vocab_chunk: int | None) -> bool:
+    """Whether loss/fused.py's fused path is expected to be separable (else the caller keeps the separate path).
+
+    Token-level ratios are separable; the sequence ratio is too at the on-policy point (its value is 1
+    whatever the log-probs) but not with old log-probs.  Vocabulary chunks need two passes over the
+    logits (the log-sum-exp before the softmax), which the fused pass cannot save.
+    """
+    if vocab_chunk is not None:
+        return False
+    return importance_sampling_level == "token" or not has_old_logp
+
+
+def takes_fused_path(fuse: bool, top_entropy_quantile: float, entropy_grad: bool, importance_sampling_level: str,
+                     has_old_logp: bool, vocab_chunk: int | None) -> bool:
+    """Whether a micro-batch's loss runs through the fused head of loss/fused.py (``update.micro_loss``'s
+    choice, and the planner's: the two paths hold different working sets). ``fuse``: ``loss.fuse_head_loss``;
+    the top-entropy mask (``top_entropy_quantile < 1``) needs every token's entropy before the loss and the
+    entropy bonus (``entropy_grad``) its gradient, which only the separate path gives; then
+    ``fused_applicable``."""
+    return (fuse and top_entropy_quantile >= 1.0 and not entropy_grad
+            and fused_applicable(importance_sampling_level, has_old_logp, vocab_chunk))
+
+
 def objective_problem(x, max_completion_length: int | None) -> tuple[str, str] | None:
     """The one range check of the objective's fields: ``(field, what is wrong)`` for the first one out of
     range in ``x`` (a ``LossConfig``, or the loss's ``LossSettings``), or None. ``max_completion_length``:
