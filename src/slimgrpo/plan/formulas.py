@@ -77,8 +77,8 @@ OFFLOAD_MIN_BYTES = 1 << 20
 
 # Chunked LM head: float32 [token_chunk, vocabulary slice] blocks alive at once (loss/chunked_head.py,
 # loss/fused.py), as issue 43's matrix traces them (tests/plan/test_plan_matrix.py):
-# - the fused head + loss (loss/fused.py, where ``config.sections.loss.takes_fused_path`` holds: the default GRPO family): the
-#   logits block and the softmax scratch beside it;
+# - the fused head + loss (loss/fused.py, where ``config.sections.loss.takes_fused_path`` holds: the default GRPO
+#   family): the logits block and the softmax scratch beside it;
 # - log-probs, then the loss (the separate path): the logits block, in forward and again in backward; one more
 #   with a frozen head and one vocabulary slice (LoRA: forward forms dlogp/dh beside the entropy's e·log e block)
 #   or with the entropy bonus (backward's softmax beside the logits).

@@ -344,8 +344,8 @@ def _loss_component(shape: ModelShape, x: PlanInputs) -> Component:
     head_grad = 0 if x.lora else V * H * 4 + (0 if B == 4 else vc * H * (B + 4))
     hidden = m * T * H * (4 + B) + LOSS_CHUNK_HIDDEN_TEMPORARIES * chunk * H * 4
     b = math.ceil(logits_bytes(chunk, vc, 1, 4, blocks)) + hidden + head_grad + per_token
-    head = (" + V·H·4 (fp32 head-grad accumulator)" + ("" if B == 4 else f" + slice·H·({B}+4) (its per-slice product)")
-            if head_grad else "")
+    product = "" if B == 4 else f" + slice·H·({B}+4) (its per-slice product)"
+    head = f" + V·H·4 (fp32 head-grad accumulator){product}" if head_grad else ""
     return Component("loss working set", b, "update",
                      f"chunked, {path}: {blocks:g}·{_n(chunk)} tokens·{_n(vc)} vocab·4 B + m·T·H·(4+{B}) (hidden "
                      f"grad, gathered hidden) + {LOSS_CHUNK_HIDDEN_TEMPORARIES}·{_n(chunk)}·H·4 (per-chunk "
@@ -440,6 +440,7 @@ def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
                    f"2·B·S·kv_heads·head_dim·rows; L {shape.layers}, S {_n(S)}, kv_heads {shape.kv_heads}, "
                    f"head_dim {shape.head_dim}")
     head_out = 0 if B == 4 else B  # a 16-bit head's output, widened to fp32 for sampling
+    head_note = " (the head's 16-bit output beside them)" if head_out else ""
     groups = min(x.prompts_per_step, math.ceil(gen_rows / x.num_generations))
     chunk = min(P, PREFILL_CHUNK_TOKENS)  # queries of one prefill chunk, against up to P keys
     prefill = groups * chunk * inference_bytes_per_token_layer(shape, x)
@@ -450,7 +451,7 @@ def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
         Component("KV cache", kv, "generation", f"{kv_what}·{gen_rows}"),
         Component("generation logits", gen_rows * V * (4 * GEN_LOGITS_COPIES + head_out), "generation",
                   f"rows·V·({GEN_LOGITS_COPIES}·4{f' + {head_out}' if head_out else ''}) = {_n(gen_rows)}·{_n(V)}·"
-                  f"{4 * GEN_LOGITS_COPIES + head_out}" + (" (the head's 16-bit output beside them)" if head_out else "")),
+                  f"{4 * GEN_LOGITS_COPIES + head_out}{head_note}"),
         Component("prefill working set", prefill, "generation",
                   f"groups·min(P, chunk)·(one layer, no grad) + chunk·P terms = {groups}·{_n(chunk)}·"
                   f"{_n(inference_bytes_per_token_layer(shape, x))} + {_n(mask_shared + mask_layer)}"),

@@ -250,11 +250,11 @@ class TorchRolloutEngine:
 
     def _decode(self, stepper, handed: list[torch.Tensor], seen: torch.Tensor | None, params: SamplingParams,
                 generator: torch.Generator | None, outputs: tuple[torch.Tensor, ...]) -> None:
-        """Sample up to ``max_new_tokens`` per row from the prefill's logits [n, V] on (``handed``, a one-item list
-        this emptying takes over), writing ``outputs`` (step-major tokens and log-probs, lengths, ended) in place;
-        rows leave the batch as they finish. A step's logits are dropped once sampled, before the next step's
-        are formed: one [b, V] float32 block at a time (plus the sampling workspace and, in 16-bit, the head's
-        output), as the planner counts them (``generation logits``)."""
+        """Sample up to ``max_new_tokens`` per row from the prefill's logits [n, V] on (``handed``: a one-item list,
+        emptied here so that only this frame holds them), writing ``outputs`` (step-major tokens and log-probs,
+        lengths, ended) in place; rows leave the batch as they finish. A step's logits are dropped once sampled,
+        before the next step's are formed: one [b, V] float32 block at a time (plus the sampling workspace and, in
+        16-bit, the head's output), as the planner counts them (``generation logits``)."""
         logits = handed.pop()
         out_tokens, out_logprobs, lengths, ended = outputs
         device, n, max_new = logits.device, logits.shape[0], params.max_new_tokens
