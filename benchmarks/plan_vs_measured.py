@@ -7,8 +7,9 @@ ru_maxrss), beside ``slimgrpo plan``'s peak and, with ``--trace``, the trace's d
 
 Rows (``ROWS``): W-long 8 x 8K on W-cpu's shape (full fine-tuning, fp32, no checkpointing; the tiled MLP by
 ``auto``), SmolLM2-135M's 8K window both ways (benchmarks/window.py's settings: checkpointing, 2 x (256 + 7,936)
-and 2 x (7,000 + 1,024)), W-real full and LoRA (SmolLM2 on GSM8K, completions to EOS: the plan is an upper bound
-there; the ``-pinned`` rows generate every completion at its full 128 tokens, as the plan counts them), the
+and 2 x (7,000 + 1,024)), W-real full and LoRA (SmolLM2 on GSM8K, completions to EOS; the ``-pinned`` rows generate
+every completion at its full 128 tokens, as the plan counts them; both plans count prompts at
+data.max_prompt_length, far above GSM8K's), the
 addition recipe (examples/smollm2_addition.yaml) and the demo. SmolLM2 rows need
 ``python scripts/get_smollm2.py .bench/smollm2``; rows whose inputs are missing print why and are skipped.
 The goal: plan / measured and trace / measured within 0.9 - 1.1 on every row, and where a row must err, the plan
@@ -55,8 +56,9 @@ def _window(variant: str) -> Callable[[], "vs_trl.Settings | None"]:
 
 
 def _pinned(build: Callable[[], "vs_trl.Settings | None"]) -> Callable[[], "vs_trl.Settings | None"]:
-    """The same row with every completion at its full length (min = max new tokens), as the plan counts them: the
-    W-real rows stop at EOS, far under 128 tokens on average, where the plan is an upper bound by design."""
+    """The same row with every completion at its full length (min = max new tokens), as the plan counts them (the
+    W-real rows stop at EOS, far under 128 tokens on average). Measured: the peak does not move; the plan's excess
+    there is its prompts counted at data.max_prompt_length (docs/benchmarks.md#plan-vs-measured)."""
     def build_pinned():
         s = build()
         if s is not None:
