@@ -67,15 +67,22 @@ def test_the_trace_never_runs_the_fallback_of_a_separable_objective(monkeypatch)
     assert not ran  # the old float comparison read 1.0 > 1e-6 from fake tensors: the fallback ran
 
 
-# The separate path with the entropy bonus in bf16, full fine-tuning: traced 0.85 of the plan (the safe side)
-SAFE_SIDE = {("cuda", False, "entropy bonus")}
-
-
+# Off by more than 10%, as test_plan_matrix.py's KNOWN_OFF: xfail with the measured ratio, never a wider band
+KNOWN_OFF = {("cuda", False, "entropy bonus"): "traced 0.85 of the plan: the separate path with the entropy bonus, "
+                                               "bf16, full fine-tuning (the safe side)"}
 # the fast suite's share: every path and device once, full and LoRA; `pytest -m slow` runs the other twelve
 QUICK = {("cpu", False, "default"), ("cpu", True, "fuse off"), ("cuda", False, "vocab chunks"),
          ("cuda", True, "entropy bonus")}
-CASES = [pytest.param(d, lora, v, extra, id=f"{d}-{'lora' if lora else 'full'}-{v}",
-                      marks=() if (d, lora, v) in QUICK else (pytest.mark.slow,))
+
+
+def _marks(key):
+    marks = [] if key in QUICK else [pytest.mark.slow]
+    if key in KNOWN_OFF:
+        marks.append(pytest.mark.xfail(reason=KNOWN_OFF[key], strict=False))
+    return marks
+
+
+CASES = [pytest.param(d, lora, v, extra, id=f"{d}-{'lora' if lora else 'full'}-{v}", marks=_marks((d, lora, v)))
          for d in ("cpu", "cuda") for lora in (False, True) for v, extra, _ in VARIANTS[:4]]
 
 
@@ -89,5 +96,4 @@ def test_the_loss_line_matches_its_trace_on_every_path(device, lora, variant, ex
     rows = {name: cells["update"] for name, cells in category_rows(plan, trace)}
     planned = rows["loss working set"][0]
     traced = rows["loss working set"][1] + rows.get("backward (act. grads, recompute)", (0, 0))[1]
-    low = 0.8 if (device, lora, variant) in SAFE_SIDE else 0.9
-    assert low <= traced / planned <= 1.1, (variant, traced, planned)
+    assert 0.9 <= traced / planned <= 1.1, (variant, traced, planned)
