@@ -9,8 +9,8 @@ Rows (``ROWS``): W-long 8 x 8K on W-cpu's shape (full fine-tuning, fp32, no chec
 ``auto``), SmolLM2-135M's 8K window both ways (benchmarks/window.py's settings: checkpointing, 2 x (256 + 7,936)
 and 2 x (7,000 + 1,024)), W-real full and LoRA (SmolLM2 on GSM8K, completions to EOS; the ``-pinned`` rows generate
 every completion at its full 128 tokens, as the plan counts them; both plans count prompts at
-data.max_prompt_length, far above GSM8K's), the
-addition recipe (examples/smollm2_addition.yaml) and the demo. SmolLM2 rows need
+data.max_prompt_length, far above GSM8K's), the addition recipe (examples/smollm2_addition.yaml) and the demo.
+SmolLM2 rows need
 ``python scripts/get_smollm2.py .bench/smollm2``; rows whose inputs are missing print why and are skipped.
 The goal: plan / measured and trace / measured within 0.9 - 1.1 on every row, and where a row must err, the plan
 above the measurement (the safe side). Peak RSS is a memory figure: fine on a busy machine (the load is printed).
