@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from slimgrpo.config.sections.loss import auto_token_chunk, fused_applicable, takes_fused_path  # the path rules
+from slimgrpo.config.sections.loss import auto_token_chunk, fused_applicable  # the path rule, re-exported
 from slimgrpo.loss.chunked_head import (
     HeadSpec,
     _backprop_slice,
@@ -254,4 +254,4 @@ def completion_loss(
     return loss, logp, entropy
 
 
-__all__ = ["FlatObjective", "completion_loss", "fused_applicable", "fused_token_loss", "takes_fused_path"]
+__all__ = ["FlatObjective", "completion_loss", "fused_applicable", "fused_token_loss"]
