@@ -8,8 +8,9 @@ ru_maxrss), beside ``slimgrpo plan``'s peak and, with ``--trace``, the trace's d
 Rows (``ROWS``): W-long 8 x 8K on W-cpu's shape (full fine-tuning, fp32, no checkpointing; the tiled MLP by
 ``auto``), SmolLM2-135M's 8K window both ways (benchmarks/window.py's settings: checkpointing, 2 x (256 + 7,936)
 and 2 x (7,000 + 1,024)), W-real full and LoRA (SmolLM2 on GSM8K, completions to EOS; the ``-pinned`` rows generate
-every completion at its full 128 tokens, as the plan counts them; both plans count prompts at
-data.max_prompt_length, far above GSM8K's), the addition recipe (examples/smollm2_addition.yaml) and the demo.
+every completion at its full 128 tokens, as the plan counts them), the addition recipe
+(examples/smollm2_addition.yaml) and the demo. The plan and the trace count prompts at the longest of the run's
+data (tokenized as the run reads them: train/prompts.py), as `slimgrpo train` plans them.
 SmolLM2 rows need
 ``python scripts/get_smollm2.py .bench/smollm2``; rows whose inputs are missing print why and are skipped.
 The goal: plan / measured and trace / measured within 0.9 - 1.1 on every row, and where a row must err, the plan
@@ -58,7 +59,8 @@ def _window(variant: str) -> Callable[[], "vs_trl.Settings | None"]:
 def _pinned(build: Callable[[], "vs_trl.Settings | None"]) -> Callable[[], "vs_trl.Settings | None"]:
     """The same row with every completion at its full length (min = max new tokens), as the plan counts them (the
     W-real rows stop at EOS, far under 128 tokens on average). Measured: the peak does not move; the plan's excess
-    there is its prompts counted at data.max_prompt_length (docs/benchmarks.md#plan-vs-measured)."""
+    there was its prompts counted at data.max_prompt_length, before it read the data
+    (docs/benchmarks.md#plan-vs-measured)."""
     def build_pinned():
         s = build()
         if s is not None:
@@ -129,14 +131,17 @@ def plan_of(config: Path, trace: bool) -> tuple[float, float | None, str]:
     from slimgrpo.plan.planner import plan_memory
     from slimgrpo.plan.tricks import assumed_tricks
 
+    from slimgrpo.train.prompts import data_prompt_tokens
+
     cfg = load_config(str(config), [], validate=False)
     shape = shape_of(cfg)
-    plan = plan_memory(shape, plan_inputs(cfg, "cpu", vocab=shape.vocab))
+    longest = data_prompt_tokens(cfg)  # as `slimgrpo train` plans: prompts at the data's longest
+    plan = plan_memory(shape, plan_inputs(cfg, "cpu", vocab=shape.vocab, prompt_tokens=longest))
     traced = None
     if trace:
         from slimgrpo.trace.step import trace_step
 
-        traced = trace_step(cfg, shape, "cpu").device_peak_bytes / common.MIB
+        traced = trace_step(cfg, shape, "cpu", prompt_tokens=longest).device_peak_bytes / common.MIB
     tricks = "; ".join(t.split(" (")[0] for t in assumed_tricks(plan) if t.startswith(("tiled", "gradient", "update")))
     return plan.peak_bytes / common.MIB, traced, tricks
 

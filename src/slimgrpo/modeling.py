@@ -326,14 +326,17 @@ class Policy:
         return [p for n, p in self.model.named_parameters() if p.requires_grad and f".{CRITIC_ADAPTER}." not in n]
 
 
-def build_policy(cfg: Config) -> Policy:
+def build_policy(cfg: Config, tokenizer=None) -> Policy:
+    """The policy of ``cfg``: its model on the run's device, prepared for training, and its tokenizer
+    (``tokenizer``, when the caller loaded it already, else ``model.tokenizer_path`` or the model's folder)."""
     device = resolve_device(cfg.run.device)
     dtype = resolve_dtype(cfg.model.dtype, device)
     from slimgrpo.config import resolve_path
 
     model_path = resolve_path(cfg, cfg.model.path)
-    tok_path = resolve_path(cfg, cfg.model.tokenizer_path) if cfg.model.tokenizer_path else model_path
-    tokenizer = load_tokenizer(tok_path, cfg.model.trust_remote_code)
+    if tokenizer is None:
+        tok_path = resolve_path(cfg, cfg.model.tokenizer_path) if cfg.model.tokenizer_path else model_path
+        tokenizer = load_tokenizer(tok_path, cfg.model.trust_remote_code)
     mcfg = ModelConfig(**{**cfg.model.__dict__, "path": model_path})
     # FSDP2 under torchrun: read the weights into host memory; fully_shard then moves only this rank's
     # shard to the accelerator, so weights that do not fit one device can still be loaded.

@@ -161,7 +161,7 @@ def test_update_takes_reference_logprobs_through_the_stream(monkeypatch):
 def test_plan_counts_each_placement_and_auto_settles_against_the_budget():
     import dataclasses
 
-    from slimgrpo.plan.check import settle_reference_placement
+    from slimgrpo.plan.check import PlanScope, settle_reference_placement
     from slimgrpo.plan.planner import PlanInputs, plan_memory
     from slimgrpo.plan.shapes import load_shape
 
@@ -180,12 +180,12 @@ def test_plan_counts_each_placement_and_auto_settles_against_the_budget():
     def settled(budget):
         cfg = update_config({"loss": {"beta": 0.04}, "memory": {"budget": budget},
                              "rollout": {"max_completion_length": 256}})
-        return settle_reference_placement(cfg, shape, "cuda").memory.reference_placement
+        return settle_reference_placement(cfg, PlanScope(shape, "cuda")).memory.reference_placement
 
     assert settled("200GiB") == "device"
     assert settled(f"{(device.peak_bytes - 1) / 2**30:.6f}GiB") == "stream"  # the copy would not fit
     cfg = update_config({"loss": {"beta": 0.04}, "lora": {"enabled": True}})
-    assert settle_reference_placement(cfg, shape, "cuda").memory.reference_placement == "auto"  # no copy: untouched
+    assert settle_reference_placement(cfg, PlanScope(shape, "cuda")).memory.reference_placement == "auto"  # no copy: untouched
 
 
 def test_trace_counts_a_device_reference_on_the_device():

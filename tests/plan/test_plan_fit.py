@@ -12,7 +12,7 @@ from rich.console import Console
 from slimgrpo.commands.cli import main
 from slimgrpo.config import ConfigError, from_dict, merge_overrides
 from slimgrpo.plan.advice import blocked_ways, fit_to_budget
-from slimgrpo.plan.check import MemoryBudgetError, check_before_training, fitted_config, host_budget_bytes, \
+from slimgrpo.plan.check import MemoryBudgetError, PlanScope, check_before_training, fitted_config, host_budget_bytes, \
     plan_inputs
 from slimgrpo.plan.planner import plan_memory
 from slimgrpo.plan.shapes import ModelShape
@@ -52,12 +52,13 @@ def test_plan_with_fit_plans_the_fitted_run(qwen3, capsys, monkeypatch):
 
 def test_fitted_config_is_what_train_runs(qwen3):
     cfg = from_dict(merge_overrides({}, [*LONG, "memory.fit=true", "memory.host_budget=null", "memory.budget=24GiB"]))
-    fitted, applied = fitted_config(cfg, _shape(), "cuda", 1, 24 * 2**30, Console())
+    fitted, applied = fitted_config(cfg, PlanScope(_shape(), "cuda"), 24 * 2**30, Console())
     assert "memory.offload_activations=true" in applied
     assert fitted.memory.offload_activations and fitted.memory.gradient_checkpointing
     plan = plan_memory(_shape(), plan_inputs(fitted, "cuda", vocab=151_936))
     assert plan.peak_bytes <= 24 * 2**30
-    as_written, none = fitted_config(dataclasses_replace_fit(cfg, False), _shape(), "cuda", 1, 24 * 2**30, Console())
+    as_written, none = fitted_config(dataclasses_replace_fit(cfg, False), PlanScope(_shape(), "cuda"), 24 * 2**30,
+                                    Console())
     assert none == [] and not as_written.memory.offload_activations
 
 

@@ -25,8 +25,10 @@ def _by_name(plan):
 @pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("ppo", [False, True])
 def test_sharded_lines_are_one_rank_share_plus_the_gathered_groups(lora, ppo):
+    # two micro-batches: whole gradients in both plans (with one, the unsharded plan counts only those alive at
+    # backward's peak, planner._gradients_in_backward, which a sharded one does not)
     base = PlanInputs(device="cuda", lora=lora, lora_rank=4, ppo=ppo, gradient_checkpointing=True,
-                      num_generations=2, max_prompt_length=33, max_completion_length=17)
+                      num_generations=2, micro_batch_rows=1, max_prompt_length=33, max_completion_length=17)
     one = _by_name(plan_memory(SHAPE, base))
     for n in (2, 3, 8):
         four = _by_name(plan_memory(SHAPE, dataclasses.replace(base, fsdp_shards=n)))

@@ -13,7 +13,9 @@ the plan is an upper bound (``check.not_modelled``).
 
 Rows off by more than 10% are ``KNOWN_OFF``: marked xfail with the measured ratio and the reason, never with a
 wider band. Measured with the whole matrix (trace / plan per phase, printed on failure) after the trace took the
-fused loss's separable path and the planner's loss line its path's blocks (tests/plan/test_plan_loss_path.py).
+fused loss's separable path and the planner's loss line its path's blocks (tests/plan/test_plan_loss_path.py), and
+again after the gradients line counted only those alive at backward's peak (one micro-batch: every row here;
+tests/plan/test_plan_gradients.py): three CUDA checkpointing rows came into the band.
 """
 
 from __future__ import annotations
@@ -65,32 +67,29 @@ QUICK = ("cpu-full-nockpt-untiled-unpadded-keep-bigV", "cpu-full-nockpt-tiled-sh
          "cuda-full-nockpt-tiled-unpadded-keep-bigV", "cuda-full-ckpt-untiled-unpadded-offload-bigV",
          "cuda-full-nockpt-untiled-unpadded-keep-smallV", "cuda-lora-nockpt-untiled-unpadded-keep-bigV")
 
-_SAFE_SUM = ("the plan sums each line's own maximum (the 0.5-layer backward workspace, every gradient, the loss "
-             "working set) where the trace sees them at different moments; with a 320-token vocabulary these lines are "
-             "a fifth of the phase, so the plan errs on the safe side")
+_SAFE_SUM = ("the plan sums each line's own maximum (the 0.5-layer backward workspace, the loss working set) where "
+             "the trace sees them at different moments; with a 320-token vocabulary these lines are a fifth of the "
+             "phase, so the plan errs on the safe side")
 _PREFILL = "the prefill working set of a 448-token prompt is planned above what the chunked prefill holds (safe side)"
 # row -> reason (measured trace / plan per phase in the reason). Every row listed errs on the safe side: the
 # optimistic ones of earlier lists (CUDA checkpointing + tiled MLP 1.16-1.37, the LoRA loss phase 1.11, CUDA LoRA
 # decode 1.12) were the trace running the fused loss's fallback pass (fused._not_separable) and the decode holding
 # the prefill's logits through every step (rollout/engine.py), both gone.
 KNOWN_OFF = {
-    "cpu-full-nockpt-untiled-shared-keep-smallV": f"generation 0.82, update 0.84: {_PREFILL}; {_SAFE_SUM}",
-    "cpu-full-nockpt-tiled-shared-keep-smallV": f"generation 0.81, update 0.85: {_PREFILL}; {_SAFE_SUM}",
-    "cpu-full-ckpt-untiled-unpadded-keep-smallV": f"update 0.87: {_SAFE_SUM}",
-    "cpu-full-ckpt-tiled-unpadded-keep-smallV": f"update 0.77: {_SAFE_SUM}, the tiled MLP shard too",
-    "cpu-lora-nockpt-untiled-shared-keep-smallV": f"generation 0.82, update 0.83: {_PREFILL}; {_SAFE_SUM}",
-    "cpu-lora-nockpt-tiled-shared-keep-smallV": f"generation 0.74, update 0.83: {_PREFILL}; {_SAFE_SUM}",
+    "cpu-full-nockpt-untiled-shared-keep-smallV": f"generation 0.82, update 0.87: {_PREFILL}; {_SAFE_SUM}",
+    "cpu-full-nockpt-tiled-shared-keep-smallV": f"generation 0.81, update 0.89: {_PREFILL}; {_SAFE_SUM}",
+    "cpu-full-ckpt-untiled-unpadded-keep-smallV": f"update 0.89: {_SAFE_SUM}",
+    "cpu-full-ckpt-tiled-unpadded-keep-smallV": f"update 0.80: {_SAFE_SUM}, the tiled MLP shard too",
+    "cpu-lora-nockpt-untiled-shared-keep-smallV": f"generation 0.82, update 0.84: {_PREFILL}; {_SAFE_SUM}",
+    "cpu-lora-nockpt-tiled-shared-keep-smallV": f"generation 0.74, update 0.84: {_PREFILL}; {_SAFE_SUM}",
     "cpu-lora-ckpt-untiled-unpadded-keep-smallV": f"update 0.89: {_SAFE_SUM}",
     "cpu-lora-ckpt-tiled-unpadded-keep-smallV": f"update 0.82: {_SAFE_SUM}, the tiled MLP shard too",
-    "cuda-full-nockpt-untiled-shared-keep-smallV": f"generation 0.85, update 0.89: {_PREFILL}; {_SAFE_SUM}",
-    "cuda-full-nockpt-tiled-shared-keep-smallV": f"generation 0.85, update 0.88: {_PREFILL}; {_SAFE_SUM}",
-    "cuda-full-ckpt-untiled-unpadded-keep-smallV": f"update 0.89: {_SAFE_SUM}",
-    "cuda-full-ckpt-untiled-unpadded-offload-smallV": f"update 0.89: {_SAFE_SUM}",
+    "cuda-full-nockpt-untiled-shared-keep-smallV": f"generation 0.85: {_PREFILL}",
+    "cuda-full-nockpt-tiled-shared-keep-smallV": f"generation 0.85: {_PREFILL}",
     "cuda-lora-nockpt-untiled-shared-keep-bigV": f"generation 0.84: {_PREFILL}",
     "cuda-lora-nockpt-tiled-shared-keep-bigV": f"generation 0.84: {_PREFILL}",
-    "cuda-lora-nockpt-untiled-shared-keep-smallV": f"generation 0.78, update 0.89: {_PREFILL}; {_SAFE_SUM}",
-    "cuda-lora-nockpt-tiled-shared-keep-smallV": f"generation 0.70, update 0.87: {_PREFILL}; {_SAFE_SUM}",
-    "cuda-lora-ckpt-untiled-unpadded-keep-smallV": f"update 0.90: {_SAFE_SUM}",
+    "cuda-lora-nockpt-untiled-shared-keep-smallV": f"generation 0.78: {_PREFILL}",
+    "cuda-lora-nockpt-tiled-shared-keep-smallV": f"generation 0.70, update 0.885: {_PREFILL}; {_SAFE_SUM}",
     "cuda-lora-ckpt-untiled-unpadded-offload-smallV": f"update 0.900 (at the edge): {_SAFE_SUM}",
 }
 

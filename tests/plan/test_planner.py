@@ -209,8 +209,9 @@ def test_plan_kv_cache_uses_helper():
 # component rules
 # ---------------------------------------------------------------------------------------------
 def test_lora_cuts_gradients_and_optimizer_to_adapters():
-    full = plan_memory(LLAMA_8B, PlanInputs())
-    lora = plan_memory(LLAMA_8B, PlanInputs(lora=True, lora_rank=16))
+    # two micro-batches: every gradient alive through backward (planner._gradients_in_backward)
+    full = plan_memory(LLAMA_8B, PlanInputs(micro_batch_rows=4))
+    lora = plan_memory(LLAMA_8B, PlanInputs(lora=True, lora_rank=16, micro_batch_rows=4))
     n = lora_num_params(LLAMA_8B, 16, ("all-linear",))
     assert n == 32 * 16 * (3 * (4096 + 14336) + 2 * (4096 + 4096) + 2 * (4096 + 1024))
     assert full.bytes_of("gradients") == LLAMA_8B.num_params * 2

@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
                          "workspaces, kernels allocating outside PyTorch, the CUDA context or the Python/torch "
                          "runtime: it adds the measured CPU runtime, or on cuda the CUDA context plus a 10%% "
                          "allocator margin (docs/memory.md#trace)")
+    pl.add_argument("--no-data", action="store_true",
+                    help="do not read data.path / eval.data: count every prompt at data.max_prompt_length (a bound "
+                         "for any data). By default a CONFIG's prompts are tokenized as `slimgrpo train` reads "
+                         "them and the plan counts each at the longest (docs/memory.md#prompt-length)")
     pl.add_argument("--longest", action="store_true",
                     help="instead of the plan: the longest context that fits --budget (or memory.budget), twice: a "
                          "long prompt with the config's completion length, and the config's prompt length with a "

@@ -13,7 +13,7 @@ from slimgrpo.exit_codes import DOES_NOT_FIT
 from slimgrpo.plan.advice import blocked_ways, fit_to_budget, format_gib, render_plan
 from slimgrpo.plan.check import (MemoryBudgetError, all_changes, budget_bytes, check_host_memory, fitted_config,
                                    host_budget_bytes, machine_ram_bytes, not_modelled, overrides_for, plan_device,
-                                   plan_inputs, shape_of, smallest_plan_found)
+                                   PlanScope, plan_inputs, prompt_source, shape_of, smallest_plan_found)
 from slimgrpo.plan.planner import plan_memory
 from slimgrpo.plan.shapes import preset_shapes
 from slimgrpo.units import human_count
@@ -71,16 +71,17 @@ def plan_command(args) -> int:
     budget = budget_bytes(spec, device, cfg.run.device) if spec else None
     host_budget = host_budget_bytes(cfg, device, strict=False)
     _host_budget_note(cfg, host_budget, console)
+    prompt_tokens = _prompt_tokens(args, cfg, console)
     # memory.fit: plan (and trace) the run `slimgrpo train` runs, not the config as written
-    cfg, _ = _fitted(args, cfg, shape, device, nproc, budget, console)
-    inputs = plan_inputs(cfg, device, nproc, vocab=shape.vocab)
+    cfg, _ = _fitted(args, cfg, PlanScope(shape, device, nproc, prompt_tokens), budget, console)
+    inputs = plan_inputs(cfg, device, nproc, vocab=shape.vocab, prompt_tokens=prompt_tokens)
     plan = plan_memory(shape, inputs)
     per_rank = "" if nproc == 1 else (f" (one rank of {nproc}, distributed.strategy={cfg.distributed.strategy}"
                                       + (": sharded state / {nproc}".format(nproc=nproc) if inputs.fsdp_shards > 1
                                          else "") + ")")
     console.print(f"[bold]{args.model or cfg.model.path}[/bold]: {human_count(shape.num_params)} parameters, "
                   f"{inputs.rows} completions per step x {inputs.max_completion_length} tokens, on {device}{per_rank}")
-    for caveat in not_modelled(cfg, plan) if args.config else []:  # under the headline, before 40 lines of table
+    for caveat in [prompt_source(cfg, prompt_tokens), *not_modelled(cfg, plan)] if args.config else []:
         console.print(f"[yellow]note[/yellow]: {caveat}", soft_wrap=True)
     render_plan(plan, console, budget)
     if getattr(args, "trace", False):
@@ -93,7 +94,7 @@ def plan_command(args) -> int:
         from slimgrpo.trace.report import render_trace
 
         console.print()
-        render_trace(plan, trace_step(cfg, shape, device), console, budget)
+        render_trace(plan, trace_step(cfg, shape, device, prompt_tokens=prompt_tokens), console, budget)
     if host_budget is not None and plan.host_bytes:
         what = ("this machine's available memory; memory.host_budget=SIZE for another"
                 if cfg.memory.host_budget == "auto" else f"memory.host_budget={cfg.memory.host_budget}")
@@ -136,7 +137,31 @@ def _host_budget_note(cfg, host_budget: int | None, console: Console) -> None:
                       soft_wrap=True)
 
 
-def _fitted(args, cfg, shape, device: str, nproc: int, budget: int | None, console: Console):
+def _prompt_tokens(args, cfg, console: Console) -> int | None:
+    """The longest prompt of the config's data, read as `slimgrpo train` reads it (``train/prompts.py``), for
+    the plan to count prompts at; None (the plan keeps data.max_prompt_length) with ``--no-data``, for
+    ``--model SHAPE`` (another model's tokenizer), for prompts rendered with tools, or when the tokenizer or
+    the data cannot be read here (said in a note: the plan may be for another machine)."""
+    if args.no_data or args.model or not args.config or not cfg.data.path:
+        return None
+    from slimgrpo.config import resolve_path
+    from slimgrpo.output.console import quiet_third_party
+    from slimgrpo.train.prompts import data_prompt_tokens
+
+    bound = f"the plan counts every prompt at data.max_prompt_length={cfg.data.max_prompt_length}"
+    tokenizer_path = resolve_path(cfg, cfg.model.tokenizer_path or cfg.model.path)
+    if not os.path.exists(tokenizer_path):  # a hub name: the plan asks no network
+        console.print(f"[yellow]note[/yellow]: no tokenizer folder {tokenizer_path!r} here; {bound}", soft_wrap=True)
+        return None
+    quiet_third_party(cfg.log.verbose)
+    try:
+        return data_prompt_tokens(cfg)
+    except (OSError, ValueError) as e:  # ModelLoadError, DataError (both ValueErrors), an unreadable file
+        console.print(f"[yellow]note[/yellow]: could not read the prompts here ({e}); {bound}", soft_wrap=True)
+        return None
+
+
+def _fitted(args, cfg, scope: PlanScope, budget: int | None, console: Console):
     """``(config, overrides)``: with ``memory.fit`` and a budget, the config `slimgrpo train` would run (the
     planner's fit, or ``memory.fit=trace``'s traced one) and the overrides it applies; else the config as is."""
     if not cfg.memory.fit or budget is None:
@@ -148,8 +173,7 @@ def _fitted(args, cfg, shape, device: str, nproc: int, budget: int | None, conso
 
         quiet_third_party(cfg.log.verbose)
     try:
-        fitted, applied = fitted_config(cfg, shape, device, nproc, budget, console, trace_fn,
-                                        show=cfg.memory.fit == "trace")
+        fitted, applied = fitted_config(cfg, scope, budget, console, trace_fn, show=cfg.memory.fit == "trace")
     except MemoryBudgetError as e:
         console.print(f"[red]memory.fit={str(cfg.memory.fit).lower()}[/red]: `slimgrpo train` would refuse this run: {e}",
                       soft_wrap=True)

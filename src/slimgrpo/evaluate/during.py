@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 
-from slimgrpo.config import resolve_path
-from slimgrpo.data import load_prompt_dataset
+from slimgrpo.data import PromptDataset
 from slimgrpo.evaluate import EvalResult, EvalSettings, evaluate
 from slimgrpo.output.console import print_eval
 from slimgrpo.output.metrics import EVAL_PREFIX
@@ -31,12 +30,11 @@ class DuringTrainingEval:
     ``engine``: the run's rollout engine; ``agent``: its multi-turn rollout for tools / environments (the same
     as training's), else None (a custom rollout function is not used to evaluate)."""
 
-    def __init__(self, cfg, dist, policy, reward_runner, engine, agent, sampling):
+    def __init__(self, cfg, dist, policy, reward_runner, engine, agent, sampling, dataset: PromptDataset):
         self.run_cfg, self.dist, self.policy = cfg, dist, policy
         self.reward_runner, self.engine, self.agent = reward_runner, engine, agent
         self.cfg = cfg.eval
-        data_cfg = dataclasses.replace(cfg.data, max_samples=cfg.eval.max_prompts)
-        self.dataset = load_prompt_dataset(resolve_path(cfg, cfg.eval.data), policy.tokenizer, data_cfg)
+        self.dataset = dataset  # eval.data, read with the training prompts before the weights (train/prompts.py)
         world, rank = dist.world_size, dist.rank
         per_rank = len(self.dataset) // world  # equal shares: every rank runs the same generate calls
         if per_rank == 0:
@@ -98,9 +96,12 @@ class DuringTrainingEval:
         return (d.all_reduce_sum(t) / d.world_size).cpu().tolist()  # equal shares: the mean of the means
 
 
-def make_evaluator(cfg, dist, policy, reward_runner, engine, agent, sampling) -> DuringTrainingEval | None:
-    """The run's evaluator (``DuringTrainingEval``'s arguments), or None without ``eval.data``."""
-    return DuringTrainingEval(cfg, dist, policy, reward_runner, engine, agent, sampling) if cfg.eval.data else None
+def make_evaluator(cfg, dist, policy, reward_runner, engine, agent, sampling,
+                   dataset: PromptDataset | None) -> DuringTrainingEval | None:
+    """The run's evaluator (``DuringTrainingEval``'s arguments; ``dataset``: ``eval.data``'s prompts), or None
+    without ``eval.data``."""
+    return DuringTrainingEval(cfg, dist, policy, reward_runner, engine, agent, sampling, dataset) \
+        if cfg.eval.data else None
 
 
 def eval_summary(history: list[dict[str, Any]], final_step: int | None = None,

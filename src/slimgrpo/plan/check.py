@@ -50,8 +50,11 @@ def plan_device(cfg: Config, override: str | None = None) -> str:
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # model.dtype / rollout.vllm_dtype -> bytes per weight
 
 
-def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_064) -> PlanInputs:
-    """What the planner needs, read off the config (per process under torchrun)."""
+def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_064,
+                prompt_tokens: int | None = None) -> PlanInputs:
+    """What the planner needs, read off the config (per process under torchrun). ``prompt_tokens``: the
+    longest tokenized prompt of the run's data (``train/prompts.py``), which the plan counts every prompt at
+    (at most ``data.max_prompt_length``); None: the bound itself."""
     dtype_bytes = DTYPE_BYTES.get(cfg.model.dtype, 2 if device == "cuda" else 4)
     prompts = max(cfg.prompts_per_step // max(world_size, 1), 1)
     rows = prompts * cfg.rollout.num_generations
@@ -62,7 +65,8 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
         load_in_4bit=cfg.model.load_in_4bit, optimizer=cfg.memory.optimizer, bf16_update=cfg.memory.bf16_update,
         num_generations=cfg.rollout.num_generations, prompts_per_step=prompts,
         micro_batch_rows=min(cfg.memory.micro_batch_size or rows, rows),
-        max_prompt_length=cfg.data.max_prompt_length, max_completion_length=cfg.rollout.max_completion_length,
+        max_prompt_length=min(prompt_tokens or cfg.data.max_prompt_length, cfg.data.max_prompt_length),
+        max_completion_length=cfg.rollout.max_completion_length,
         beta=cfg.loss.beta, num_iterations=cfg.loss.num_iterations * cfg.loss.steps_per_generation,  # > 1: old log-probs
         ppo=cfg.ppo, kl_coef=cfg.loss.kl_coef,
         gradient_checkpointing=cfg.memory.gradient_checkpointing,
@@ -78,6 +82,7 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
         kv_cache_dtype=cfg.rollout.kv_cache_dtype,
         tiled_mlp=tiled_mlp_setting(cfg),
         fsdp_shards=world_size if cfg.distributed.strategy == "fsdp" and world_size > 1 else 1,
+        ddp=cfg.distributed.strategy == "ddp" and world_size > 1,
         fsdp_generation=cfg.distributed.fsdp_generation,
         **vllm_inputs(cfg, device, dtype_bytes),
     )
@@ -110,7 +115,8 @@ def vllm_inputs(cfg: Config, device: str, dtype_bytes: int) -> dict[str, Any]:
     return {"rollout_engine": "vllm", "vllm_sleep": r.vllm_sleep_mode,
             "vllm_weight_bytes": DTYPE_BYTES.get(r.vllm_dtype, dtype_bytes),
             "vllm_kv_cache_bytes": int(r.vllm_kv_cache_gb * 2**30) if r.vllm_kv_cache_gb is not None else None,
-            "vllm_gpu_memory_utilization": r.vllm_gpu_memory_utilization, "gpu_total_bytes": total}
+            "vllm_gpu_memory_utilization": r.vllm_gpu_memory_utilization, "gpu_total_bytes": total,
+            "vllm_context": cfg.data.max_prompt_length + r.max_completion_length}
 
 
 def tiled_mlp_setting(cfg: Config) -> str:
@@ -234,6 +240,15 @@ def all_changes(suggestions: list[Suggestion]) -> dict[str, Any]:
     return merged
 
 
+def prompt_source(cfg: Config, prompt_tokens: int | None) -> str:
+    """A few words on where the plan's prompt length came from, for its headline."""
+    bound = cfg.data.max_prompt_length
+    if prompt_tokens is None or prompt_tokens >= bound:
+        return f"prompts counted at data.max_prompt_length={bound}"
+    where = "data.path and eval.data" if cfg.eval.data else "data.path"
+    return f"prompts counted at {prompt_tokens} tokens, the longest in {where} (data.max_prompt_length={bound})"
+
+
 def not_modelled(cfg: Config, plan: MemoryPlan) -> list[str]:
     """What the plan leaves out where it can be far off, in a few words each, for its headline: packed
     update rows (a run with short prompts or completions peaks far lower: the addition recipe's plan says
@@ -244,22 +259,45 @@ def not_modelled(cfg: Config, plan: MemoryPlan) -> list[str]:
                 and (cfg.model.attn_implementation or "sdpa") in ("sdpa", "eager")
                 and plan.shape.family in ("llama", "qwen2", "qwen3", "mistral"))
     if packable and plan.peak_phase == "update":
-        out.append(f"an upper bound: prompts counted at {x.max_prompt_length} tokens, completions at "
-                   f"{x.max_completion_length}, packed update rows (real tokens only) not modelled: short prompts "
+        out.append(f"an upper bound: every prompt counted at {x.max_prompt_length} tokens, every completion at "
+                   f"{x.max_completion_length}, packed update rows (real tokens only) not modelled: shorter prompts "
                    "or completions peak lower, docs/memory.md 'Packed rows'")
     return out
 
 
-def settle_reference_placement(cfg: Config, shape: ModelShape, device: str, world_size: int = 1) -> Config:
+@dataclasses.dataclass(frozen=True)
+class PlanScope:
+    """What a config is planned for besides itself: the model's shape, the device, the processes of the job
+    (the plan is one rank's) and the data's longest prompt (``plan_inputs``' ``prompt_tokens``; None: the
+    bound data.max_prompt_length)."""
+
+    shape: ModelShape
+    device: str
+    world_size: int = 1
+    prompt_tokens: int | None = None
+
+    def inputs(self, cfg: Config) -> PlanInputs:
+        return plan_inputs(cfg, self.device, self.world_size, self.shape.vocab, self.prompt_tokens)
+
+    def plan(self, cfg: Config) -> MemoryPlan:
+        return plan_memory(self.shape, self.inputs(cfg))
+
+    def trace(self, cfg: Config, trace_step):
+        """``trace_step`` (``trace/step.py``) of ``cfg`` at this scope's device and prompt length."""
+        return trace_step(cfg, self.shape, self.device, prompt_tokens=self.prompt_tokens)
+
+
+def settle_reference_placement(cfg: Config, scope: PlanScope) -> Config:
     """``memory.reference_placement=auto`` on a CUDA full fine-tune with a reference: ``device`` when the plan
     with the copy on the GPU fits ``memory.budget`` (or, with none, the GPU's whole memory), else ``stream``;
     returned in the config, which the run builds its policy from (``modeling.reference_placement``)."""
     import dataclasses
 
+    device = scope.device
     if device != "cuda" or cfg.lora.enabled or not cfg.needs_reference or \
             cfg.memory.reference_placement != "auto":
         return cfg
-    on_device = dataclasses.replace(plan_inputs(cfg, device, world_size, shape.vocab), reference_placement="device")
+    on_device = dataclasses.replace(scope.inputs(cfg), reference_placement="device")
     if cfg.memory.budget:
         budget = budget_bytes(cfg.memory.budget, device, cfg.run.device)
     else:
@@ -267,16 +305,18 @@ def settle_reference_placement(cfg: Config, shape: ModelShape, device: str, worl
 
         index = cuda_index(cfg.run.device)
         budget = int(torch.cuda.mem_get_info(index)[1]) if index is not None else 0
-    placement = "device" if plan_memory(shape, on_device).peak_bytes <= budget else "stream"
+    placement = "device" if plan_memory(scope.shape, on_device).peak_bytes <= budget else "stream"
     return dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, reference_placement=placement))
 
 
 def check_before_training(cfg: Config, world_size: int = 1, console: Console | None = None,
-                          show: bool = True, trace_fn=None) -> tuple[Config, MemoryPlan | None]:
+                          show: bool = True, trace_fn=None,
+                          prompt_tokens: int | None = None) -> tuple[Config, MemoryPlan | None]:
     """Plan the run before any weights load. With ``memory.budget``: refuse a run that cannot fit
     (with the changes that would make it fit), or apply them when ``memory.fit`` is true.
     ``trace_fn(cfg, shape, device) -> Trace`` (``train.trace.trace_step``, which the trainer passes) checks
-    the fit by tracing with ``memory.fit=trace``; the planner does not import the trainer's code itself."""
+    the fit by tracing with ``memory.fit=trace``; the planner does not import the trainer's code itself.
+    ``prompt_tokens``: the data's longest prompt (``plan_inputs``), None to plan at data.max_prompt_length."""
     console = console or Console()
     device = plan_device(cfg)
     try:
@@ -285,35 +325,35 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
         if cfg.memory.budget:
             raise
         return cfg, None  # an architecture the planner does not model: train without a plan
-    cfg = settle_reference_placement(cfg, shape, device, world_size)
-    plan = plan_memory(shape, plan_inputs(cfg, device, world_size, shape.vocab))
+    scope = PlanScope(shape, device, world_size, prompt_tokens)
+    cfg = settle_reference_placement(cfg, scope)
+    plan = scope.plan(cfg)
     host_budget = host_budget_bytes(cfg, device)
     if not cfg.memory.budget:
         check_host_memory(cfg, plan, host_budget)
         if show:
-            caveat = "; ".join(not_modelled(cfg, plan))
+            caveat = "; ".join([prompt_source(cfg, prompt_tokens), *not_modelled(cfg, plan)])
             console.print(f"memory plan: peak {format_gib(plan.peak_bytes)} GiB during {plan.peak_phase} "
-                          f"({caveat + '; ' if caveat else ''}slimgrpo plan CONFIG for the breakdown)", soft_wrap=True)
+                          f"({caveat}; slimgrpo plan CONFIG for the breakdown)", soft_wrap=True)
         return cfg, plan
     budget = budget_bytes(cfg.memory.budget, device, cfg.run.device)
     if cfg.memory.fit == "trace":
         if trace_fn is None:
             raise ConfigError("memory.fit=trace needs the tracer: pass "
                               "trace_fn=slimgrpo.trace.step.trace_step (the Trainer does)")
-        return fit_by_trace(cfg, shape, device, world_size, budget, console, trace_fn, show)
+        return fit_by_trace(cfg, scope, budget, console, trace_fn, show)
     if plan.peak_bytes <= budget:
         check_host_memory(cfg, plan, host_budget)
         if show:
             render_plan(plan, console, budget)
         return cfg, plan
-    _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), budget,
-                                         host_budget)
+    _, suggestions, fits = fit_to_budget(shape, plan.inputs, budget, host_budget)
     fix = overrides_for(all_changes(suggestions))
     if cfg.memory.fit and fits:
         new_cfg = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir,
                            origins=cfg.path_origins)
         console.print(f"memory.fit: applying {' '.join(fix)} to fit {format_gib(budget)} GiB")
-        new_plan = plan_memory(shape, plan_inputs(new_cfg, device, world_size, shape.vocab))
+        new_plan = scope.plan(new_cfg)
         check_host_memory(new_cfg, new_plan, host_budget)
         if show:
             render_plan(new_plan, console, budget)
@@ -336,9 +376,9 @@ def smallest_plan_found(plan: MemoryPlan, suggestions: list[Suggestion]) -> str:
             f"{' '.join(overrides_for(all_changes(suggestions))) or 'changes that have no config key'}")
 
 
-def fitted_config(cfg: Config, shape: ModelShape, device: str, world_size: int, budget: int, console: Console,
-                  trace_fn=None, show: bool = False) -> tuple[Config, list[str]]:
-    """The config ``slimgrpo train`` runs under ``memory.fit`` for ``budget`` on ``device``, and the overrides
+def fitted_config(cfg: Config, scope: PlanScope, budget: int, console: Console, trace_fn=None,
+                  show: bool = False) -> tuple[Config, list[str]]:
+    """The config ``slimgrpo train`` runs under ``memory.fit`` for ``budget`` on the scope's device, and the overrides
     it applies (empty when it runs the config as written: no fit asked, or the plan fits). ``memory.fit=trace``
     needs ``trace_fn`` (as :func:`check_before_training`). Raises MemoryBudgetError where train would refuse.
     ``slimgrpo plan`` plans and traces what this returns, so that it shows the run train will run."""
@@ -347,18 +387,16 @@ def fitted_config(cfg: Config, shape: ModelShape, device: str, world_size: int, 
     if cfg.memory.fit == "trace":
         if trace_fn is None:
             raise ConfigError("memory.fit=trace needs the tracer (trace_fn)")
-        tried, _ = fit_by_trace(cfg, shape, device, world_size, budget, console, trace_fn, show)
-        before, after = plan_inputs(cfg, device, world_size, shape.vocab), plan_inputs(tried, device, world_size,
-                                                                                        shape.vocab)
+        tried, _ = fit_by_trace(cfg, scope, budget, console, trace_fn, show)
+        before, after = scope.inputs(cfg), scope.inputs(tried)
         changed = {f.name: getattr(after, f.name) for f in dataclasses.fields(after)
                    if getattr(after, f.name) != getattr(before, f.name)}
         return tried, overrides_for(changed)
-    plan = plan_memory(shape, plan_inputs(cfg, device, world_size, shape.vocab))
+    plan = scope.plan(cfg)
     if plan.peak_bytes <= budget:
         return cfg, []
-    host_budget = host_budget_bytes(cfg, device, strict=False)
-    _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), budget,
-                                         host_budget)
+    host_budget = host_budget_bytes(cfg, scope.device, strict=False)
+    _, suggestions, fits = fit_to_budget(scope.shape, plan.inputs, budget, host_budget)
     if not fits:
         raise MemoryBudgetError(f"memory.fit: no combination of the planner's changes fits {format_gib(budget)} GiB: "
                                 f"{smallest_plan_found(plan, suggestions)}")
@@ -369,25 +407,24 @@ def fitted_config(cfg: Config, shape: ModelShape, device: str, world_size: int, 
 FIT_BY_TRACE_ROUNDS = 4  # traces memory.fit=trace may run before it gives up
 
 
-def fit_by_trace(cfg: Config, shape: ModelShape, device: str, world_size: int, budget: int, console: Console,
-                 trace_step, show: bool = True) -> tuple[Config, MemoryPlan]:
+def fit_by_trace(cfg: Config, scope: PlanScope, budget: int, console: Console, trace_step,
+                 show: bool = True) -> tuple[Config, MemoryPlan]:
     """``memory.fit=trace``: the planner's fit, checked by a trace (``trace_step``: ``trace/step.py``).
     While the traced device peak is over ``budget``, fit the plan again to a budget smaller by the overshoot."""
-    target, tried, host_budget = budget, cfg, host_budget_bytes(cfg, device, strict=False)  # train checked it
+    target, tried, host_budget = budget, cfg, host_budget_bytes(cfg, scope.device, strict=False)  # train checked it
     for _ in range(FIT_BY_TRACE_ROUNDS):
-        _, suggestions, fits = fit_to_budget(shape, plan_inputs(cfg, device, world_size, shape.vocab), target,
-                                             host_budget)
+        _, suggestions, fits = fit_to_budget(scope.shape, scope.inputs(cfg), target, host_budget)
         if not fits:
             break
         fix = overrides_for(all_changes(suggestions))
         tried = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir,
                            origins=cfg.path_origins) if fix else cfg
-        traced = trace_step(tried, shape, device).device_peak_bytes
+        traced = scope.trace(tried, trace_step).device_peak_bytes
         if show:
             console.print(f"memory.fit=trace: {' '.join(fix) or 'the config as given'}: traced peak "
                           f"{format_gib(traced)} GiB against {format_gib(budget)} GiB", soft_wrap=True)
         if traced <= budget:
-            new_plan = plan_memory(shape, plan_inputs(tried, device, world_size, shape.vocab))
+            new_plan = scope.plan(tried)
             check_host_memory(tried, new_plan, host_budget)
             if show:
                 render_plan(new_plan, console, budget)

@@ -118,7 +118,9 @@ def _trainable(shape: ModelShape, x: PlanInputs) -> tuple[int, int, int]:
 def _optimizer_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     n, b, largest = _trainable(shape, x)
     what = "LoRA params" if x.lora else "params"
-    grads = Component("gradients", n * b, "update", f"{what}·{b} B = {_n(n)}·{b}")
+    grads = Component("gradients", n * b, "always", f"{what}·{b} B = {_n(n)}·{b}, in DDP's all-reduce buckets "
+                      "(gradient_as_bucket_view): held all run") if x.ddp else \
+        Component("gradients", n * b, "update", f"{what}·{b} B = {_n(n)}·{b}")
     master = fp32_master(x)
     if master:  # the moments follow the float32 master copy the step updates
         state = Component("optimizer state", n * MASTER_WEIGHT_BYTES * ADAMW_STATES, "always",
@@ -575,6 +577,45 @@ def _overlap_reference_stream(weights: list[Component], update: list[Component])
     return _after_freed(weights, "reference stream", held, "the update's gradients and activations")
 
 
+def _gradients_in_backward(shape: ModelShape, x: PlanInputs, optimizer: list[Component],
+                           backward: list[Component]) -> list[Component]:
+    """One micro-batch per optimizer step (every ``.grad`` is None before it, update/updater.py): backward writes
+    a layer's gradients as it frees that layer's saved tensors, so at backward's peak only part of the
+    gradients exist. Going down from the last layer with ``g`` gradient bytes written and ``a`` saved bytes
+    freed per layer, the live sum peaks at the first layer (g ≤ a) or the last (g > a): ``g + max(0,
+    (L - 1)·(g - a))`` plus the final norm's; a trained head's gradient is the loss line's fp32 accumulator, an
+    untied embedding's is written after every layer. All ``n·b`` exist at the optimizer step, when
+    ``backward``'s lines (activations, loss) are freed, beside the step's temporaries: the gradients line holds
+    the larger of the two moments' needs, so that the update's total is the larger moment. Not under DDP (its
+    buckets hold every gradient), FSDP2 (sharded, plan/sharding.py) or gradient accumulation (earlier
+    micro-batches' gradients are whole)."""
+    grads = next(c for c in optimizer if c.name == "gradients")
+    micro_batches = -(-x.rows // x.micro_rows)
+    if x.ddp or x.fsdp_shards > 1 or micro_batches > 1 or not grads.bytes:
+        return optimizer
+    n, b, _ = _trainable(shape, x)
+    L = shape.layers
+    g = (n // L if x.lora else shape.layer_params) * b
+    layer_bytes, tokens = update_layer_bytes(shape, x)[:2]
+    if not x.gradient_checkpointing:
+        a = layer_bytes
+    else:  # the layer's checkpointed input goes with it; offloaded ones were never on the device
+        a = 0 if _offloads_to_host(x) else tokens * shape.hidden * _compute_bytes(x)
+    live = min(grads.bytes, g + max(0, (L - 1) * (g - a)) + (0 if x.lora else shape.hidden * b))
+    held = sum(c.bytes for c in backward if c.location == "device")
+    temp = next(c.bytes for c in optimizer if c.name == "optimizer step workspace")
+    at_step = grads.bytes + temp - held - max(0, temp - held)  # what the step moment needs of this line
+    if live >= at_step:
+        line = Component("gradients", live, "update",
+                         f"{grads.formula} in all; at backward's peak, one micro-batch: each layer's g = {_n(g)} B "
+                         f"written as its a = {_n(a)} B are freed, g + max(0, (L-1)·(g - a)) + final norm")
+    else:
+        line = Component("gradients", at_step, "update",
+                         f"{grads.formula} at the optimizer step, after backward's activations + loss "
+                         f"({_n(held)}) are freed (at backward's peak only {_n(live)} exist: one micro-batch)")
+    return [line if c is grads else c for c in optimizer]
+
+
 def _overlap_step_workspace(optimizer: list[Component], backward: list[Component]) -> list[Component]:
     """The optimizer step runs after backward has freed activations and the loss working set, so its
     temporaries only add what exceeds them: the step workspace line holds max(0, temporaries - those)."""
@@ -622,7 +663,8 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     final_norm = tokens * ((4 + 2 * _compute_bytes(x)) * shape.hidden + 4)
     kept = _loss_kept_after(shape, x)
     activations = _overlap_recompute(_activation_components(shape, x), loss, final_norm, _offloads_to_host(x), kept)
-    optimizer = _overlap_step_workspace(_optimizer_components(shape, x), activations + [loss])
+    optimizer = _gradients_in_backward(shape, x, _optimizer_components(shape, x), activations + [loss])
+    optimizer = _overlap_step_workspace(optimizer, activations + [loss])
     weights = _overlap_reference_stream(_weight_components(shape, x), optimizer + activations + [loss])
     components = shard_components(shape, x, [
         *weights,

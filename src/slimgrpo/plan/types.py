@@ -43,7 +43,8 @@ class PlanInputs:
     micro_batch_rows: int = 8
     """Completions per forward/backward of the update (gradient accumulation across micro-batches)."""
     max_prompt_length: int = 512
-    """P, longest prompt in tokens."""
+    """P, longest prompt in tokens: ``plan.check.plan_inputs`` passes the longest tokenized prompt of the run's
+    data where the caller read it (``train/prompts.py``), else data.max_prompt_length."""
     max_completion_length: int = 256
     """T, longest completion in tokens."""
     beta: float = 0.0
@@ -110,6 +111,9 @@ class PlanInputs:
     """Ranks an FSDP2 job (distributed.strategy=fsdp under torchrun) shards the weights, gradients and
     optimizer state over; 1 = not sharded (one process, or DDP). The plan is then one rank's
     (plan/sharding.py)."""
+    ddp: bool = False
+    """A DDP job (distributed.strategy=ddp under torchrun, more than one process): the gradients live in DDP's
+    all-reduce buckets (gradient_as_bucket_view), allocated once and held all run, generation included."""
     fsdp_generation: str = "gather"
     """distributed.fsdp_generation: how a sharded rollout gets its weights ("gather": one whole copy;
     "per_layer": the root group and one layer at a time)."""
@@ -123,6 +127,9 @@ class PlanInputs:
     """Bytes per weight of vLLM's copy (rollout.vllm_dtype); 0 = param_dtype_bytes (vllm_dtype=auto)."""
     vllm_kv_cache_bytes: int | None = None
     """vLLM's KV pool as rollout.vllm_kv_cache_gb sets it; None = sized as the engine sizes it."""
+    vllm_context: int = 0
+    """Tokens per sequence the engine sizes vLLM's KV pool for: data.max_prompt_length + max_completion_length
+    as configured, whatever the data's longest prompt (rollout/vllm_engine.py); 0 = seq_len."""
     vllm_gpu_memory_utilization: float = 0.3
     """CUDA: the fraction of the GPU's memory vLLM claims (rollout.vllm_gpu_memory_utilization)."""
     vllm_sleep: bool = True

@@ -58,13 +58,13 @@ def vllm_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     Bv = x.vllm_weight_bytes or x.param_dtype_bytes
     N = shape.num_params
     rows = min(x.generation_batch_rows or x.rows, x.rows)
-    tokens = rows * x.seq_len
+    context = x.vllm_context or x.seq_len  # the configured bound: the engine sizes its pool before any prompt
     if x.vllm_kv_cache_bytes is not None:
         kv, kv_what = x.vllm_kv_cache_bytes, "rollout.vllm_kv_cache_gb"
     else:
-        kv = vllm_kv_pool_bytes(shape.layers, shape.kv_heads, shape.head_dim, tokens, Bv)
+        kv = vllm_kv_pool_bytes(shape.layers, shape.kv_heads, shape.head_dim, rows * context, Bv)
         kv_what = (f"max(64 MiB, {KV_HEADROOM}·2·{Bv}·L·kv_heads·head_dim·rows·S) = {KV_HEADROOM}·2·{Bv}·"
-                   f"{shape.layers}·{shape.kv_heads}·{shape.head_dim}·{rows}·{_n(x.seq_len)}")
+                   f"{shape.layers}·{shape.kv_heads}·{shape.head_dim}·{rows}·{_n(context)}")
     # CPU: held for the whole run (no sleep mode there); CUDA: freed before the update with sleep mode
     phase = "generation" if x.device != "cpu" and x.vllm_sleep else "always"
     held = "" if x.device == "cpu" else (", freed before the update (sleep mode)" if x.vllm_sleep

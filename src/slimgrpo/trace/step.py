@@ -108,11 +108,16 @@ def materialise(model):
 
 
 def trace_step(cfg, shape: ModelShape, device: str = "cpu", generation: bool = True,
-               decode_steps: int = 2) -> TraceResult:
-    """Trace one step of ``cfg`` for a model of ``shape`` (``cfg.model.path`` is not read)."""
+               decode_steps: int = 2, prompt_tokens: int | None = None) -> TraceResult:
+    """Trace one step of ``cfg`` for a model of ``shape`` (``cfg.model.path`` is not read). ``prompt_tokens``:
+    the data's longest prompt, which the traced prompts take (as ``plan.check.plan_inputs``; at most
+    data.max_prompt_length), None: data.max_prompt_length."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from slimgrpo.trace.fake_data import FakeData
+
+    if prompt_tokens is not None and prompt_tokens < cfg.data.max_prompt_length:  # the trace's own copy
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_prompt_length=prompt_tokens))
 
     t0 = time.perf_counter()
     notes: list[str] = []

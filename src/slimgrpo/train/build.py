@@ -13,9 +13,10 @@ The order (each step needs the ones before it):
 
 1. threads, the allocator's trim threshold, the seeds (before the model loads: the same seed gives the same
    run), then the run folder's lock (before anything is written; rank 0 holds it);
-2. the memory check (``plan/check.py``, before any weight loads: refuse, or fit, a run over
-   ``memory.budget``), the reward functions, the policy, the tiled MLP;
-3. the prompts and their order, the critic (PPO), the wrapped model (DDP / FSDP2), the optimizer and its
+2. the tokenizer and the prompts (``train/prompts.py``: a bad row stops the run before the weights load, and
+   the plan counts prompts at the longest), the memory check (``plan/check.py``, before any weight loads:
+   refuse, or fit, a run over ``memory.budget``), the reward functions, the policy, the tiled MLP;
+3. the prompts' order, the critic (PPO), the wrapped model (DDP / FSDP2), the optimizer and its
    schedule, the sampling generator, the rollout engine, tools / environments, the reward runner;
 4. the update stage and the run's watch;
 5. the run folder's plan (resume, fresh, refuse, already finished): a finished run stops here, before
@@ -40,18 +41,16 @@ from slimgrpo.checkpoint.manager import CheckpointParts, Checkpointer
 from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
 from slimgrpo.config.validate import loss_warnings
 from slimgrpo.config.sections.rollout import resolve_engine
-from slimgrpo.data import PromptDataset, PromptSampler, check_enough_prompts, load_prompt_dataset, steps_for_epochs
+from slimgrpo.data import PromptDataset, PromptSampler
 from slimgrpo.distributed import wrap as launch
 from slimgrpo.distributed.context import DistContext
-from slimgrpo.distributed.process_group import split_problem
 from slimgrpo.evaluate.during import DuringTrainingEval, make_evaluator
 from slimgrpo.memory.malloc import pin_mmap_threshold
-from slimgrpo.modeling import (Policy, build_policy, generation_eos_ids, looks_like_hub_name, max_positions,
-                               read_model_config)
+from slimgrpo.modeling import (Policy, build_policy, generation_eos_ids, load_tokenizer, looks_like_hub_name,
+                               max_positions, read_model_config)
 from slimgrpo.monitor.watch import RunWatch
 from slimgrpo.output.metrics import MetricsWriter
 from slimgrpo.plan.planner import decode_packing
-from slimgrpo.rewards.contract import make_trainer_state
 from slimgrpo.rewards.loading import load_reward_functions
 from slimgrpo.rewards.scoring import RewardRunner
 from slimgrpo.agent.rollout import AgentRollout
@@ -59,6 +58,7 @@ from slimgrpo.agent.setup import AgentInputs, setup_agent
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.train import seeding
+from slimgrpo.train.prompts import planned_prompt_tokens, prompt_order, read_prompts
 from slimgrpo.update.critic import Critic, build_critic
 from slimgrpo.update.optim import build_optimizer, build_scheduler
 from slimgrpo.update.updater import Updater, trainable_parameters
@@ -151,11 +151,18 @@ def _build(cfg: Config, inputs: RunInputs, checkpoints: Checkpointer, undo: cont
         seeding.enable_full_determinism()
     checkpoints.lock_folder()  # one writer per folder; rank 0 holds the lock
     model_path = resolve_path(cfg, cfg.model.path)
-    cfg, memory_plan = _check_memory(cfg, dist, model_path) if inputs.policy is None else (cfg, None)
+    if inputs.policy is None:
+        tokenizer = _tokenizer(cfg, model_path)
+        prompts = read_prompts(cfg, tokenizer)  # before the weights: the plan counts prompts at the longest
+        cfg, memory_plan = _check_memory(cfg, dist, planned_prompt_tokens(cfg, prompts, _agent(inputs)))
+    else:
+        tokenizer, memory_plan = inputs.policy.tokenizer, None
+        prompts = read_prompts(cfg, tokenizer)
     reward_functions = load_reward_functions(cfg.rewards.functions, cfg.base_dir, cfg.run.device)
-    policy = inputs.policy or build_policy(cfg)
+    policy = inputs.policy or build_policy(cfg, tokenizer)
     tiled_mlp = _place_memory(cfg, dist, policy, memory_plan)
-    dataset, sampler, trainer_state = _prompts(cfg, dist, policy)
+    dataset = prompts.train
+    sampler, trainer_state = prompt_order(cfg, dist, dataset)
     critic = build_critic(cfg, policy, dist) if cfg.ppo else None  # PPO's value function
     model = policy.model
     if dist.enabled:  # DDP / FSDP2; a LoRA critic's adapter is synchronised by the critic itself
@@ -196,22 +203,36 @@ def _build(cfg: Config, inputs: RunInputs, checkpoints: Checkpointer, undo: cont
         return RunParts(**made, writer=MetricsWriter(checkpoints.output_dir, enabled=False), evaluator=None,
                         start_step=0)
     writer = _open_writer(cfg, dist, checkpoints.output_dir, thread_info)
-    evaluator = make_evaluator(cfg, dist, policy, reward_runner, engine, agent, sampling)  # eval.data, or None
+    evaluator = make_evaluator(cfg, dist, policy, reward_runner, engine, agent, sampling,  # eval.data, or None
+                               prompts.eval)
     checkpoints.attach(CheckpointParts(policy, optimizer, scheduler, sampler, generator, updater, watch, writer,
                                        critic))
     return RunParts(**made, writer=writer, evaluator=evaluator, start_step=checkpoints.resume())
 
 
-def _check_memory(cfg: Config, dist: DistContext, model_path: str):
-    """Before any weights load: print the plan; refuse (or fit) a run over memory.budget. Returns the config
-    (fitted, where ``memory.fit`` changed it) and the plan (None for an architecture the planner does not
-    model)."""
+def _tokenizer(cfg: Config, model_path: str):
+    """The run's tokenizer (``model.tokenizer_path``, else the model's folder), after the model folder and the
+    context length are checked (a missing model folder is named as such, not as a missing tokenizer)."""
     mconf = {} if looks_like_hub_name(model_path) else read_model_config(model_path)
     check_context_length(cfg, max_positions(mconf), model_path)
+    tok_path = resolve_path(cfg, cfg.model.tokenizer_path) if cfg.model.tokenizer_path else model_path
+    return load_tokenizer(tok_path, cfg.model.trust_remote_code)
+
+
+def _agent(inputs: RunInputs) -> bool:
+    """Whether the Python API gave tools, environments or a ``rollout_func``: prompts rendered elsewhere."""
+    return bool(inputs.tools or inputs.environment_factory or inputs.rollout_func)
+
+
+def _check_memory(cfg: Config, dist: DistContext, prompt_tokens: int | None):
+    """Before any weights load: print the plan; refuse (or fit) a run over memory.budget. Returns the config
+    (fitted, where ``memory.fit`` changed it) and the plan (None for an architecture the planner does not
+    model). ``prompt_tokens``: the longest prompt (``train/prompts.py``), None to plan at the bound."""
     from slimgrpo.plan.check import check_before_training
     from slimgrpo.trace.step import trace_step  # memory.fit=trace: the trace of this config's step
 
-    return check_before_training(cfg, dist.world_size, show=dist.is_main, trace_fn=trace_step)
+    return check_before_training(cfg, dist.world_size, show=dist.is_main, trace_fn=trace_step,
+                                 prompt_tokens=prompt_tokens)
 
 
 def _place_memory(cfg: Config, dist: DistContext, policy: Policy, memory_plan) -> bool:
@@ -226,23 +247,6 @@ def _place_memory(cfg: Config, dist: DistContext, policy: Policy, memory_plan) -
         # pinned host memory for offloaded activations: at most the plan's host line (memory/pinned.py)
         set_activation_cap(policy.device, memory_plan.bytes_of("offloaded checkpoints") or None)
     return tiled
-
-
-def _prompts(cfg: Config, dist: DistContext, policy: Policy) -> tuple[PromptDataset, PromptSampler, Any]:
-    """The training prompts, their seeded order, and TRL's ``trainer_state`` for reward functions;
-    ``run.num_train_epochs`` sets ``run.max_steps`` from the data size here."""
-    dataset = load_prompt_dataset(resolve_path(cfg, cfg.data.path), policy.tokenizer, cfg.data)
-    check_enough_prompts(len(dataset), cfg.prompts_per_step, cfg.run.batch_size, cfg.rollout.num_generations)
-    problem = split_problem(cfg, dist.world_size)  # (torchrun's check_job said so already, before any weight)
-    if problem:
-        raise ValueError(problem)
-    if cfg.run.num_train_epochs is not None:  # TRL's num_train_epochs: the run length from the data size
-        cfg.run.max_steps = steps_for_epochs(cfg.run.num_train_epochs, len(dataset), cfg.prompts_per_step)
-    sampler = PromptSampler(len(dataset), cfg.prompts_per_step, cfg.run.seed, cfg.data.shuffle)
-    trainer_state = make_trainer_state(  # what TRL passes reward functions as ``trainer_state``
-        cfg.run.max_steps, cfg.run.max_steps * cfg.prompts_per_step / max(len(dataset), 1),
-        cfg.run.batch_size, cfg.log.logging_steps, cfg.run.save_steps, dist.is_main)
-    return dataset, sampler, trainer_state
 
 
 def build_engine(cfg: Config, dist: DistContext, policy: Policy, model: torch.nn.Module, memory_plan,
