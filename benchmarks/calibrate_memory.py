@@ -105,14 +105,17 @@ def base_config(model_dir: Path, prompts: Path, out_dir: Path, steps: int) -> di
 
 
 def predict(cfg_path: Path, overrides: list[str], mode: str = "train") -> int:
-    """The plan's peak; for update-only runs (no decoding) always + update."""
+    """The plan's peak; for update-only runs (no decoding) always + update. A train row is planned as `slimgrpo
+    train` plans it, at its data's longest prompt; an update row's synthetic prompts are data.max_prompt_length."""
     from slimgrpo.config import load_config
     from slimgrpo.plan.check import plan_inputs, shape_of
     from slimgrpo.plan.planner import plan_memory
+    from slimgrpo.train.prompts import data_prompt_tokens
 
     cfg = load_config(cfg_path, overrides)
     shape = shape_of(cfg)
-    plan = plan_memory(shape, plan_inputs(cfg, "cpu", vocab=shape.vocab))
+    longest = data_prompt_tokens(cfg) if mode == "train" else None
+    plan = plan_memory(shape, plan_inputs(cfg, "cpu", vocab=shape.vocab, prompt_tokens=longest))
     if mode == "update":
         return plan.phase_total("always") + plan.phase_total("update")
     return plan.peak_bytes

@@ -8,8 +8,8 @@ for, build the same config (the same overrides, completion length pinned), trace
 ``slimgrpo.trace.step.trace_step`` (update mode: the update alone, as ``_update_child.py`` runs it;
 train mode: generation and update) and print:
 
-* trace + runtime: the traced tensor peak plus ``CPU_FRAMEWORK_OVERHEAD_BYTES`` (the Python / torch
-  runtime the planner already adds on CPU), against the measured peak RSS;
+* trace + runtime: the traced tensor peak plus ``formulas.cpu_runtime_bytes`` (the Python / torch runtime
+  and the tokenizer, which the planner adds on CPU), against the measured peak RSS;
 * plan: the planner's prediction for the same mode, against the trace + runtime.
 
 Nothing is measured here (no model is run for real); the measured column is copied from the
@@ -60,7 +60,8 @@ def row_config(overrides: list[str]):
 
 def check(name: str, shape_dict: dict, overrides: list[str], mode: str) -> dict:
     from slimgrpo.plan.check import plan_inputs
-    from slimgrpo.plan.planner import CPU_FRAMEWORK_OVERHEAD_BYTES, plan_memory
+    from slimgrpo.plan.formulas import cpu_runtime_bytes
+    from slimgrpo.plan.planner import plan_memory
     from slimgrpo.plan.shapes import ModelShape
     from slimgrpo.trace.step import trace_step
 
@@ -70,7 +71,7 @@ def check(name: str, shape_dict: dict, overrides: list[str], mode: str) -> dict:
     planned = plan.peak_bytes if mode == "train" else plan.phase_total("always") + plan.phase_total("update")
     t0 = time.perf_counter()
     trace = trace_step(cfg, shape, device="cpu", generation=mode == "train")
-    traced = trace.peak_bytes + CPU_FRAMEWORK_OVERHEAD_BYTES
+    traced = trace.peak_bytes + cpu_runtime_bytes(shape.vocab)  # the imports and the tokenizer
     return {"name": name, "mode": mode, "layers": shape.layers, "measured": MEASURED_MIB[name] * 2**20,
             "traced": traced, "planned": planned, "phase": trace.peak_phase, "seconds": time.perf_counter() - t0,
             "by_tag": trace.phases[trace.peak_phase].by_tag,

@@ -12,6 +12,7 @@ import torch
 from slimgrpo.plan.advice import fit_to_budget, parse_bytes, render_plan, suggest_fixes
 from slimgrpo.plan.planner import (
     CPU_FRAMEWORK_OVERHEAD_BYTES,
+    CUDA_FRAMEWORK_OVERHEAD_BYTES,
     GiB,
     LORA_ADAPTER_BYTES,
     PlanInputs,
@@ -22,6 +23,7 @@ from slimgrpo.plan.planner import (
     lora_num_params,
     plan_memory,
 )
+from slimgrpo.plan.formulas import TOKENIZER_BYTES_PER_VOCAB, cpu_runtime_bytes
 from slimgrpo.plan.shapes import ModelShape, load_shape, preset_shapes
 
 LLAMA_8B = load_shape("llama-3.1-8b")
@@ -272,8 +274,12 @@ def test_peak_is_always_plus_the_larger_phase():
         assert plan.peak_bytes == t["always"] + max(t["generation"], t["update"])
         assert plan.peak_phase == max(("generation", "update"), key=lambda p: (t[p], p == "update"))
     cpu = plan_memory(QWEN_05B, PlanInputs(device="cpu"))
-    assert cpu.framework_bytes == CPU_FRAMEWORK_OVERHEAD_BYTES
-    assert cpu.tensor_peak_bytes == cpu.peak_bytes - CPU_FRAMEWORK_OVERHEAD_BYTES
+    runtime = CPU_FRAMEWORK_OVERHEAD_BYTES + TOKENIZER_BYTES_PER_VOCAB * QWEN_05B.vocab  # imports + the tokenizer
+    assert cpu.framework_bytes == runtime == cpu_runtime_bytes(QWEN_05B.vocab)
+    assert cpu.bytes_of("tokenizer") == 1_000 * 152_064  # about 1 KB an entry: Qwen2's measured 152 MiB
+    assert cpu.tensor_peak_bytes == cpu.peak_bytes - runtime
+    cuda = plan_memory(QWEN_05B, PlanInputs())
+    assert cuda.bytes_of("tokenizer") == 0 and cuda.framework_bytes == CUDA_FRAMEWORK_OVERHEAD_BYTES
 
 
 def test_micro_batches_bound_update_memory_but_not_generation():

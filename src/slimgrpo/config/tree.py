@@ -63,6 +63,12 @@ class Config:
         return self.loss.beta > 0 or (self.ppo and self.loss.kl_coef > 0)
 
     @property
+    def needs_old_logp(self) -> bool:
+        """Old log-probs are taken before the update: the policy moves before the batch's last pass (several
+        iterations or optimizer steps per generation), or PPO (its ratio and KL reward)."""
+        return self.loss.num_iterations > 1 or self.loss.steps_per_generation > 1 or self.ppo
+
+    @property
     def prompts_per_step(self) -> int:
         return self.run.batch_size // self.rollout.num_generations
 

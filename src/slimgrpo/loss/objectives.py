@@ -59,7 +59,8 @@ import torch
 from torch import Tensor
 
 import slimgrpo.loss.policy_losses as terms
-from slimgrpo.config.sections.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, LossConfig, objective_problem
+from slimgrpo.config.sections.loss import (IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, LossConfig, entropy_bonus_on,
+                                          objective_problem)
 from slimgrpo.containers import LossStats
 
 CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the clipped surrogate
@@ -110,9 +111,8 @@ class LossSettings:
 
     @property
     def entropy_bonus(self) -> bool:
-        """The bonus is part of the objective (TRL: a non-zero coefficient, or adaptive control, where a
-        coefficient decremented to 0 can come back)."""
-        return self.entropy_coef != 0.0 or self.use_adaptive_entropy
+        """The bonus is part of the objective (``config.sections.loss.LossConfig.entropy_bonus``'s rule)."""
+        return entropy_bonus_on(self.entropy_coef, self.use_adaptive_entropy)
 
     @property
     def upper_epsilon(self) -> float:

@@ -74,7 +74,7 @@ def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_
         reference_placement=cfg.memory.reference_placement,
         token_chunk=cfg.loss.token_chunk or auto_token_chunk(vocab),
         vocab_chunk=cfg.loss.vocab_chunk, chunked_loss=True, fused_loss=fused_loss(cfg),
-        entropy_bonus=cfg.loss.entropy_coef != 0.0 or cfg.loss.use_adaptive_entropy,
+        entropy_bonus=cfg.loss.entropy_bonus,
         generation_batch_rows=cfg.rollout.max_batch_rows,
         attn_implementation=cfg.model.attn_implementation or "sdpa",
         micro_batch_tokens=cfg.memory.micro_batch_tokens,
@@ -93,10 +93,9 @@ def fused_loss(cfg: Config) -> bool:
     ``config.sections.loss.takes_fused_path``). An adaptive entropy bonus switches path with its coefficient:
     planned fused, whose blocks are at least the separate path's with the bonus."""
     L = cfg.loss
-    old_logp = L.num_iterations > 1 or L.steps_per_generation > 1 or cfg.ppo
     always_bonus = L.entropy_coef != 0.0 and not L.use_adaptive_entropy
     return takes_fused_path(L.fuse_head_loss, L.top_entropy_quantile, always_bonus, L.importance_sampling_level,
-                            old_logp, L.vocab_chunk)
+                            cfg.needs_old_logp, L.vocab_chunk)
 
 
 def vllm_inputs(cfg: Config, device: str, dtype_bytes: int) -> dict[str, Any]:

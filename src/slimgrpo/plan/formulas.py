@@ -27,6 +27,16 @@ CUDA_FRAMEWORK_OVERHEAD_BYTES = 512 * MiB
 # Qwen2/Llama model classes: ru_maxrss = 352,396 KiB (about 344 MiB), measured on the 2-core
 # development machine. On CPU this is the floor under every plan.
 CPU_FRAMEWORK_OVERHEAD_BYTES = 352_396 * KiB
+# The tokenizer a run loads (its vocabulary and merges as Rust and Python objects): RSS it keeps once loaded, in a
+# process that imported the trainer, measured for three fast BPE tokenizers on the development machine: Qwen2's
+# 151,936 entries 152 MiB, SmolLM2's 49,152 entries 45 MiB, a 32,000-entry Llama one 31 MiB, about 1,000 B per
+# entry (docs/memory.md#framework-overhead-always). Host memory: in the plan's peak on CPU only.
+TOKENIZER_BYTES_PER_VOCAB = 1_000
+
+
+def cpu_runtime_bytes(vocab: int) -> int:
+    """What a CPU run's RSS holds besides tensors: the imports (CPU_FRAMEWORK_OVERHEAD_BYTES) and the tokenizer."""
+    return CPU_FRAMEWORK_OVERHEAD_BYTES + TOKENIZER_BYTES_PER_VOCAB * vocab
 # Caching allocator rounding, fragmentation and stream-ordered reuse on CUDA, as a fraction of the tensor
 # peak: what the trace adds for its device peak (trace/step.py), and the least headroom `slimgrpo plan`
 # asks of a budget before it says "fits" without a warning. A documented guess (docs/memory.md#trace), to be

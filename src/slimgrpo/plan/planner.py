@@ -37,7 +37,7 @@ from slimgrpo.plan.formulas import (ADAMW_8BIT_BYTES_PER_PARAM, ADAMW_STATES, BA
                        LOSS_PER_TOKEN_TENSORS, NORM_BACKWARD_FP32_TENSORS, NORM_BACKWARD_RESIDUAL_GRADS, MiB,
                        NF4_BYTES_PER_PARAM, OFFLOAD_RESIDENT_LAYERS, offloaded_bytes,
                        PREFILL_CHUNK_TOKENS, QLORA_COMPUTE_BYTES, TILED_MLP_AUTO_TOKENS, TILED_MLP_BACKWARD_BUFFERS,
-                       TILED_MLP_MIN_GAIN, _compute_bytes, _n, _tiles, activation_bytes_per_token_layer,
+                       TILED_MLP_MIN_GAIN, TOKENIZER_BYTES_PER_VOCAB, _compute_bytes, _n, _tiles, activation_bytes_per_token_layer,
                        attention_mask_bytes, inference_bytes_per_token_layer, kv_cache_bytes, logits_bytes,
                        fp32_master, lora_num_params, lora_targets, mlp_bytes_per_token, norm_backward_bytes_per_token)
 from slimgrpo.memory.tiled_mlp import tiled_shard_tokens
@@ -577,6 +577,16 @@ def _overlap_reference_stream(weights: list[Component], update: list[Component])
     return _after_freed(weights, "reference stream", held, "the update's gradients and activations")
 
 
+def _tokenizer_component(shape: ModelShape, x: PlanInputs) -> list[Component]:
+    """CPU: the tokenizer's objects count in the process's RSS (formulas.TOKENIZER_BYTES_PER_VOCAB, measured);
+    on CUDA they are host memory beside the device. Not a tensor: ``MemoryPlan.framework_bytes`` holds it."""
+    if x.device != "cpu" or x.framework_overhead_bytes is not None:
+        return []
+    return [Component("tokenizer", TOKENIZER_BYTES_PER_VOCAB * shape.vocab, "always",
+                      f"the run's tokenizer (vocabulary and merges, not tensors), V·{TOKENIZER_BYTES_PER_VOCAB:,} B = "
+                      f"{_n(shape.vocab)}·{TOKENIZER_BYTES_PER_VOCAB:,} (measured retained RSS, about 1 KB an entry)")]
+
+
 def _gradients_in_backward(shape: ModelShape, x: PlanInputs, optimizer: list[Component],
                            backward: list[Component]) -> list[Component]:
     """One micro-batch per optimizer step (every ``.grad`` is None before it, update/updater.py): backward writes
@@ -675,6 +685,7 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
         *_critic_components(shape, x),
         *(vllm_components(shape, x) if x.rollout_engine == "vllm" else _generation_components(shape, x)),
         Component("framework overhead", overhead, "always", what),
+        *_tokenizer_component(shape, x),
     ])
     device = [c for c in components if c.location == "device"]
     totals = {p: sum(c.bytes for c in device if c.phase == p) for p in PHASES}

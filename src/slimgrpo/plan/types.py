@@ -251,7 +251,9 @@ class MemoryPlan:
 
     @property
     def framework_bytes(self) -> int:
-        return self.bytes_of("framework overhead")
+        """What the device holds besides tensors: the framework (CUDA context, or the CPU process's imports) and,
+        on CPU, the tokenizer."""
+        return self.bytes_of("framework overhead") + self.bytes_of("tokenizer")
 
     @property
     def tensor_peak_bytes(self) -> int:

@@ -76,7 +76,7 @@ def render_trace(plan: MemoryPlan, trace: TraceResult, console: Any = None,
                   f"{trace.peak_bytes / max(planned, 1):.2f}", soft_wrap=True)
     extra = (f"CUDA context {format_gib(trace.overhead_bytes)} GiB + allocator margin "
              f"{CUDA_TRACE_MARGIN:.0%} of the traced peak ({format_gib(trace.margin_bytes)} GiB)"
-             if trace.device == "cuda" else f"process runtime {format_gib(trace.overhead_bytes)} GiB (measured)")
+             if trace.device == "cuda" else f"process runtime and tokenizer {format_gib(trace.overhead_bytes)} GiB (measured)")
     console.print(f"device peak from the trace: {format_gib(trace.device_peak_bytes)} GiB = traced "
                   f"{format_gib(trace.peak_bytes)} + {extra}; plan {format_gib(plan.peak_bytes)} GiB", soft_wrap=True)
     if trace.device == "cuda" and (trace.host_peak_bytes or plan.host_bytes):

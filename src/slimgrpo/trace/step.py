@@ -35,7 +35,7 @@ heaps), workspaces libraries take outside PyTorch tensors (cuBLAS, cuDNN, oneDNN
 NCCL), kernels that allocate internally, the CUDA context and the Python / torch runtime. The
 kernels traced are CPU's: ``sdpa`` without a mask runs the flash kernel (saves output + log-sum-exp,
 as CUDA's flash / memory-efficient kernels do), ``eager`` saves the attention matrix. On CPU the
-runtime is ``CPU_FRAMEWORK_OVERHEAD_BYTES`` (measured); on CUDA we add ``CUDA_FRAMEWORK_OVERHEAD_BYTES``
+runtime is ``formulas.cpu_runtime_bytes`` (the imports and the tokenizer, measured); on CUDA we add ``CUDA_FRAMEWORK_OVERHEAD_BYTES``
 and a margin of ``CUDA_TRACE_MARGIN`` of the traced peak for the allocator (an assumption until a GPU
 run measures it: ``benchmarks/gpu_suite.py``).
 """
@@ -52,7 +52,8 @@ import torch
 
 from slimgrpo.memory.attention import cpu_gqa
 from slimgrpo.trace.live_bytes import LiveBytes, PhasePeak
-from slimgrpo.plan.planner import CPU_FRAMEWORK_OVERHEAD_BYTES, CUDA_FRAMEWORK_OVERHEAD_BYTES, CUDA_TRACE_MARGIN
+from slimgrpo.plan.formulas import cpu_runtime_bytes
+from slimgrpo.plan.planner import CUDA_FRAMEWORK_OVERHEAD_BYTES, CUDA_TRACE_MARGIN
 from slimgrpo.plan.shapes import ModelShape
 from slimgrpo.plan.target import planned_device
 
@@ -144,7 +145,7 @@ def trace_step(cfg, shape: ModelShape, device: str = "cpu", generation: bool = T
                 kv = 0
             _trace_update(tracker, runner, cfg, shape)
     phase = max(tracker.phases, key=lambda p: tracker.phases[p].peak_bytes)
-    overhead = CUDA_FRAMEWORK_OVERHEAD_BYTES if device == "cuda" else CPU_FRAMEWORK_OVERHEAD_BYTES
+    overhead = CUDA_FRAMEWORK_OVERHEAD_BYTES if device == "cuda" else cpu_runtime_bytes(shape.vocab)
     margin = math.ceil(CUDA_TRACE_MARGIN * tracker.peak_bytes) if device == "cuda" else 0
     return TraceResult(dict(tracker.phases), tracker.peak_bytes, phase, device, overhead, margin, kv,
                        time.perf_counter() - t0, notes, tracker.host_peak_bytes)

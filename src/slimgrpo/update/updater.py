@@ -71,7 +71,7 @@ class Updater:
         policy moves before the last pass, or for PPO's KL reward), the reference's (a KL term), the entropy cut."""
         cfg, settings = self.cfg, self.settings
         batch = make_update_batch(rollout, advantages, cfg.loss.mask_truncated_completions)
-        if cfg.loss.num_iterations > 1 or cfg.loss.steps_per_generation > 1 or cfg.ppo:
+        if cfg.needs_old_logp:
             batch.old_logp = batch_logprobs(self.model, batch, settings, self.dist)
         if cfg.needs_reference:
             sharded_root = self.model if cfg.distributed.strategy == "fsdp" and self.dist.enabled else None

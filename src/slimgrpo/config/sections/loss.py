@@ -110,6 +110,16 @@ class LossConfig:
     """Form the loss gradient inside the chunked LM-head pass (one fewer head product per chunk) when the
     objective allows it (token-level ratios, or no old log-probs; no ``vocab_chunk``); gradients are equal."""
 
+    @property
+    def entropy_bonus(self) -> bool:
+        """The entropy bonus is part of the objective (TRL: a non-zero coefficient, or adaptive control, where a
+        coefficient decremented to 0 can come back); ``loss.objectives.LossSettings`` and the planner ask this."""
+        return entropy_bonus_on(self.entropy_coef, self.use_adaptive_entropy)
+
+
+def entropy_bonus_on(entropy_coef: float, use_adaptive_entropy: bool) -> bool:
+    return entropy_coef != 0.0 or use_adaptive_entropy
+
 
 LOGITS_CHUNK_BYTES = 64 * 2**20  # the fp32 [token_chunk, vocab slice] logits block that loss.token_chunk=None aims at
 MIN_TOKEN_CHUNK, MAX_TOKEN_CHUNK = 16, 4096
