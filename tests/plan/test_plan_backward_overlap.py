@@ -24,7 +24,8 @@ W_CPU = ModelShape("qwen2", hidden=128, intermediate=512, layers=2, heads=4, kv_
 W_LONG = ["model.dtype=float32", "run.device=cpu", "lora.enabled=false", "memory.gradient_checkpointing=false",
           "rollout.num_generations=8", "run.batch_size=8", "data.max_prompt_length=512",
           "rollout.max_completion_length=8192", "rollout.min_completion_length=8192", "loss.beta=0.04"]
-W_LONG_MEASURED_MIB = 1_651  # peak RSS, two steps (docs/benchmarks.md#plan-vs-measured)
+W_LONG_MEASURED_MIB = 1_646  # peak RSS, two steps (docs/benchmarks.md#plan-vs-measured, nineteenth session)
+W_LONG_PROMPT_TOKENS = 108  # the longest of that run's prompts, which the run plans every prompt at
 
 
 def _inputs(*overrides):
@@ -76,7 +77,10 @@ def test_a_small_vocabulary_keeps_the_workspace_where_it_is_the_larger():
 
 
 def test_w_long_plan_is_on_the_safe_side_of_its_measured_peak_and_closer():
-    x = _inputs("memory.tiled_mlp=auto")
-    assert tiled_mlp_on(W_CPU, x)  # 69,632 tokens per MLP call: auto tiles, as the measured run did
+    x = dataclasses.replace(_inputs("memory.tiled_mlp=auto"), max_prompt_length=W_LONG_PROMPT_TOKENS)
+    assert tiled_mlp_on(W_CPU, x)  # 66,400 tokens per MLP call: auto tiles, as the measured run did
     ratio = plan_memory(W_CPU, x).peak_bytes / 2**20 / W_LONG_MEASURED_MIB
-    assert 1.0 <= ratio <= 1.11, ratio  # 1.10 (1.17 when the workspace was added on top of the loss)
+    # 1.12: the tokenizer's line (0.14 GiB, resident in the run) joined the plan in the nineteenth session, while
+    # the backward workspace line (0.15 GiB beyond the loss's freed chunks) is still counted though the trace
+    # peaks at the loss here (1.17 when the workspace was added on top of the whole loss line)
+    assert 1.0 <= ratio <= 1.13, ratio

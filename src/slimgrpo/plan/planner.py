@@ -242,17 +242,26 @@ def update_layer_bytes(shape: ModelShape, x: PlanInputs, groups: int | None = No
         what = f"a = {_n(a)} B/token/layer{' (MLP tiled)' if _tiles(shape, x, m * S) else ''}, m·S = {m}·{_n(S)}, " \
                "unpadded rows"
         return per_layer, m * S, shared, what + (", S² terms of eager" if quad else "")
-    if prompt_padded is None:
-        prompt_padded = x.padding_mask and x.prompts_per_step > 1
-    p_shared, p_quad = attention_mask_bytes(x, groups, P, padded=prompt_padded, shape=shape)
+    prompt_layer, p_shared, a_prompt = _prompt_pass_layer_bytes(shape, x, groups, prompt_padded)
     c_shared, c_quad = attention_mask_bytes(x, m, S, padded=True, shape=shape, pairs=m * T * S)
-    a_prompt = activation_bytes_per_token_layer(shape, x, padded=prompt_padded, tokens=groups * P)
     a_comp = activation_bytes_per_token_layer(shape, x, padded=True, tokens=m * T)
     fan_out = m * P * 2 * attn_kernels.kv_width(shape, kname, True, x.device) * B
-    per_layer = a_prompt * groups * P + p_quad + a_comp * m * T + fan_out + c_quad
+    per_layer = prompt_layer + a_comp * m * T + fan_out + c_quad
     what = (f"shared prompt: g·P = {groups}·{_n(P)} prompt tokens (a = {_n(a_prompt)}), m·T = {m}·{_n(T)} "
             f"completion tokens (a = {_n(a_comp)}) + prompt keys/values m·P·2·kv'·B + mask terms")
     return per_layer, groups * P + m * T, max(p_shared, c_shared), what
+
+
+def _prompt_pass_layer_bytes(shape: ModelShape, x: PlanInputs, groups: int,
+                             prompt_padded: bool | None = None) -> tuple[int, int, int]:
+    """The shared-prompt layout's prompt pass, one decoder layer: (saved bytes of its g·P tokens with their S²
+    terms, the mask bytes shared by the layers, bytes per token)."""
+    P = x.max_prompt_length
+    if prompt_padded is None:
+        prompt_padded = x.padding_mask and x.prompts_per_step > 1
+    p_shared, p_quad = attention_mask_bytes(x, groups, P, padded=prompt_padded, shape=shape)
+    a_prompt = activation_bytes_per_token_layer(shape, x, padded=prompt_padded, tokens=groups * P)
+    return a_prompt * groups * P + p_quad, p_shared, a_prompt
 
 
 def _offloads_to_host(x: PlanInputs) -> bool:
@@ -589,40 +598,58 @@ def _tokenizer_component(shape: ModelShape, x: PlanInputs) -> list[Component]:
 
 def _gradients_in_backward(shape: ModelShape, x: PlanInputs, optimizer: list[Component],
                            backward: list[Component]) -> list[Component]:
-    """One micro-batch per optimizer step (every ``.grad`` is None before it, update/updater.py): backward writes
-    a layer's gradients as it frees that layer's saved tensors, so at backward's peak only part of the
-    gradients exist. Going down from the last layer with ``g`` gradient bytes written and ``a`` saved bytes
-    freed per layer, the live sum peaks at the first layer (g ≤ a) or the last (g > a): ``g + max(0,
-    (L - 1)·(g - a))`` plus the final norm's; a trained head's gradient is the loss line's fp32 accumulator, an
-    untied embedding's is written after every layer. All ``n·b`` exist at the optimizer step, when
-    ``backward``'s lines (activations, loss) are freed, beside the step's temporaries: the gradients line holds
-    the larger of the two moments' needs, so that the update's total is the larger moment. Not under DDP (its
-    buckets hold every gradient), FSDP2 (sharded, plan/sharding.py) or gradient accumulation (earlier
-    micro-batches' gradients are whole)."""
+    """One micro-batch per optimizer step (every ``.grad`` is None before it, update/updater.py): the gradients
+    line holds what the update's moments need of it beside ``backward``'s lines (activations, loss: ``held``),
+    the largest of three (checked against a walk down the layers and the trace, tests/plan/test_plan_gradients.py):
+
+    - backward's peak in the decoder: a layer's gradients (``g`` bytes) are written as its saved tensors (``a``)
+      are freed, going down from the last layer, so the live sum peaks at the first layer (g ≤ a) or the last
+      (g > a): ``g + max(0, (L - 1)·(g - a))`` plus the final norm's; a trained head's gradient is the loss
+      line's fp32 accumulator. With a shared prompt only the completion pass's part of ``a`` is freed there:
+      the prompt pass keeps its saved tensors until its own backward, after the completions'.
+    - the embedding's backward (full fine-tuning): every gradient exists, and a tied embedding's dense gradient
+      is summed with the head's, two more ``V·H·b`` alive at once; with a shared prompt the prompt pass's saved
+      tensors are still alive then (the completions reach the embedding first), and an untied embedding gets a
+      second dense gradient from the prompt pass's own lookup.
+    - the optimizer step: every gradient and the step's temporaries, the activations and the loss freed.
+
+    Not under DDP (its buckets hold every gradient), FSDP2 (sharded, plan/sharding.py) or gradient accumulation
+    (earlier micro-batches' gradients are whole): the whole line there."""
     grads = next(c for c in optimizer if c.name == "gradients")
     micro_batches = -(-x.rows // x.micro_rows)
     if x.ddp or x.fsdp_shards > 1 or micro_batches > 1 or not grads.bytes:
         return optimizer
     n, b, _ = _trainable(shape, x)
-    L = shape.layers
+    L, VH = shape.layers, shape.embedding_params
     g = (n // L if x.lora else shape.layer_params) * b
     layer_bytes, tokens = update_layer_bytes(shape, x)[:2]
+    groups = shared_prompt_groups(x, shape)
+    prompt_layer = _prompt_pass_layer_bytes(shape, x, groups)[0] if groups else 0
     if not x.gradient_checkpointing:
-        a = layer_bytes
+        a = layer_bytes - prompt_layer
     else:  # the layer's checkpointed input goes with it; offloaded ones were never on the device
         a = 0 if _offloads_to_host(x) else tokens * shape.hidden * _compute_bytes(x)
     live = min(grads.bytes, g + max(0, (L - 1) * (g - a)) + (0 if x.lora else shape.hidden * b))
     held = sum(c.bytes for c in backward if c.location == "device")
     temp = next(c.bytes for c in optimizer if c.name == "optimizer step workspace")
-    at_step = grads.bytes + temp - held - max(0, temp - held)  # what the step moment needs of this line
-    if live >= at_step:
-        line = Component("gradients", live, "update",
-                         f"{grads.formula} in all; at backward's peak, one micro-batch: each layer's g = {_n(g)} B "
-                         f"written as its a = {_n(a)} B are freed, g + max(0, (L-1)·(g - a)) + final norm")
+    at_step = grads.bytes + temp - held - max(0, temp - held)
+    at_embedding = 0
+    if not x.lora:
+        tied_sum = 2 * VH * b if shape.tie else 0
+        second_lookup = VH * b if groups and not shape.tie else 0
+        at_embedding = max(grads.bytes + tied_sum + L * prompt_layer, grads.bytes + second_lookup) - held
+    need = max(live, at_step, at_embedding)
+    if need == live:
+        what = (f"at backward's peak, one micro-batch: each layer's g = {_n(g)} B written as its a = {_n(a)} B "
+                "are freed, g + max(0, (L-1)·(g - a)) + final norm")
+    elif need == at_embedding:
+        tied = " + the tied head and embedding gradients summed, 2·V·H·b" if shape.tie else ""
+        kept = f" + the prompt pass's saved tensors, L·{_n(prompt_layer)}" if groups else ""
+        what = f"at the embedding's backward, every gradient{tied}{kept}, less backward's activations + loss ({_n(held)})"
     else:
-        line = Component("gradients", at_step, "update",
-                         f"{grads.formula} at the optimizer step, after backward's activations + loss "
-                         f"({_n(held)}) are freed (at backward's peak only {_n(live)} exist: one micro-batch)")
+        what = (f"at the optimizer step, after backward's activations + loss ({_n(held)}) are freed (one micro-"
+                f"batch: at backward's peak only {_n(live)} exist)")
+    line = Component("gradients", need, "update", f"{grads.formula} in all; {what}")
     return [line if c is grads else c for c in optimizer]
 
 

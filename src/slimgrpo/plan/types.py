@@ -253,7 +253,7 @@ class MemoryPlan:
     def framework_bytes(self) -> int:
         """What the device holds besides tensors: the framework (CUDA context, or the CPU process's imports) and,
         on CPU, the tokenizer."""
-        return self.bytes_of("framework overhead") + self.bytes_of("tokenizer")
+        return sum(c.bytes for c in self.components if c.name in ("framework overhead", "tokenizer"))
 
     @property
     def tensor_peak_bytes(self) -> int:
