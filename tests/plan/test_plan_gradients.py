@@ -49,11 +49,16 @@ def test_gradients_line_is_the_naive_walk_or_the_step_moment(completion, lora):
     temp = CPU_ADAMW_STEP_TEMPORARIES * largest * 4
     at_step = n + temp - held - max(0, temp - held)
     # the tied embedding's backward: every gradient, and its dense gradient summed with the head's (2 V·H more)
-    at_embedding = 0 if lora else n + 2 * SHAPE.embedding_params * 4 - held
+    step_line = max(0, temp - held)
+    at_embedding = 0 if lora else n + 2 * SHAPE.embedding_params * 4 - held - step_line
     assert line == max(walk, at_step, at_embedding)
     assert walk <= line
     update = sum(c.bytes for c in plan.components if c.phase == "update" and c.location == "device")
-    assert update >= max(held + walk, n + temp, held + at_embedding)  # the update's total covers every moment
+    # the update's total covers every moment, and no more than the largest (the lines are not added twice)
+    moments = max(held + walk, n + temp, n + 2 * (0 if lora else SHAPE.embedding_params * 4))
+    assert update >= moments
+    assert sum(c.bytes for c in plan.components if c.name in (*BACKWARD_LINES, "gradients", "optimizer step workspace")) \
+        == max(held + walk, held + step_line + at_step, held + step_line + at_embedding)
     if completion == 300 and not lora:
         assert line == walk < n  # long completions: the activations outweigh the gradients and the embedding's sum
 

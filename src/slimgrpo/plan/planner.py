@@ -632,12 +632,13 @@ def _gradients_in_backward(shape: ModelShape, x: PlanInputs, optimizer: list[Com
     live = min(grads.bytes, g + max(0, (L - 1) * (g - a)) + (0 if x.lora else shape.hidden * b))
     held = sum(c.bytes for c in backward if c.location == "device")
     temp = next(c.bytes for c in optimizer if c.name == "optimizer step workspace")
-    at_step = grads.bytes + temp - held - max(0, temp - held)
+    step_line = max(0, temp - held)  # what _overlap_step_workspace leaves the step workspace line
+    at_step = grads.bytes + temp - held - step_line
     at_embedding = 0
     if not x.lora:
         tied_sum = 2 * VH * b if shape.tie else 0
         second_lookup = VH * b if groups and not shape.tie else 0
-        at_embedding = max(grads.bytes + tied_sum + L * prompt_layer, grads.bytes + second_lookup) - held
+        at_embedding = max(grads.bytes + tied_sum + L * prompt_layer, grads.bytes + second_lookup) - held - step_line
     need = max(live, at_step, at_embedding)
     if need == live:
         what = (f"at backward's peak, one micro-batch: each layer's g = {_n(g)} B written as its a = {_n(a)} B "
