@@ -32,7 +32,8 @@ class DataConfig:
     """``auto``: apply the chat template to conversational prompts, and to plain prompts when the
     tokenizer has one; ``never``: tokenize text as is."""
     max_prompt_length: int = 512
-    """Longest prompt in tokens after the chat template."""
+    """Longest prompt in tokens after the chat template. The memory plan counts every prompt at the longest one
+    in ``data.path`` / ``eval.data``, at most this (``slimgrpo plan --no-data``: at this)."""
     prompt_overflow: Literal["truncate", "skip", "error"] = "truncate"
     """Longer prompts: keep their last ``max_prompt_length`` tokens, drop them (counted), or stop."""
     shuffle: bool = True
