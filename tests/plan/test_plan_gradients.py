@@ -57,8 +57,9 @@ def test_gradients_line_is_the_naive_walk_or_the_step_moment(completion, lora):
     # the update's total covers every moment, and no more than the largest (the lines are not added twice)
     moments = max(held + walk, n + temp, n + 2 * (0 if lora else SHAPE.embedding_params * 4))
     assert update >= moments
-    assert sum(c.bytes for c in plan.components if c.name in (*BACKWARD_LINES, "gradients", "optimizer step workspace")) \
-        == max(held + walk, held + step_line + at_step, held + step_line + at_embedding)
+    lines = (*BACKWARD_LINES, "gradients", "optimizer step workspace")
+    assert sum(c.bytes for c in plan.components if c.name in lines) == \
+        max(held + walk, held + step_line + at_step, held + step_line + at_embedding)
     if completion == 300 and not lora:
         assert line == walk < n  # long completions: the activations outweigh the gradients and the embedding's sum
 

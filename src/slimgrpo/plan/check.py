@@ -377,9 +377,9 @@ def smallest_plan_found(plan: MemoryPlan, suggestions: list[Suggestion]) -> str:
 
 def fitted_config(cfg: Config, scope: PlanScope, budget: int, console: Console, trace_fn=None,
                   show: bool = False) -> tuple[Config, list[str]]:
-    """The config ``slimgrpo train`` runs under ``memory.fit`` for ``budget`` on the scope's device, and the overrides
-    it applies (empty when it runs the config as written: no fit asked, or the plan fits). ``memory.fit=trace``
-    needs ``trace_fn`` (as :func:`check_before_training`). Raises MemoryBudgetError where train would refuse.
+    """The config ``slimgrpo train`` runs under ``memory.fit`` for ``budget`` on the scope's device, and the
+    overrides it applies (empty when it runs the config as written: no fit asked, or the plan fits).
+    ``memory.fit=trace`` needs ``trace_fn`` (as :func:`check_before_training`). Raises MemoryBudgetError where train would refuse.
     ``slimgrpo plan`` plans and traces what this returns, so that it shows the run train will run."""
     if not cfg.memory.fit:
         return cfg, []

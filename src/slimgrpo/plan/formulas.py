@@ -37,6 +37,8 @@ TOKENIZER_BYTES_PER_VOCAB = 1_000
 def cpu_runtime_bytes(vocab: int) -> int:
     """What a CPU run's RSS holds besides tensors: the imports (CPU_FRAMEWORK_OVERHEAD_BYTES) and the tokenizer."""
     return CPU_FRAMEWORK_OVERHEAD_BYTES + TOKENIZER_BYTES_PER_VOCAB * vocab
+
+
 # Caching allocator rounding, fragmentation and stream-ordered reuse on CUDA, as a fraction of the tensor
 # peak: what the trace adds for its device peak (trace/step.py), and the least headroom `slimgrpo plan`
 # asks of a budget before it says "fits" without a warning. A documented guess (docs/memory.md#trace), to be

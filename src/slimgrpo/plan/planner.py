@@ -37,7 +37,8 @@ from slimgrpo.plan.formulas import (ADAMW_8BIT_BYTES_PER_PARAM, ADAMW_STATES, BA
                        LOSS_PER_TOKEN_TENSORS, NORM_BACKWARD_FP32_TENSORS, NORM_BACKWARD_RESIDUAL_GRADS, MiB,
                        NF4_BYTES_PER_PARAM, OFFLOAD_RESIDENT_LAYERS, offloaded_bytes,
                        PREFILL_CHUNK_TOKENS, QLORA_COMPUTE_BYTES, TILED_MLP_AUTO_TOKENS, TILED_MLP_BACKWARD_BUFFERS,
-                       TILED_MLP_MIN_GAIN, TOKENIZER_BYTES_PER_VOCAB, _compute_bytes, _n, _tiles, activation_bytes_per_token_layer,
+                       TILED_MLP_MIN_GAIN, TOKENIZER_BYTES_PER_VOCAB, _compute_bytes, _n, _tiles,
+                       activation_bytes_per_token_layer,
                        attention_mask_bytes, inference_bytes_per_token_layer, kv_cache_bytes, logits_bytes,
                        fp32_master, lora_num_params, lora_targets, mlp_bytes_per_token, norm_backward_bytes_per_token)
 from slimgrpo.memory.tiled_mlp import tiled_shard_tokens
@@ -638,7 +639,8 @@ def _gradients_in_backward(shape: ModelShape, x: PlanInputs, optimizer: list[Com
     if not x.lora:
         tied_sum = 2 * VH * b if shape.tie else 0
         second_lookup = VH * b if groups and not shape.tie else 0
-        at_embedding = max(grads.bytes + tied_sum + L * prompt_layer, grads.bytes + second_lookup) - held - step_line
+        at_embedding = max(grads.bytes + tied_sum + L * prompt_layer, grads.bytes + second_lookup) - held
+        at_embedding -= step_line
     need = max(live, at_step, at_embedding)
     if need == live:
         what = (f"at backward's peak, one micro-batch: each layer's g = {_n(g)} B written as its a = {_n(a)} B "
@@ -646,7 +648,8 @@ def _gradients_in_backward(shape: ModelShape, x: PlanInputs, optimizer: list[Com
     elif need == at_embedding:
         tied = " + the tied head and embedding gradients summed, 2·V·H·b" if shape.tie else ""
         kept = f" + the prompt pass's saved tensors, L·{_n(prompt_layer)}" if groups else ""
-        what = f"at the embedding's backward, every gradient{tied}{kept}, less backward's activations + loss ({_n(held)})"
+        what = (f"at the embedding's backward, every gradient{tied}{kept}, less backward's activations + loss "
+                f"({_n(held)})")
     else:
         what = (f"at the optimizer step, after backward's activations + loss ({_n(held)}) are freed (one micro-"
                 f"batch: at backward's peak only {_n(live)} exist)")

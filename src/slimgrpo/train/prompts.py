@@ -42,12 +42,12 @@ class RunPrompts:
         return max(len(ids) for ds in (self.train, self.eval) if ds is not None for ids in ds.prompt_ids)
 
 
-def read_prompts(cfg: Config, tokenizer, with_eval: bool = True) -> RunPrompts:
+def read_prompts(cfg: Config, tokenizer) -> RunPrompts:
     """``data.path`` (or the rows the Python API put there) and ``eval.data`` (its first ``eval.max_prompts``),
     as the run reads them; a bad file or row raises ``DataError`` naming it."""
     train = load_prompt_dataset(resolve_path(cfg, cfg.data.path), tokenizer, cfg.data)
     held_out = None
-    if with_eval and cfg.eval.data:
+    if cfg.eval.data:
         first = dataclasses.replace(cfg.data, max_samples=cfg.eval.max_prompts)  # data's template and bound
         held_out = load_prompt_dataset(resolve_path(cfg, cfg.eval.data), tokenizer, first)
     return RunPrompts(train, held_out)
