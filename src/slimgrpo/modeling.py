@@ -326,6 +326,18 @@ class Policy:
         return [p for n, p in self.model.named_parameters() if p.requires_grad and f".{CRITIC_ADAPTER}." not in n]
 
 
+def tokenizer_folder(cfg: Config) -> str:
+    """The run's tokenizer folder: ``model.tokenizer_path``, else the model's."""
+    from slimgrpo.config import resolve_path
+
+    return resolve_path(cfg, cfg.model.tokenizer_path or cfg.model.path)
+
+
+def load_run_tokenizer(cfg: Config):
+    """The run's tokenizer (:func:`tokenizer_folder`), as training, ``slimgrpo plan`` and the benchmarks load it."""
+    return load_tokenizer(tokenizer_folder(cfg), cfg.model.trust_remote_code)
+
+
 def build_policy(cfg: Config, tokenizer=None) -> Policy:
     """The policy of ``cfg``: its model on the run's device, prepared for training, and its tokenizer
     (``tokenizer``, when the caller loaded it already, else ``model.tokenizer_path`` or the model's folder)."""
@@ -335,8 +347,7 @@ def build_policy(cfg: Config, tokenizer=None) -> Policy:
 
     model_path = resolve_path(cfg, cfg.model.path)
     if tokenizer is None:
-        tok_path = resolve_path(cfg, cfg.model.tokenizer_path) if cfg.model.tokenizer_path else model_path
-        tokenizer = load_tokenizer(tok_path, cfg.model.trust_remote_code)
+        tokenizer = load_run_tokenizer(cfg)
     mcfg = ModelConfig(**{**cfg.model.__dict__, "path": model_path})
     # FSDP2 under torchrun: read the weights into host memory; fully_shard then moves only this rank's
     # shard to the accelerator, so weights that do not fit one device can still be loaded.

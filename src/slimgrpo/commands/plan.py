@@ -144,12 +144,12 @@ def _prompt_tokens(args, cfg, console: Console) -> int | None:
     the data cannot be read here (said in a note: the plan may be for another machine)."""
     if args.no_data or args.model or not args.config or not cfg.data.path:
         return None
-    from slimgrpo.config import resolve_path
+    from slimgrpo.modeling import tokenizer_folder
     from slimgrpo.output.console import quiet_third_party
     from slimgrpo.train.prompts import data_prompt_tokens
 
     bound = f"the plan counts every prompt at data.max_prompt_length={cfg.data.max_prompt_length}"
-    tokenizer_path = resolve_path(cfg, cfg.model.tokenizer_path or cfg.model.path)
+    tokenizer_path = tokenizer_folder(cfg)
     if not os.path.exists(tokenizer_path):  # a hub name: the plan asks no network
         console.print(f"[yellow]note[/yellow]: no tokenizer folder {tokenizer_path!r} here; {bound}", soft_wrap=True)
         return None

@@ -34,9 +34,14 @@ CPU_FRAMEWORK_OVERHEAD_BYTES = 352_396 * KiB
 TOKENIZER_BYTES_PER_VOCAB = 1_000
 
 
+def tokenizer_bytes(vocab: int) -> int:
+    """RSS a loaded tokenizer of ``vocab`` entries keeps (TOKENIZER_BYTES_PER_VOCAB each)."""
+    return TOKENIZER_BYTES_PER_VOCAB * vocab
+
+
 def cpu_runtime_bytes(vocab: int) -> int:
     """What a CPU run's RSS holds besides tensors: the imports (CPU_FRAMEWORK_OVERHEAD_BYTES) and the tokenizer."""
-    return CPU_FRAMEWORK_OVERHEAD_BYTES + TOKENIZER_BYTES_PER_VOCAB * vocab
+    return CPU_FRAMEWORK_OVERHEAD_BYTES + tokenizer_bytes(vocab)
 
 
 # Caching allocator rounding, fragmentation and stream-ordered reuse on CUDA, as a fraction of the tensor

@@ -40,7 +40,8 @@ from slimgrpo.plan.formulas import (ADAMW_8BIT_BYTES_PER_PARAM, ADAMW_STATES, BA
                        TILED_MLP_MIN_GAIN, TOKENIZER_BYTES_PER_VOCAB, _compute_bytes, _n, _tiles,
                        activation_bytes_per_token_layer,
                        attention_mask_bytes, inference_bytes_per_token_layer, kv_cache_bytes, logits_bytes,
-                       fp32_master, lora_num_params, lora_targets, mlp_bytes_per_token, norm_backward_bytes_per_token)
+                       fp32_master, lora_num_params, lora_targets, mlp_bytes_per_token, norm_backward_bytes_per_token,
+                       tokenizer_bytes)
 from slimgrpo.memory.tiled_mlp import tiled_shard_tokens
 from slimgrpo.plan.types import PHASES, Component, MemoryPlan, PlanInputs
 from slimgrpo.plan.shapes import ModelShape
@@ -592,7 +593,7 @@ def _tokenizer_component(shape: ModelShape, x: PlanInputs) -> list[Component]:
     on CUDA they are host memory beside the device. Not a tensor: ``MemoryPlan.framework_bytes`` holds it."""
     if x.device != "cpu" or x.framework_overhead_bytes is not None:
         return []
-    return [Component("tokenizer", TOKENIZER_BYTES_PER_VOCAB * shape.vocab, "always",
+    return [Component("tokenizer", tokenizer_bytes(shape.vocab), "always",
                       f"the run's tokenizer (vocabulary and merges, not tensors), V·{TOKENIZER_BYTES_PER_VOCAB:,} B = "
                       f"{_n(shape.vocab)}·{TOKENIZER_BYTES_PER_VOCAB:,} (measured retained RSS, about 1 KB an entry)")]
 

@@ -46,7 +46,7 @@ from slimgrpo.distributed import wrap as launch
 from slimgrpo.distributed.context import DistContext
 from slimgrpo.evaluate.during import DuringTrainingEval, make_evaluator
 from slimgrpo.memory.malloc import pin_mmap_threshold
-from slimgrpo.modeling import (Policy, build_policy, generation_eos_ids, load_tokenizer, looks_like_hub_name,
+from slimgrpo.modeling import (Policy, build_policy, generation_eos_ids, load_run_tokenizer, looks_like_hub_name,
                                max_positions, read_model_config)
 from slimgrpo.monitor.watch import RunWatch
 from slimgrpo.output.metrics import MetricsWriter
@@ -215,8 +215,7 @@ def _tokenizer(cfg: Config, model_path: str):
     context length are checked (a missing model folder is named as such, not as a missing tokenizer)."""
     mconf = {} if looks_like_hub_name(model_path) else read_model_config(model_path)
     check_context_length(cfg, max_positions(mconf), model_path)
-    tok_path = resolve_path(cfg, cfg.model.tokenizer_path) if cfg.model.tokenizer_path else model_path
-    return load_tokenizer(tok_path, cfg.model.trust_remote_code)
+    return load_run_tokenizer(cfg)
 
 
 def _agent(inputs: RunInputs) -> bool:

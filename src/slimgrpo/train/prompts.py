@@ -76,11 +76,9 @@ def data_prompt_tokens(cfg: Config) -> int | None:
     Raises ``ModelLoadError`` / ``DataError`` (ValueErrors) or OSError when they cannot be read."""
     if rendered_elsewhere(cfg):
         return None
-    from slimgrpo.modeling import load_tokenizer
+    from slimgrpo.modeling import load_run_tokenizer
 
-    tokenizer = load_tokenizer(resolve_path(cfg, cfg.model.tokenizer_path or cfg.model.path),
-                               cfg.model.trust_remote_code)
-    return planned_prompt_tokens(cfg, read_prompts(cfg, tokenizer))
+    return planned_prompt_tokens(cfg, read_prompts(cfg, load_run_tokenizer(cfg)))
 
 
 def prompt_order(cfg: Config, dist: DistContext, dataset: PromptDataset) -> tuple[PromptSampler, Any]:
