@@ -15,7 +15,9 @@ Rows off by more than 10% are ``KNOWN_OFF``: marked xfail with the measured rati
 wider band. Measured with the whole matrix (trace / plan per phase, printed on failure) after the trace took the
 fused loss's separable path and the planner's loss line its path's blocks (tests/plan/test_plan_loss_path.py), and
 again after the gradients line counted only those alive at backward's peak (one micro-batch: every row here;
-tests/plan/test_plan_gradients.py): three CUDA checkpointing rows came into the band.
+tests/plan/test_plan_gradients.py): three CUDA checkpointing rows came into the band; and after the backward
+workspace line took the final norm's backward and a layer's as two moments (tests/plan/test_plan_backward_overlap.py):
+the update of every shared-prompt row without checkpointing moved up 3-5 points, two of them into the band.
 """
 
 from __future__ import annotations
@@ -76,12 +78,12 @@ _PREFILL = "the prefill working set of a 448-token prompt is planned above what 
 # decode 1.12) were the trace running the fused loss's fallback pass (fused._not_separable) and the decode holding
 # the prefill's logits through every step (rollout/engine.py), both gone.
 KNOWN_OFF = {
-    "cpu-full-nockpt-untiled-shared-keep-smallV": f"generation 0.82, update 0.87: {_PREFILL}; {_SAFE_SUM}",
-    "cpu-full-nockpt-tiled-shared-keep-smallV": f"generation 0.81, update 0.89: {_PREFILL}; {_SAFE_SUM}",
+    "cpu-full-nockpt-untiled-shared-keep-smallV": f"generation 0.82, update 0.899: {_PREFILL}; {_SAFE_SUM}",
+    "cpu-full-nockpt-tiled-shared-keep-smallV": f"generation 0.81: {_PREFILL}",
     "cpu-full-ckpt-untiled-unpadded-keep-smallV": f"update 0.89: {_SAFE_SUM}",
     "cpu-full-ckpt-tiled-unpadded-keep-smallV": f"update 0.80: {_SAFE_SUM}, the tiled MLP shard too",
-    "cpu-lora-nockpt-untiled-shared-keep-smallV": f"generation 0.82, update 0.84: {_PREFILL}; {_SAFE_SUM}",
-    "cpu-lora-nockpt-tiled-shared-keep-smallV": f"generation 0.74, update 0.84: {_PREFILL}; {_SAFE_SUM}",
+    "cpu-lora-nockpt-untiled-shared-keep-smallV": f"generation 0.82, update 0.875: {_PREFILL}; {_SAFE_SUM}",
+    "cpu-lora-nockpt-tiled-shared-keep-smallV": f"generation 0.74, update 0.88: {_PREFILL}; {_SAFE_SUM}",
     "cpu-lora-ckpt-untiled-unpadded-keep-smallV": f"update 0.89: {_SAFE_SUM}",
     "cpu-lora-ckpt-tiled-unpadded-keep-smallV": f"update 0.82: {_SAFE_SUM}, the tiled MLP shard too",
     "cuda-full-nockpt-untiled-shared-keep-smallV": f"generation 0.85: {_PREFILL}",
@@ -89,7 +91,7 @@ KNOWN_OFF = {
     "cuda-lora-nockpt-untiled-shared-keep-bigV": f"generation 0.84: {_PREFILL}",
     "cuda-lora-nockpt-tiled-shared-keep-bigV": f"generation 0.84: {_PREFILL}",
     "cuda-lora-nockpt-untiled-shared-keep-smallV": f"generation 0.78: {_PREFILL}",
-    "cuda-lora-nockpt-tiled-shared-keep-smallV": f"generation 0.70, update 0.885: {_PREFILL}; {_SAFE_SUM}",
+    "cuda-lora-nockpt-tiled-shared-keep-smallV": f"generation 0.70: {_PREFILL}",
     "cuda-lora-ckpt-untiled-unpadded-offload-smallV": f"update 0.900 (at the edge): {_SAFE_SUM}",
 }
 

@@ -557,28 +557,42 @@ def _after_freed(components: list[Component], name: str, freed: int, what: str) 
 
 
 def _overlap_recompute(activations: list[Component], loss: Component, final_norm: int,
-                       offloaded: bool = False, kept_after_loss: int | None = None) -> list[Component]:
+                       offloaded: bool = False, kept_after_loss: int | None = None,
+                       final_norm_backward: int = 0) -> list[Component]:
     """The LM head and loss run (and free their chunks), and the final norm runs backward (freeing what it
     saved), before backward reaches the decoder, where each layer's backward holds its workspace (and, with
     checkpointing, the layer recomputed): these working sets are alive one after the other. So the recompute
     line only holds what exceeds the loss working set plus the final norm's saved tensors (the trace showed the
-    final-norm part: docs/benchmarks.md#trace-check), and without checkpointing the backward workspace line only
-    what exceeds the loss's chunks (W-long 8 x 8K: docs/benchmarks.md#plan-vs-measured). ``offloaded``: those
-    saved tensors wait in host memory, so freeing them frees nothing on the device. ``kept_after_loss``: the
-    part of the loss line still alive at the layers' backward (:func:`_loss_kept_after`); None: the backward
-    workspace is not overlapped (a 16-bit compute dtype: issue 43's matrix traced its CUDA small-vocabulary
-    rows 9-14% above such a plan, the moments not yet understood)."""
+    final-norm part: docs/benchmarks.md#trace-check). ``offloaded``: those saved tensors wait in host memory, so
+    freeing them frees nothing on the device. ``kept_after_loss``: the part of the loss line still alive after
+    the LM head's backward (:func:`_loss_kept_after`); None: the backward workspace is not overlapped.
+
+    Without checkpointing the backward workspace line holds the larger of two moments after the loss's chunks
+    are freed, beyond those chunks: the final norm's own backward (``final_norm_backward``, its fp32
+    temporaries, while every saved tensor is still alive) and a layer's (its workspace, after the final norm's
+    saved tensors are freed). Traced on W-long 8 x 8K (docs/benchmarks.md#plan-vs-measured): the peak is the
+    final norm's backward, the loss's chunks gone, the head's fp32 gradient and the hidden-state gradient
+    alive."""
     freed, what = loss.bytes + final_norm, "the loss working set and the final norm's saved tensors"
     if offloaded:
         freed, what = loss.bytes, "the loss working set"
     out = _after_freed(activations, "recompute working set", freed, what)
     if kept_after_loss is None:
         return out
-    # Without checkpointing only the loss's chunks and per-token tensors are gone by then: the hidden-state
-    # gradient flows on into the final norm's backward and the head's fp32 gradient stays as its .grad, and
-    # the final norm's own backward is not counted as freed.
-    return _after_freed(out, "backward workspace", loss.bytes - kept_after_loss,
-                        "the loss's chunks and per-token tensors")
+    chunks = loss.bytes - kept_after_loss
+    lines = []
+    for c in out:
+        if c.name == "backward workspace" and c.bytes:
+            at_layers = max(0, c.bytes - final_norm)
+            moment = max(final_norm_backward, at_layers)
+            c = Component(c.name, max(0, moment - chunks), c.phase,
+                          f"{c.formula} = {_n(c.bytes)}; its moments: the final norm's backward, "
+                          f"{NORM_BACKWARD_FP32_TENSORS}·tokens·H·4 fp32 = {_n(final_norm_backward)}, a layer's, "
+                          f"after the final norm's saved tensors ({_n(final_norm)}) are freed = {_n(at_layers)}; "
+                          f"the larger, beyond the loss's chunks and per-token tensors ({_n(chunks)}), freed "
+                          f"before both: max(0, difference)")
+        lines.append(c)
+    return lines
 
 
 def _overlap_reference_stream(weights: list[Component], update: list[Component]) -> list[Component]:
@@ -704,7 +718,9 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     tokens = update_layer_bytes(shape, x)[1]
     final_norm = tokens * ((4 + 2 * _compute_bytes(x)) * shape.hidden + 4)
     kept = _loss_kept_after(shape, x)
-    activations = _overlap_recompute(_activation_components(shape, x), loss, final_norm, _offloads_to_host(x), kept)
+    final_norm_backward = 4 * NORM_BACKWARD_FP32_TENSORS * shape.hidden * tokens
+    activations = _overlap_recompute(_activation_components(shape, x), loss, final_norm, _offloads_to_host(x), kept,
+                                     final_norm_backward)
     optimizer = _gradients_in_backward(shape, x, _optimizer_components(shape, x), activations + [loss])
     optimizer = _overlap_step_workspace(optimizer, activations + [loss])
     weights = _overlap_reference_stream(_weight_components(shape, x), optimizer + activations + [loss])
