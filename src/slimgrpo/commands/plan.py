@@ -180,8 +180,9 @@ def _fitted(args, cfg, scope: PlanScope, budget: int | None, console: Console):
         return cfg, []
     if applied:
         console.print(f"memory.fit={str(cfg.memory.fit).lower()}: `slimgrpo train` applies [bold]{' '.join(applied)}[/bold] to fit "
-                      f"{format_gib(budget)} GiB; the plan{' and trace' if getattr(args, 'trace', False) else ''} "
-                      "below are of that run", soft_wrap=True)
+                      f"{format_gib(budget)} GiB; "
+                      f"{'the plan and trace below are' if getattr(args, 'trace', False) else 'the plan below is'} "
+                      "of that run", soft_wrap=True)
     return fitted, applied
 
 

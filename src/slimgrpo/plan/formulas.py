@@ -116,7 +116,7 @@ FULL_LOGITS_COPIES = 2
 LOSS_PER_TOKEN_TENSORS = 12
 
 # Decode: fp32 logits of the last position for every row, plus the sampling workspace (rollout/engine.py drops a
-# step's logits once sampled; a 16-bit head's own output is counted beside them, planner._generation_components).
+# step's logits once sampled; a 16-bit head's own output is counted beside them, generation.generation_components).
 GEN_LOGITS_COPIES = 2
 # The rollout prefills prompts this many positions at a time (rollout/engine.py TorchRolloutEngine's
 # prefill_chunk): the prefill's working set is one chunk's, not the whole prompt's.

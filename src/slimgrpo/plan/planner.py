@@ -31,7 +31,7 @@ from slimgrpo.memory import attention as attn_kernels
 # The constants and closed-form formulas live in formulas.py; imported here, so callers may import them from here.
 from slimgrpo.plan.formulas import (ADAMW_8BIT_BYTES_PER_PARAM, ADAMW_STATES, BACKWARD_WORKSPACE_LAYERS,
                        CHECKPOINT_RECOMPUTE_LAYERS, CPU_ADAMW_STEP_TEMPORARIES, CPU_FRAMEWORK_OVERHEAD_BYTES,
-                       CUDA_FRAMEWORK_OVERHEAD_BYTES, MASTER_WEIGHT_BYTES, CUDA_TRACE_MARGIN, FULL_LOGITS_COPIES, GEN_LOGITS_COPIES,
+                       CUDA_FRAMEWORK_OVERHEAD_BYTES, MASTER_WEIGHT_BYTES, CUDA_TRACE_MARGIN, FULL_LOGITS_COPIES,
                        GRAD_ACCUMULATION_TEMPORARIES, GiB, KiB, LORA_ADAPTER_BYTES, LOSS_BLOCKS_FUSED,
                        LOSS_BLOCKS_SEPARATE, LOSS_BLOCKS_SEPARATE_EXTRA, LOSS_CHUNK_HIDDEN_TEMPORARIES,
                        LOSS_PER_TOKEN_TENSORS, NORM_BACKWARD_FP32_TENSORS, NORM_BACKWARD_RESIDUAL_GRADS, MiB,
@@ -47,6 +47,8 @@ from slimgrpo.plan.types import PHASES, Component, MemoryPlan, PlanInputs
 from slimgrpo.plan.shapes import ModelShape
 from slimgrpo.plan.sharding import shard_components
 from slimgrpo.plan.vllm import vllm_components, vllm_start_note
+from slimgrpo.plan.critic import critic_components
+from slimgrpo.plan.generation import generation_components, small_projections
 
 # Component, MemoryPlan, PHASES and PlanInputs are re-exported: callers import them from here.
 __all__ = ["Component", "MemoryPlan", "PHASES", "PlanInputs", "plan_memory", "logits_bytes", "kv_cache_bytes",
@@ -274,8 +276,7 @@ def _offloads_to_host(x: PlanInputs) -> bool:
 
 def _activation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
     B = _compute_bytes(x)
-    m = x.micro_rows
-    S, L, H = x.seq_len, shape.layers, shape.hidden
+    L, H = shape.layers, shape.hidden
     layer_bytes, tokens, mask_shared, what = update_layer_bytes(shape, x)
     final_norm = tokens * ((4 + 2 * B) * H + 4)
     on_host = _offloads_to_host(x)
@@ -398,123 +399,9 @@ def _buffer_components(x: PlanInputs) -> list[Component]:
     ]
 
 
-def _critic_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
-    """PPO's critic (update/critic.py): its weights, gradients, optimizer state and per-token buffers. Its
-    forward and backward run after the policy's backward has freed its activations, and keep no more than
-    the policy's (no LM head): they add no line of their own."""
-    if not x.ppo:
-        return []
-    head = (shape.hidden + 1) * 4  # Linear(hidden, 1) in fp32
-    if x.lora:
-        n, b = lora_num_params(shape, x.lora_rank, x.lora_target_modules), LORA_ADAPTER_BYTES
-        weights = Component("critic adapter + value head", n * b + head, "always",
-                            f"a second LoRA adapter on the same base, L·Σ r·(in+out)·{b} B + (H+1)·4 = "
-                            f"{_n(n)}·{b} + {_n(head)}")
-    else:
-        n, b = shape.num_params, x.param_dtype_bytes
-        weights = Component("critic model + value head", n * b + head, "always",
-                            f"full fine-tuning: a second model (critic.model_path, assumed the policy's shape), "
-                            f"N·{b} B + (H+1)·4 = {_n(n)}·{b} + {_n(head)}")
-    grads = Component("critic gradients", n * b + head, "update", f"{_n(n)}·{b} + {_n(head)}")
-    master = fp32_master(x)  # a full-fine-tuning critic shares the policy's optimizer and its rule
-    if master:
-        state = Component("critic optimizer state", (n * MASTER_WEIGHT_BYTES + head) * ADAMW_STATES, "always",
-                          f"AdamW, {ADAMW_STATES} float32 moments (master weights): "
-                          f"({_n(n)}·{MASTER_WEIGHT_BYTES} + {_n(head)})·{ADAMW_STATES}")
-    elif x.optimizer == "adamw":
-        state = Component("critic optimizer state", (n * b + head) * ADAMW_STATES, "always",
-                          f"AdamW, {ADAMW_STATES} moments: ({_n(n)}·{b} + {_n(head)})·{ADAMW_STATES}")
-    else:
-        state = Component("critic optimizer state", math.ceil(n * ADAMW_8BIT_BYTES_PER_PARAM) + head * ADAMW_STATES,
-                          "always", f"8-bit AdamW: {_n(n)}·{ADAMW_8BIT_BYTES_PER_PARAM:.3f} B + head")
-    rows, T = x.rows, x.max_completion_length
-    buffers = Component("value buffers", 4 * rows * T * 4, "always",
-                        f"old values, returns, advantages, token rewards [rows, T] fp32: 4·{rows}·{T}·4")
-    out = [weights, grads, state, buffers]
-    if master:
-        out.append(Component("critic fp32 master weights", n * MASTER_WEIGHT_BYTES, "always",
-                             f"a float32 copy of each critic weight, {_n(n)}·{MASTER_WEIGHT_BYTES} B"))
-    return out
-
-
-def _generation_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
-    B = _compute_bytes(x)
-    gen_rows = min(x.generation_batch_rows or x.rows, x.rows)
-    S, P, V = x.seq_len, x.max_prompt_length, shape.vocab
-    if x.kv_cache_dtype == "auto":
-        kv = kv_cache_bytes(shape.layers, S, shape.kv_heads, shape.head_dim, gen_rows, B)
-        kv_what = f"2·B·L·S·kv_heads·head_dim·rows = 2·{B}·{shape.layers}·{_n(S)}·{shape.kv_heads}·{shape.head_dim}"
-    else:
-        # one byte per value + an fp32 scale per (token, head); each step dequantises one layer's K and V
-        per_value = 1 + 4 / shape.head_dim
-        kv = math.ceil(kv_cache_bytes(shape.layers, S, shape.kv_heads, shape.head_dim, gen_rows, 1) * per_value)
-        kv += kv_cache_bytes(1, S, shape.kv_heads, shape.head_dim, gen_rows, B)
-        kv_what = (f"{x.kv_cache_dtype}: 2·(1 + 4/head_dim)·L·S·kv_heads·head_dim·rows + one layer dequantised "
-                   f"2·B·S·kv_heads·head_dim·rows; L {shape.layers}, S {_n(S)}, kv_heads {shape.kv_heads}, "
-                   f"head_dim {shape.head_dim}")
-    head_out = 0 if B == 4 else B  # a 16-bit head's output, widened to fp32 for sampling
-    head_note = " (the head's 16-bit output beside them)" if head_out else ""
-    groups = min(x.prompts_per_step, math.ceil(gen_rows / x.num_generations))
-    chunk = min(P, PREFILL_CHUNK_TOKENS)  # queries of one prefill chunk, against up to P keys
-    prefill = groups * chunk * inference_bytes_per_token_layer(shape, x)
-    mask_shared, mask_layer = attention_mask_bytes(x, groups, P, shape=shape, pairs=groups * chunk * P)
-    prefill += mask_shared + mask_layer
-    return [
-        *_decode_weight_components(shape, x),
-        Component("KV cache", kv, "generation", f"{kv_what}·{gen_rows}"),
-        Component("generation logits", gen_rows * V * (4 * GEN_LOGITS_COPIES + head_out), "generation",
-                  f"rows·V·({GEN_LOGITS_COPIES}·4{f' + {head_out}' if head_out else ''}) = {_n(gen_rows)}·{_n(V)}·"
-                  f"{4 * GEN_LOGITS_COPIES + head_out}{head_note}"),
-        Component("prefill working set", prefill, "generation",
-                  f"groups·min(P, chunk)·(one layer, no grad) + chunk·P terms = {groups}·{_n(chunk)}·"
-                  f"{_n(inference_bytes_per_token_layer(shape, x))} + {_n(mask_shared + mask_layer)}"),
-    ]
-
-
-# Below this many bytes of decoder projections (float32) CPU decoding packs the LM head only: the bundled demo
-# model (0.5 MB of projections) decoded ~2-8% faster packed, but oneDNN's kernel cache took its peak RSS from
-# 451 to 584 MiB; SmolLM2-135M (425 MB) decodes ~1.5x faster packed, under its update's peak.
-DECODE_PACK_MIN_BYTES = 64 * 2**20
-
-
-def _decode_weight_components(shape: ModelShape, x: PlanInputs) -> list[Component]:
-    """What CPU decoding holds beside the weights (rollout/model_parts.py ``packed_weights``), for one
-    generate call. Float32: a oneDNN-packed copy of the LM head and of every decoder projection (LoRA
-    layers packed as ``W + scale·B·A``), plus the largest stacked group (gate/up) while it is packed.
-    Other dtypes: a merged copy of every LoRA-adapted weight (nothing is packed). CUDA holds neither."""
-    if x.device != "cpu":
-        return []
-    dims = shape.linear_dims()
-    Bp = x.param_dtype_bytes
-    head = shape.vocab * shape.hidden
-    if Bp == 4 and x.decode_packing != "head":
-        per_layer = shape.layer_linear_params
-        group = 2 * shape.hidden * shape.intermediate
-        return [Component("decode weights", (shape.layers * per_layer + head + group) * 4, "generation",
-                          f"cpu fp32 decode through oneDNN-packed copies: (L·Σ in·out + V·H + gate/up while "
-                          f"stacked)·4 = ({shape.layers}·{_n(per_layer)} + {_n(head)} + {_n(group)})·4")]
-    packed_head = [Component("decode weights", head * 4, "generation",
-                             f"cpu fp32 decode: oneDNN-packed LM head V·H·4 = {_n(head)}·4")] if Bp == 4 else []
-    if not x.lora:
-        return packed_head
-    targets = lora_targets(x.lora_target_modules)
-    merged = shape.layers * sum(dims[m][0] * dims[m][1] for m in targets)
-    largest = max(dims[m][0] * dims[m][1] for m in targets)
-    extra = packed_head[0].bytes if packed_head else 0
-    return [Component("decode weights", merged * Bp + largest * LORA_ADAPTER_BYTES + extra, "generation",
-                      f"cpu decode through W + scale·B·A: L·Σ in·out·{Bp} B + one delta ·{LORA_ADAPTER_BYTES} B "
-                      f"= {shape.layers}·{_n(merged // shape.layers)}·{Bp} + {_n(largest)}·{LORA_ADAPTER_BYTES}"
-                      + (f" + packed LM head {_n(head)}·4" if extra else ""))]
-
-
-def _small_projections(shape: ModelShape) -> bool:
-    """Float32 decoder projections under ``DECODE_PACK_MIN_BYTES``: not worth packing."""
-    return shape.layers * shape.layer_linear_params * 4 < DECODE_PACK_MIN_BYTES
-
-
 def decode_packing(shape: ModelShape, x: PlanInputs) -> str:
     """``x.decode_packing`` resolved: ``auto`` packs every projection for CPU float32 decoding ("all",
-    ~1.5x decode throughput on SmolLM2) unless the projections are small (under ``DECODE_PACK_MIN_BYTES``:
+    ~1.5x decode throughput on SmolLM2) unless the projections are small (under ``generation.DECODE_PACK_MIN_BYTES``:
     oneDNN's cache of one kernel per weight shape and batch width then outweighs them) or packing raises
     the peak (the generation phase with the packed copies outgrows the update phase); then the LM head
     only ("head")."""
@@ -522,7 +409,7 @@ def decode_packing(shape: ModelShape, x: PlanInputs) -> str:
         return x.decode_packing
     if x.device != "cpu" or x.param_dtype_bytes != 4:
         return "all"
-    if _small_projections(shape):
+    if small_projections(shape):
         return "head"
     all_plan = plan_memory(shape, dataclasses.replace(x, decode_packing="all"))
     head_plan = plan_memory(shape, dataclasses.replace(x, decode_packing="head"))
@@ -730,8 +617,8 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
         *activations,
         loss,
         *_buffer_components(x),
-        *_critic_components(shape, x),
-        *(vllm_components(shape, x) if x.rollout_engine == "vllm" else _generation_components(shape, x)),
+        *critic_components(shape, x),
+        *(vllm_components(shape, x) if x.rollout_engine == "vllm" else generation_components(shape, x)),
         Component("framework overhead", overhead, "always", what),
         *_tokenizer_component(shape, x),
     ])
@@ -745,7 +632,7 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     if start:
         notes.append(start)
     if inputs.decode_packing == "auto" and x.decode_packing == "head" and x.device == "cpu" \
-            and not _small_projections(shape):
+            and not small_projections(shape):
         notes.append("decode weights: the LM head only is packed for decoding (packing every projection, ~1.5x "
                      "faster decoding, would raise this plan's peak: generation sets it)")
     if inputs.tiled_mlp == "auto" and x.tiled_mlp == "on":

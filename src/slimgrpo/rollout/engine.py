@@ -31,7 +31,8 @@ from transformers import DynamicCache
 
 from slimgrpo.collectives import Collectives
 from slimgrpo.memory.malloc import generation_heap, mapped
-from slimgrpo.plan.planner import DECODE_PACK_MIN_BYTES, PREFILL_CHUNK_TOKENS
+from slimgrpo.plan.formulas import PREFILL_CHUNK_TOKENS
+from slimgrpo.plan.generation import DECODE_PACK_MIN_BYTES
 from slimgrpo.containers import Rollout
 from . import cuda_graph
 from .decode import make_stepper
