@@ -122,6 +122,7 @@ class Checkpointer:
         apply_config_after_resume(p.optimizer, p.scheduler, self.cfg)  # e.g. a lower optim.learning_rate
         p.sampler.load_state_dict(state.sampler)
         p.updater.entropy_control.load_state_dict(state.extra.get("entropy_control", {}))
+        p.updater.loss_scale.load_state_dict(state.extra.get("loss_scale", {}))  # a float16 policy's
         if p.critic is not None and not self.dist.enabled:  # (under torchrun it is in the DCP state)
             p.critic.load_state_dict(ckpt.load_extra_tensors(path, "critic"))
         p.writer.truncate_after(state.step, saved_history=path / "metrics.jsonl")
@@ -165,7 +166,8 @@ class Checkpointer:
     def extra(self) -> dict[str, Any]:
         """Run counters saved with a checkpoint (restored by ``resume``)."""
         p = self.parts
-        return {**p.watch.state_dict(), "entropy_control": p.updater.entropy_control.state_dict()}
+        return {**p.watch.state_dict(), "entropy_control": p.updater.entropy_control.state_dict(),
+                "loss_scale": p.updater.loss_scale.state_dict()}
 
     def save_final(self, best_step: int | None, last_step: int) -> dict[str, Any]:
         """The run's model at the end: ``final/``. With ``run.keep_best`` and a best judgement before the last

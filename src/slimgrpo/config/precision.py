@@ -1,7 +1,8 @@
 """Weight precision and the optimizer: the combinations that cannot train, refused before weights load.
 
-- float16 full fine-tuning: slimgrpo has no gradient scaler and steps the weights it trains in their own
-  dtype, so AdamW would run on float16 weights (small updates round away, large values overflow).
+- float16 full fine-tuning: slimgrpo steps the weights it trains in their own dtype (no float32 master copy of
+  float16 weights), so AdamW would run on float16 weights (small updates round away, large values overflow).
+  LoRA on a float16 base trains float32 adapters, with the loss scaled dynamically (update/loss_scale.py).
 - ``memory.bf16_update=fp32_master`` with 8-bit AdamW: the master copy is for ``adamw``; 8-bit AdamW keeps
   bfloat16 updates by stochastic rounding.
 - 8-bit AdamW under FSDP2 for bfloat16 full fine-tuning: bitsandbytes' takes no DTensors and torchao's
@@ -34,11 +35,11 @@ def precision_problem(cfg: Config, on_cpu: bool) -> str | None:
     """Why this config's weights cannot be trained as set (with the keys to change), or None."""
     mem = cfg.memory
     if cfg.model.dtype == "float16" and not cfg.lora.enabled:
-        return ("model.dtype=float16 with full fine-tuning (lora.enabled=false): slimgrpo has no gradient scaler "
-                "and no float16 master weights, so AdamW would step float16 weights directly (updates below "
-                "their precision are lost, large values overflow). Use model.dtype=bfloat16 (float32 master "
-                "weights or stochastic rounding: memory.bf16_update) or model.dtype=float32; float16 suits LoRA, "
-                "whose adapters train in float32")
+        return ("model.dtype=float16 with full fine-tuning (lora.enabled=false): slimgrpo keeps no float32 master "
+                "copy of float16 weights, so AdamW would step float16 weights directly (updates below their "
+                "precision are lost, large values overflow). Use model.dtype=bfloat16 (float32 master weights or "
+                "stochastic rounding: memory.bf16_update) or model.dtype=float32; float16 suits LoRA, whose "
+                "adapters train in float32 with the loss scaled dynamically")
     if mem.bf16_update == "fp32_master" and mem.optimizer == "adamw_8bit":
         return ("memory.bf16_update=fp32_master with memory.optimizer=adamw_8bit: the float32 master copy is for "
                 "memory.optimizer=adamw; 8-bit AdamW keeps bfloat16 updates by memory.bf16_update="

@@ -174,8 +174,9 @@ TRL_KEY_HINTS: dict[str, str] = {
         "'eval_use_gather_object' is TRL's and has no slimgrpo key: slimgrpo's evaluation is eval.data / eval.steps /"
         ' eval.num_samples; this knob has no counterpart.',
     'fp16':
-        "'fp16' is TRL's name: in slimgrpo use model.dtype (true = weights in float16, with use_peft only (no "
-        'gradient scaler: refused for full fine-tuning, use bf16)).',
+        "'fp16' is TRL's name: in slimgrpo use model.dtype (true = weights in float16, with use_peft only (float32 "
+        'adapters, the loss scaled dynamically; full fine-tuning refused: no float32 master copy of float16 weights, '
+        'use bf16)).',
     'fp16_full_eval':
         "'fp16_full_eval' is TRL's and has no slimgrpo key: slimgrpo's evaluation is eval.data / eval.steps / "
         'eval.num_samples; this knob has no counterpart.',

@@ -17,8 +17,8 @@ from slimgrpo.containers import RewardOutput
 @dataclass(frozen=True)
 class UpdateOutcome:
     """What the step's metrics take from the update: its statistics (this rank's), the gradient norm, whether
-    it was skipped, the learning rate after it, the entropy-bonus coefficient (None without the bonus) and
-    PPO's critic numbers."""
+    it was skipped, the learning rate after it, the entropy-bonus coefficient (None without the bonus),
+    PPO's critic numbers and a float16 policy's loss scale (None otherwise)."""
 
     stats: UpdateStats
     grad_norm: float
@@ -26,12 +26,14 @@ class UpdateOutcome:
     learning_rate: float
     entropy_coef: float | None = None
     value_metrics: dict[str, Any] = field(default_factory=dict)
+    loss_scale: float | None = None
 
     @classmethod
     def of(cls, updater, stats: UpdateStats, grad_norm: float, skipped: bool) -> UpdateOutcome:
         """From the ``Updater`` that has just stepped (``Updater.step``'s ``stats, grad_norm, skipped``)."""
         coef = updater.entropy_control.coef if updater.settings.loss.entropy_bonus else None  # after the update
-        return cls(stats, grad_norm, skipped, updater.scheduler.get_last_lr()[0], coef, updater.value_metrics)
+        scale = updater.loss_scale.value if updater.loss_scale.active else None
+        return cls(stats, grad_norm, skipped, updater.scheduler.get_last_lr()[0], coef, updater.value_metrics, scale)
 
 
 def step_metrics(d, device, rollout, rewards: RewardOutput, update: UpdateOutcome, gen_s: float,
@@ -68,6 +70,8 @@ def step_metrics(d, device, rollout, rewards: RewardOutput, update: UpdateOutcom
     if update.entropy_coef is not None:  # after this step's update, as TRL logs it
         m["entropy_coef"] = update.entropy_coef
     m["learning_rate"] = update.learning_rate
+    if update.loss_scale is not None:  # a float16 policy's (update/loss_scale.py), after this step's update
+        m["loss_scale"] = update.loss_scale
     m["update_skipped"] = int(update.skipped)
     m["gen/tokens_per_s"] = gen_tokens / max(gen_s, 1e-9)
     m["time/generate_s"] = gen_s

@@ -102,11 +102,13 @@ def _precision(dtype: str):
     def transform(value, trl):
         if value and dtype == "float16" and not trl.get("use_peft"):
             # TRL's fp16 is autocast over float32 weights with a gradient scaler; slimgrpo trains the weights
-            # in their own dtype and has no scaler, so float16 full fine-tuning is refused (config/precision.py)
+            # in their own dtype, with no float32 master copy of float16 ones, so float16 full fine-tuning is
+            # refused (config/precision.py)
             raise Refused("fp16=true with full fine-tuning: TRL keeps float32 weights and scales the loss; "
-                          "slimgrpo has no gradient scaler and would step float16 weights. Use bf16: true "
-                          "(bfloat16 weights with float32 master weights) or neither (float32); fp16 with "
-                          "use_peft: true maps to model.dtype=float16 (the adapters train in float32)")
+                          "slimgrpo keeps no float32 master copy of float16 weights and would step them directly. "
+                          "Use bf16: true (bfloat16 weights with float32 master weights) or neither (float32); "
+                          "fp16 with use_peft: true maps to model.dtype=float16 (the adapters train in float32, "
+                          "the loss scaled dynamically)")
         return dtype if value else SKIP
     return transform
 

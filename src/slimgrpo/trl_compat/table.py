@@ -201,8 +201,9 @@ RULES: list[r.Rule] = [
     M("bf16", "model.dtype", "true = weights in bfloat16; full fine-tuning steps them through float32 master "
       "weights (memory.bf16_update=auto with adamw) where TRL keeps float32 weights under bf16 autocast",
       r._precision("bfloat16"), source="TrainingArguments"),
-    M("fp16", "model.dtype", "true = weights in float16, with use_peft only (no gradient scaler: refused for "
-      "full fine-tuning, use bf16)", r._precision("float16"), source="TrainingArguments"),
+    M("fp16", "model.dtype", "true = weights in float16, with use_peft only (float32 adapters, the loss scaled "
+      "dynamically; full fine-tuning refused: no float32 master copy of float16 weights, use bf16)",
+      r._precision("float16"), source="TrainingArguments"),
     I("bf16_full_eval", _EVAL), I("fp16_full_eval", _EVAL),
     I("tf32", "slimgrpo leaves torch's TF32 setting as it is"),
     R("torch_compile", "torch.compile of the model is not supported", ok=(False, None)),

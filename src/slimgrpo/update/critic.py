@@ -143,12 +143,13 @@ class Critic:
         return out
 
     def accumulate(self, batch: UpdateBatch, settings: UpdateSettings, totals: BatchTotals, vf_coef: float,
-                   cliprange_value: float) -> dict[str, float]:
+                   cliprange_value: float, loss_scale: float = 1.0) -> dict[str, float]:
         """Forward + backward of ``vf_coef`` x the clipped value loss over the micro-batches of ``batch`` (the
         policy's, ``micro.micro_batches``; gradients summed into ``.grad``). ``totals``: the batch's rows and
         tokens over every rank (``batch.batch_totals``, the policy's normaliser's too): the micro-batch losses
         add up to the token mean of the whole job's batch, so the gradients summed over ranks are one
-        process's."""
+        process's. ``loss_scale``: a float16 policy's dynamic loss scale (update/loss_scale.py), which the updater
+        divides out of every gradient after backward."""
         norm = Normaliser(num_sequences=max(totals.rows, 1), num_tokens=max(totals.tokens, 1))
         scale = float(self.dist.world_size) if self._sharded else 1.0  # FSDP2 averages over ranks
         loss_sum = clip_sum = tokens = 0.0
@@ -157,7 +158,7 @@ class Critic:
                 v = self.values(micro.input_ids, micro.attention_mask, micro.completion_ids)
                 loss, st = value_loss(v, micro.part(batch.old_values), micro.part(batch.returns), micro.loss_mask,
                                       cliprange_value, norm, vf_coef)
-                (loss * scale).backward()
+                (loss * (scale * loss_scale)).backward()
                 loss_sum += st["value/loss"] * st["tokens"]
                 clip_sum += st["value/clipfrac"] * st["tokens"]
                 tokens += st["tokens"]
@@ -194,9 +195,10 @@ class Critic:
         optimizer holds both. A LoRA critic's adapter is named under ``policy.`` (its model holds it)."""
         return nn.ModuleDict({"policy": policy_model, "critic": self.value_model})
 
-    def gradients(self, batch: UpdateBatch, settings: UpdateSettings, totals: BatchTotals, cfg) -> dict[str, float]:
+    def gradients(self, batch: UpdateBatch, settings: UpdateSettings, totals: BatchTotals, cfg,
+                  loss_scale: float = 1.0) -> dict[str, float]:
         """``accumulate`` with the run's ``critic`` settings: the value loss's gradients next to the policy's."""
-        return self.accumulate(batch, settings, totals, cfg.critic.vf_coef, cfg.critic.cliprange_value)
+        return self.accumulate(batch, settings, totals, cfg.critic.vf_coef, cfg.critic.cliprange_value, loss_scale)
 
     # --- checkpoints -------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from slimgrpo.distributed.context import DistContext
 from slimgrpo.update.batch import (UpdateBatch, UpdateStats, batch_totals, make_update_batch, merge_stats,
                                    policy_normaliser, split_update)
 from slimgrpo.update.gradients import accumulate_gradients, batch_logprobs, entropy_cut
+from slimgrpo.update.loss_scale import LossScale
 from slimgrpo.update.reference import reference_on_device
 from slimgrpo.update.sampler_correction import correct_for_sampler
 from slimgrpo.update.settings import UpdateSettings
@@ -62,6 +63,7 @@ class Updater:
         self.entropy_control = EntropyController.from_config(cfg.loss)  # entropy bonus coefficient
         self.ppo_settings = PPOSettings.from_config(cfg.loss)  # PPO's KL reward, GAE, whitening
         self.value_metrics: dict[str, Any] = {}  # PPO: the critic's numbers of this step
+        self.loss_scale = LossScale.for_model(policy.model)  # a float16 policy's dynamic loss scale, else 1
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return trainable_parameters(self.policy, self.critic)
@@ -118,19 +120,14 @@ class Updater:
         for _ in range(cfg.loss.num_iterations):
             step_stats = []
             for part, part_totals, norm in zip(slices, totals, norms):
-                self.optimizer.zero_grad(set_to_none=True)
-                step_stats.append(accumulate_gradients(
-                    self.model, part, self.settings, norm, self.dist, entropy_coef=self.entropy_control.applied(),
-                    loss_scale=float(self.dist.world_size), no_sync=getattr(self.model, "no_sync", None)))
-                if self.critic is not None:  # PPO: the value loss's gradients beside the policy's
-                    step_stats[-1].extra.update(self.critic.gradients(part, self.settings, part_totals, cfg))
-                self._update_entropy_control(step_stats[-1])
-                max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
-                grad_norm = launch.clip_grad_norm(params, max_norm)
-                if not math.isfinite(grad_norm) or not math.isfinite(step_stats[-1].loss):
+                part_stats, grad_norm = self._gradients(part, part_totals, norm, params)
+                step_stats.append(part_stats)
+                self._update_entropy_control(part_stats)
+                if not math.isfinite(grad_norm) or not math.isfinite(part_stats.loss):
                     skipped = True  # its gradients are dropped below, with every step's
                     break
                 self.optimizer.step()
+                self.loss_scale.stepped()
                 opt_step += 1
                 if cfg.loss.sync_ref_model and opt_step % cfg.loss.ref_model_sync_steps == 0:
                     self.policy.sync_reference(cfg.loss.ref_model_mixup_alpha)
@@ -142,6 +139,25 @@ class Updater:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return stats, grad_norm, skipped
+
+    def _gradients(self, part: UpdateBatch, part_totals, norm, params) -> tuple[UpdateStats, float]:
+        """The gradients of one optimizer step's slice, unscaled and clipped: ``(stats, grad_norm)``. A float16
+        policy's backward runs at its loss scale; a non-finite norm with a finite loss is the scale's overflow,
+        so the slice runs again at half the scale (update/loss_scale.py)."""
+        cfg = self.cfg
+        max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
+        while True:
+            self.optimizer.zero_grad(set_to_none=True)
+            scale = self.loss_scale.value
+            stats = accumulate_gradients(
+                self.model, part, self.settings, norm, self.dist, entropy_coef=self.entropy_control.applied(),
+                loss_scale=float(self.dist.world_size) * scale, no_sync=getattr(self.model, "no_sync", None))
+            if self.critic is not None:  # PPO: the value loss's gradients beside the policy's
+                stats.extra.update(self.critic.gradients(part, self.settings, part_totals, cfg, loss_scale=scale))
+            self.loss_scale.unscale(params)
+            grad_norm = launch.clip_grad_norm(params, max_norm)
+            if math.isfinite(grad_norm) or not math.isfinite(stats.loss) or not self.loss_scale.overflowed():
+                return stats, grad_norm
 
     def _update_entropy_control(self, stats: UpdateStats) -> None:
         """Adaptive entropy control after an optimizer step, from every rank's entropy over the bonus tokens."""
