@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 def build_model(folder: Path):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from conftest import build_tokenizer
+    from tiny_models import build_tokenizer  # conftest's, without pytest (not in the vLLM environment)
 
     tok = build_tokenizer(folder)
     torch.manual_seed(0)
