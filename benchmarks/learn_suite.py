@@ -19,12 +19,14 @@ points below the base model's.
 
 Results are kept in OUT/results.json as each part (a task's base score, one trainer x seed: train + score)
 finishes, and a part already there is not run again: a campaign can be run a task or a seed at a time with
-the same ``--out``. Each task's data, logs and models are under OUT/<task>/.
+the same ``--out``, one at a time (a second suite on a folder another is writing stops, naming it). Each task's
+data, logs and models are under OUT/<task>/.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import statistics
@@ -260,6 +262,20 @@ def plot(results: dict, png: Path) -> None:
     common.save_plot(fig, png)
 
 
+def claim_campaign(out: Path):
+    """One writer per campaign folder: a second suite on the same ``--out`` would overwrite the first's
+    results.json with its own view of it (each keeps the file in memory between parts). Returns the open lock
+    file (released when it is closed, or with the process); refuses, naming the folder, while another holds it."""
+    lock = open(out / ".learn_suite.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise SystemExit(f"{out}: another learn_suite.py is writing this campaign (results.json); wait for it "
+                         "to finish, or give this one another --out") from None
+    return lock
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", nargs="+", default=list(TASKS),
@@ -281,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
+    lock = claim_campaign(a.out)
     results_path = a.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
 
@@ -298,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     table = summary(results)
     print("\n".join(table))
     (a.out / "summary.md").write_text("\n".join(table) + "\n")
+    lock.close()
     if a.png:
         plot(results, a.png)
     load = os.getloadavg()

@@ -175,3 +175,12 @@ def test_keep_best_keys_stay_out_of_trl_and_validation_is_training_rows(tmp_path
     train.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(40)))
     rows = _learn.validation_file(train).read_text().splitlines()
     assert [json.loads(r)["prompt"] for r in rows] == [f"q{i}" for i in range(8, 40)]  # the last 32
+
+
+def test_a_second_suite_on_the_same_campaign_is_refused(tmp_path):
+    """One writer per campaign folder: while one suite holds it, another on the same --out stops, naming it."""
+    first = learn_suite.claim_campaign(tmp_path)
+    with pytest.raises(SystemExit, match="another learn_suite.py is writing this campaign"):
+        learn_suite.claim_campaign(tmp_path)
+    first.close()
+    learn_suite.claim_campaign(tmp_path).close()  # free again once the first is done
