@@ -14,7 +14,7 @@ from slimgrpo.update import gradients
 from slimgrpo.plan.prompt_sharing import PromptSharing
 from slimgrpo.update.settings import UpdateSettings
 
-__all__ = ["UpdateBatch", "accumulate_gradients", "batch_logprobs", "tiny_update_case"]
+__all__ = ["UpdateBatch", "accumulate_gradients", "batch_logprobs", "grads_at_optimizer_step", "tiny_update_case"]
 
 
 def tiny_update_case(tiny_model_dir, short_last_row: bool = False, with_ref: bool = False):
@@ -63,3 +63,17 @@ def batch_logprobs(model, batch, micro, temperature, token_chunk, vocab_chunk, w
     s = _settings(None, micro, temperature, token_chunk, vocab_chunk, micro_tokens=micro_tokens,
                   share_prompt=share_prompt, model=model)
     return gradients.batch_logprobs(model, batch, s, want_entropy=want_entropy)
+
+
+def grads_at_optimizer_step(runner) -> dict[str, torch.Tensor]:
+    """Patch ``runner``'s (``trace.synthetic.UpdateOnly``) optimizer step to copy every ``.grad`` into the dict
+    returned, as the step sees them (the update frees them before it returns)."""
+    seen: dict[str, torch.Tensor] = {}
+    original = runner.updater.optimizer.step
+
+    def capture(*a, **k):
+        seen.update({n: p.grad.clone() for n, p in runner.model.named_parameters() if p.grad is not None})
+        return original(*a, **k)
+
+    runner.updater.optimizer.step = capture
+    return seen

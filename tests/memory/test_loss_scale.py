@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from _update_calls import accumulate_gradients
+from _update_calls import accumulate_gradients, grads_at_optimizer_step
 from run_helpers import metrics, train, write_run
 from slimgrpo.loss.objectives import LossSettings, Normaliser
 from slimgrpo.update import UpdateBatch
@@ -104,14 +104,7 @@ def test_an_overflow_is_retried_at_half_the_scale_not_skipped(monkeypatch):
         model = random_causal_lm(shape, torch.float16, "cpu", seed=4).to(dtype)  # the same weights in both
         torch.manual_seed(7)  # the same adapters
         runner = UpdateOnly(cfg, model)
-        seen = {}
-        original = runner.updater.optimizer.step
-
-        def capture(*a, **k):
-            seen.update({n: p.grad.clone() for n, p in runner.model.named_parameters() if p.grad is not None})
-            return original(*a, **k)
-
-        runner.updater.optimizer.step = capture
+        seen = grads_at_optimizer_step(runner)
         before = {n: p.detach().clone() for n, p in runner.model.named_parameters()}
         calls = []
         import slimgrpo.update.updater as updater_mod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _update_calls import grads_at_optimizer_step
 from slimgrpo.plan.shapes import ModelShape
 from slimgrpo.trace.synthetic import (RaggedLengths, UpdateOnly, random_causal_lm, synthetic_advantages, synthetic_rollout,
                                      update_config)
@@ -55,14 +56,7 @@ def test_update_only_gradients_match_naive(micro):
                          "rollout": {"max_completion_length": 9, "num_generations": 3},
                          "loss": {"token_chunk": 4}})
     runner = UpdateOnly(cfg, model)
-    seen = {}
-    original = runner.trainer.optimizer.step
-
-    def capture(*a, **k):
-        seen.update({n: p.grad.clone() for n, p in runner.model.named_parameters() if p.grad is not None})
-        return original(*a, **k)
-
-    runner.trainer.optimizer.step = capture
+    seen = grads_at_optimizer_step(runner)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     result = runner.step(rollout, adv)
     assert result.tokens == int(rollout.completion_mask.sum()) and not result.skipped

@@ -443,16 +443,15 @@ def _after_freed(components: list[Component], name: str, freed: int, what: str) 
     return out
 
 
-def _overlap_recompute(activations: list[Component], loss: Component, final_norm: int,
-                       offloaded: bool = False, kept_after_loss: int | None = None,
-                       final_norm_backward: int = 0) -> list[Component]:
+def _overlap_recompute(activations: list[Component], loss: Component, final_norm: int, offloaded: bool,
+                       kept_after_loss: int, final_norm_backward: int) -> list[Component]:
     """The LM head and loss run (and free their chunks), and the final norm runs backward (freeing what it
     saved), before backward reaches the decoder, where each layer's backward holds its workspace (and, with
     checkpointing, the layer recomputed): these working sets are alive one after the other. So the recompute
     line only holds what exceeds the loss working set plus the final norm's saved tensors (the trace showed the
     final-norm part: docs/benchmarks.md#trace-check). ``offloaded``: those saved tensors wait in host memory, so
     freeing them frees nothing on the device. ``kept_after_loss``: the part of the loss line still alive after
-    the LM head's backward (:func:`_loss_kept_after`); None: the backward workspace is not overlapped.
+    the LM head's backward (:func:`_loss_kept_after`).
 
     Without checkpointing the backward workspace line holds the larger of two moments after the loss's chunks
     are freed, beyond those chunks: the final norm's own backward (``final_norm_backward``, its fp32
@@ -464,8 +463,6 @@ def _overlap_recompute(activations: list[Component], loss: Component, final_norm
     if offloaded:
         freed, what = loss.bytes, "the loss working set"
     out = _after_freed(activations, "recompute working set", freed, what)
-    if kept_after_loss is None:
-        return out
     chunks = loss.bytes - kept_after_loss
     lines = []
     for c in out:
