@@ -94,12 +94,13 @@ def run_plan(cfg_path: Path, overrides: list[str], device: str) -> dict[str, Any
     """The plan ``slimgrpo plan CONFIG --device DEVICE`` prints, as numbers (the same functions: config ->
     plan inputs -> plan_memory); memory.budget=auto changes nothing for a model this small."""
     from slimgrpo.config import load_config
-    from slimgrpo.plan.check import plan_inputs, shape_of
-    from slimgrpo.plan.planner import plan_memory
+    from slimgrpo.spec.run import run_spec
+    from slimgrpo.plan.admission import shape_of
+    from slimgrpo.plan.model import plan_memory
 
     cfg = load_config(str(cfg_path), list(overrides), validate=False)
     shape = shape_of(cfg)
-    plan = plan_memory(shape, plan_inputs(cfg, device, vocab=shape.vocab))
+    plan = plan_memory(shape, run_spec(cfg, device, vocab=shape.vocab))
     return {"plan_mib": plan.tensor_peak_bytes / MIB, "plan_with_overhead_mib": plan.peak_bytes / MIB,
             "plan_phase": plan.peak_phase, "plan_host_mib": plan.host_bytes / MIB}
 

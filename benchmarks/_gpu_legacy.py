@@ -72,7 +72,7 @@ QWEN3_8B = {"family": "qwen3", "hidden": 4096, "intermediate": 12288, "layers": 
 
 
 def shape_of(name: str, spec: dict | None):
-    from slimgrpo.plan.shapes import ModelShape, load_shape
+    from slimgrpo.spec.shape import ModelShape, load_shape
 
     return ModelShape(**spec) if spec else load_shape(name)
 

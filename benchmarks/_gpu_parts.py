@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from slimgrpo.plan.shapes import ModelShape
+from slimgrpo.spec.shape import ModelShape
 
 MIB = 2**20
 
@@ -115,11 +115,11 @@ def update_plan_mib(plan) -> float:
 
 
 def plan_for(shape: ModelShape, overrides: dict[str, Any], device: str):
-    from slimgrpo.plan.check import plan_inputs
-    from slimgrpo.plan.planner import plan_memory
+    from slimgrpo.spec.run import run_spec
+    from slimgrpo.plan.model import plan_memory
 
     cfg = run_config(overrides)
-    return plan_memory(shape, plan_inputs(cfg, device, vocab=shape.vocab))
+    return plan_memory(shape, run_spec(cfg, device, vocab=shape.vocab))
 
 
 def _update_runner(shape: ModelShape, overrides: dict[str, Any], device: torch.device, seed: int):

@@ -28,8 +28,9 @@ def plan_mib(s, L: int) -> float | None:
     """slimgrpo's plan (peak, MiB) for the W-long run at completion length ``L``."""
     try:
         from slimgrpo.config import auto_token_chunk
-        from slimgrpo.plan.planner import PlanInputs, plan_memory
-        from slimgrpo.plan.shapes import ModelShape
+        from slimgrpo.spec.run import RunSpec
+        from slimgrpo.plan.model import plan_memory
+        from slimgrpo.spec.shape import ModelShape
     except ImportError:
         return None
     sh = s.shape
@@ -37,7 +38,7 @@ def plan_mib(s, L: int) -> float | None:
                        heads=sh["heads"], kv_heads=sh["kv_heads"], vocab=sh["vocab"], tie=sh["tie"],
                        max_positions=sh.get("max_positions", 0))
     rows = s.prompts_per_step * s.num_generations
-    x = PlanInputs(device="cpu" if s.device == "cpu" else "cuda", param_dtype_bytes=4 if s.dtype == "float32" else 2,
+    x = RunSpec(device="cpu" if s.device == "cpu" else "cuda", param_dtype_bytes=4 if s.dtype == "float32" else 2,
                    lora=s.lora, lora_rank=s.lora_r, num_generations=s.num_generations,
                    prompts_per_step=s.prompts_per_step, micro_batch_rows=rows, max_prompt_length=s.max_prompt_length,
                    max_completion_length=L, beta=s.beta, gradient_checkpointing=s.gradient_checkpointing,

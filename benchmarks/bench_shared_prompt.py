@@ -49,7 +49,7 @@ def _child(a: argparse.Namespace) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from slimgrpo.loss.objectives import LossSettings, Normaliser
-    from slimgrpo.plan.prompt_sharing import PromptSharing
+    from slimgrpo.forward.layout import PromptSharing
     from slimgrpo.update import UpdateBatch, UpdateSettings
     from slimgrpo.update.gradients import accumulate_gradients
 

@@ -108,14 +108,15 @@ def predict(cfg_path: Path, overrides: list[str], mode: str = "train") -> int:
     """The plan's peak; for update-only runs (no decoding) always + update. A train row is planned as `slimgrpo
     train` plans it, at its data's longest prompt; an update row's synthetic prompts are data.max_prompt_length."""
     from slimgrpo.config import load_config
-    from slimgrpo.plan.check import plan_inputs, shape_of
-    from slimgrpo.plan.planner import plan_memory
+    from slimgrpo.spec.run import run_spec
+    from slimgrpo.plan.admission import shape_of
+    from slimgrpo.plan.model import plan_memory
     from slimgrpo.train.prompts import data_prompt_tokens
 
     cfg = load_config(cfg_path, overrides)
     shape = shape_of(cfg)
     longest = data_prompt_tokens(cfg) if mode == "train" else None
-    plan = plan_memory(shape, plan_inputs(cfg, "cpu", vocab=shape.vocab, prompt_tokens=longest))
+    plan = plan_memory(shape, run_spec(cfg, "cpu", vocab=shape.vocab, prompt_tokens=longest))
     if mode == "update":
         return plan.phase_total("always") + plan.phase_total("update")
     return plan.peak_bytes

@@ -35,7 +35,7 @@ from pathlib import Path
 import slimgrpo  # noqa: F401  (before torch, as the slimgrpo command: sets the OpenMP wait policy)
 import torch
 
-from slimgrpo.plan.shapes import ModelShape
+from slimgrpo.spec.shape import ModelShape
 from slimgrpo.rollout import SamplingParams, TorchRolloutEngine
 from slimgrpo.rollout.cuda_graph import cuda_graph_cache
 from slimgrpo.rollout.graph_cache import GraphCache

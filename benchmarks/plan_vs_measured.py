@@ -127,21 +127,22 @@ ROWS: dict[str, Row] = {
 def plan_of(config: Path, trace: bool) -> tuple[float, float | None, str]:
     """(plan peak MiB, trace device peak MiB or None, the plan's tricks) of a run's own config.yaml."""
     from slimgrpo.config import load_config
-    from slimgrpo.plan.check import plan_inputs, shape_of
-    from slimgrpo.plan.planner import plan_memory
-    from slimgrpo.plan.tricks import assumed_tricks
+    from slimgrpo.spec.run import run_spec
+    from slimgrpo.plan.admission import shape_of
+    from slimgrpo.plan.model import plan_memory
+    from slimgrpo.plan.render import assumed_tricks
 
     from slimgrpo.train.prompts import data_prompt_tokens
 
     cfg = load_config(str(config), [], validate=False)
     shape = shape_of(cfg)
     longest = data_prompt_tokens(cfg)  # as `slimgrpo train` plans: prompts at the data's longest
-    plan = plan_memory(shape, plan_inputs(cfg, "cpu", vocab=shape.vocab, prompt_tokens=longest))
+    plan = plan_memory(shape, run_spec(cfg, "cpu", vocab=shape.vocab, prompt_tokens=longest))
     traced = None
     if trace:
-        from slimgrpo.trace.step import trace_step
+        from slimgrpo.plan.admission import trace_config
 
-        traced = trace_step(cfg, shape, "cpu", prompt_tokens=longest).device_peak_bytes / common.MIB
+        traced = trace_config(cfg, shape, "cpu", prompt_tokens=longest).device_peak_bytes / common.MIB
     tricks = "; ".join(t.split(" (")[0] for t in assumed_tricks(plan) if t.startswith(("tiled", "gradient", "update")))
     return plan.peak_bytes / common.MIB, traced, tricks
 

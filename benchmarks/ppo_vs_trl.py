@@ -122,12 +122,13 @@ def slimgrpo_child(spec: dict) -> None:
 
 def plan_gib(spec: dict) -> float:
     """slimgrpo's plan of the run (the one ``slimgrpo train`` prints before it starts)."""
-    from slimgrpo.plan.check import plan_inputs, shape_of
-    from slimgrpo.plan.planner import plan_memory
+    from slimgrpo.spec.run import run_spec
+    from slimgrpo.plan.admission import shape_of
+    from slimgrpo.plan.model import plan_memory
 
     cfg = slimgrpo_config(spec)
     shape = shape_of(cfg)
-    return plan_memory(shape, plan_inputs(cfg, "cpu", vocab=shape.vocab)).peak_bytes / 2**30
+    return plan_memory(shape, run_spec(cfg, "cpu", vocab=shape.vocab)).peak_bytes / 2**30
 
 
 def main() -> int:

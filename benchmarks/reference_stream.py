@@ -58,7 +58,8 @@ def reference_placements(shape, device, rows: int, tokens: int) -> dict:
 
 
 def offload_pool(shape, device, rows: int, tokens: int) -> dict:
-    from slimgrpo.plan.planner import PlanInputs, plan_memory
+    from slimgrpo.spec.run import RunSpec
+    from slimgrpo.plan.model import plan_memory
     from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout, update_config
     from slimgrpo.memory.pinned import activation_pool
 
@@ -70,7 +71,7 @@ def offload_pool(shape, device, rows: int, tokens: int) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     runner = UpdateOnly(cfg, random_causal_lm(shape, dtype, device), device=device)
     runner.step(synthetic_rollout(1, rows, prompt, completion, vocab=shape.vocab, device=device))
-    plan = plan_memory(shape, PlanInputs(
+    plan = plan_memory(shape, RunSpec(
         device="cuda", lora=True, param_dtype_bytes=dtype.itemsize, num_generations=rows, prompts_per_step=1,
         micro_batch_rows=rows, max_prompt_length=prompt, max_completion_length=completion,
         gradient_checkpointing=True, offload_activations=True, beta=0.0, tiled_mlp="off"))
@@ -92,13 +93,14 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: this check needs a GPU (or --device cpu for a smoke test)")
         return 2
-    from slimgrpo.plan.planner import PlanInputs, plan_memory
-    from slimgrpo.plan.shapes import load_shape
+    from slimgrpo.spec.run import RunSpec
+    from slimgrpo.plan.model import plan_memory
+    from slimgrpo.spec.shape import load_shape
 
     shape = load_shape(args.shape)
     result = {"shape": args.shape, "rows": args.rows, "tokens": args.tokens,
               "placements": reference_placements(shape, device, args.rows, args.tokens)}
-    plan = plan_memory(shape, PlanInputs(device="cuda", beta=0.04, reference_placement="stream"))
+    plan = plan_memory(shape, RunSpec(device="cuda", beta=0.04, reference_placement="stream"))
     result["plan_stream_working_set"] = [c.formula for c in plan.components if c.name == "reference stream"]
     if device.type == "cuda":
         result["offload"] = offload_pool(shape, device, args.rows, args.tokens)

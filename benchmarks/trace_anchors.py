@@ -38,7 +38,7 @@ QLORA = ["lora.enabled=true", "model.load_in_4bit=true", "memory.gradient_checkp
 def qwen3_8b():
     """Qwen3-8B's shape from its public config.json (not a bundled preset): 36 layers, hidden 4,096, MLP
     12,288, 32 / 8 heads of 128, vocabulary 151,936, untied head; 131,072 positions with YaRN."""
-    from slimgrpo.plan.shapes import ModelShape
+    from slimgrpo.spec.shape import ModelShape
 
     return ModelShape("qwen3", hidden=4096, intermediate=12288, layers=36, heads=32, kv_heads=8, vocab=151_936,
                       tie=False, max_positions=131_072, head_dim=128)
@@ -54,15 +54,15 @@ def config(overrides: list[str]):
 
 
 def plan_and_trace(model: str, overrides: list[str], trace: bool = True):
-    from slimgrpo.plan.check import plan_inputs
-    from slimgrpo.plan.planner import plan_memory
-    from slimgrpo.plan.shapes import load_shape
-    from slimgrpo.trace.step import trace_step
+    from slimgrpo.spec.run import run_spec
+    from slimgrpo.plan.model import plan_memory
+    from slimgrpo.spec.shape import load_shape
+    from slimgrpo.plan.admission import trace_config
 
     shape = qwen3_8b() if model == "qwen3-8b" else load_shape(model)
     cfg = config(overrides)
-    plan = plan_memory(shape, plan_inputs(cfg, "cuda", vocab=shape.vocab))
-    return plan, (trace_step(cfg, shape, device="cuda") if trace else None)
+    plan = plan_memory(shape, run_spec(cfg, "cuda", vocab=shape.vocab))
+    return plan, (trace_config(cfg, shape, device="cuda") if trace else None)
 
 
 def row(setting: str, plan, tr, published: str, seconds: float) -> str:
@@ -105,15 +105,17 @@ def smallest(model: str, kind: str = "completion-heavy") -> str:
     """The smallest budget that trains ``model`` QLoRA (QLORA's settings) at its whole window, searched by plan
     with memory.fit's changes and the CUDA allocator margin (``memory.longest.smallest_budget``), then
     confirmed by one trace with those changes."""
-    from slimgrpo.plan.advice import parse_bytes
-    from slimgrpo.plan.check import overrides_for, plan_inputs
+    from slimgrpo.units import parse_bytes
+    from slimgrpo.plan.admission import overrides_for
+    from slimgrpo.spec.run import run_spec
     from slimgrpo.plan.longest import smallest_budget
-    from slimgrpo.plan.shapes import load_shape
-    from slimgrpo.trace.step import CUDA_TRACE_MARGIN, trace_step
+    from slimgrpo.spec.shape import load_shape
+    from slimgrpo.plan.admission import trace_config
+    from slimgrpo.trace.step import CUDA_TRACE_MARGIN
 
     shape = qwen3_8b() if model == "qwen3-8b" else load_shape(model)
     base = QLORA + ["rollout.max_completion_length=1024", f"memory.host_budget={HOST_BUDGET}"]
-    inputs = plan_inputs(config(base), "cuda", vocab=shape.vocab)
+    inputs = run_spec(config(base), "cuda", vocab=shape.vocab)
     got = smallest_budget(shape, inputs, kind, host_budget=parse_bytes(HOST_BUDGET), margin=CUDA_TRACE_MARGIN)
     found = got.found
     lengths = [f"data.max_prompt_length={found.prompt}", f"rollout.max_completion_length={found.completion}"]
@@ -121,7 +123,7 @@ def smallest(model: str, kind: str = "completion-heavy") -> str:
     print(f"{model} {kind}: smallest budget {got.budget / GiB:.2f} GiB ({got.budget / GB:.1f} GB), plan "
           f"{found.plan.peak_bytes / GiB:.2f} GiB with {' '.join(changes)}; tracing", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    tr = trace_step(config(base + changes + lengths), shape, device="cuda")
+    tr = trace_config(config(base + changes + lengths), shape, device="cuda")
     # No rung lowers the peak further, so with these settings the least budget the trace confirms is its own
     # device peak where that is above the plan's budget.
     verdict = ("fits" if tr.device_peak_bytes <= got.budget else
@@ -138,14 +140,15 @@ FIT_BUDGET = "27GiB"  # --only fit: issue 29's budget for Unsloth's setting
 
 def fit_unsloth() -> str:
     """Unsloth's setting with ``memory.budget=27GiB memory.fit=trace`` and no other knob, checked as the trainer
-    checks a run before it loads weights (``check_before_training``): the planner's fit, traced, and fitted
+    checks a run before it loads weights (``admit``): the planner's fit, traced, and fitted
     again below the budget while the trace is over (its rounds, then the fitted plan, print as they go)."""
-    from slimgrpo.plan.check import check_before_training
-    from slimgrpo.trace.step import trace_step
+    from slimgrpo.plan.admission import admit
+    from slimgrpo.plan.admission import trace_config
 
     t0 = time.perf_counter()
     cfg = config(UNSLOTH + ["model.path=llama-3.1-8b", f"memory.budget={FIT_BUDGET}", "memory.fit=trace"])
-    fitted, plan = check_before_training(cfg, trace_fn=trace_step, show=True)
+    admission = admit(cfg, show=True)
+    fitted, plan = admission.cfg, admission.plan
     m = fitted.memory
     return (f"llama-3.1-8b LoRA 8 x 20K, memory.budget={FIT_BUDGET} memory.fit=trace: optimizer {m.optimizer}, "
             f"rollout.max_batch_rows {fitted.rollout.max_batch_rows}, offload_activations {m.offload_activations}; "

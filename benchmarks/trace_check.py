@@ -5,7 +5,7 @@
 
 For each configuration of ``calibrate_memory.py`` that docs/benchmarks.md reports a measured peak RSS
 for, build the same config (the same overrides, completion length pinned), trace one step with
-``slimgrpo.trace.step.trace_step`` (update mode: the update alone, as ``_update_child.py`` runs it;
+``slimgrpo.plan.admission.trace_config`` (update mode: the update alone, as ``_update_child.py`` runs it;
 train mode: generation and update) and print:
 
 * trace + runtime: the traced tensor peak plus ``formulas.cpu_runtime_bytes`` (the Python / torch runtime
@@ -59,18 +59,18 @@ def row_config(overrides: list[str]):
 
 
 def check(name: str, shape_dict: dict, overrides: list[str], mode: str) -> dict:
-    from slimgrpo.plan.check import plan_inputs
-    from slimgrpo.plan.formulas import cpu_runtime_bytes
-    from slimgrpo.plan.planner import plan_memory
-    from slimgrpo.plan.shapes import ModelShape
-    from slimgrpo.trace.step import trace_step
+    from slimgrpo.spec.run import run_spec
+    from slimgrpo.memory.footprint import cpu_runtime_bytes
+    from slimgrpo.plan.model import plan_memory
+    from slimgrpo.spec.shape import ModelShape
+    from slimgrpo.plan.admission import trace_config
 
     shape = ModelShape(**shape_dict)
     cfg = row_config(overrides)
-    plan = plan_memory(shape, plan_inputs(cfg, "cpu", vocab=shape.vocab))
+    plan = plan_memory(shape, run_spec(cfg, "cpu", vocab=shape.vocab))
     planned = plan.peak_bytes if mode == "train" else plan.phase_total("always") + plan.phase_total("update")
     t0 = time.perf_counter()
-    trace = trace_step(cfg, shape, device="cpu", generation=mode == "train")
+    trace = trace_config(cfg, shape, device="cpu", generation=mode == "train")
     traced = trace.peak_bytes + cpu_runtime_bytes(shape.vocab)  # the imports and the tokenizer
     return {"name": name, "mode": mode, "layers": shape.layers, "measured": MEASURED_MIB[name] * 2**20,
             "traced": traced, "planned": planned, "phase": trace.peak_phase, "seconds": time.perf_counter() - t0,

@@ -11,7 +11,7 @@ import torch
 from slimgrpo.loss.objectives import LossSettings
 from slimgrpo.update import UpdateBatch
 from slimgrpo.update import gradients
-from slimgrpo.plan.prompt_sharing import PromptSharing
+from slimgrpo.forward.layout import PromptSharing
 from slimgrpo.update.settings import UpdateSettings
 
 __all__ = ["UpdateBatch", "accumulate_gradients", "batch_logprobs", "grads_at_optimizer_step", "tiny_update_case"]

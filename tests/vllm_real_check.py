@@ -53,7 +53,7 @@ def policy_logprobs(model, rollout):
 def main(workdir: str) -> int:
     from slimgrpo.rollout.engine import TorchRolloutEngine
     from slimgrpo.rollout.sampling import SamplingParams
-    from slimgrpo.plan.vllm import MIN_KV_BYTES
+    from slimgrpo.rollout.costs import MIN_KV_BYTES
     from slimgrpo.rollout import vllm_engine as ve
 
     out: dict = {}

@@ -262,8 +262,8 @@ def prepare_quantized_base(model):
 
     peft's ``prepare_model_for_kbit_training`` also casts every bf16 / fp16 parameter that is not 4-bit
     (embedding, LM head, norms) to fp32: the norms' fp32 weights then make the residual stream fp32, so every
-    activation and checkpoint of the update is twice the size (issue 29: trace / plan 1.36-1.42 for
-    Qwen3-8B QLoRA). Here only the freezing is kept; the embedding, head and norms stay in the model's dtype
+    activation and checkpoint of the update is twice the size (the trace of Qwen3-8B QLoRA held 1.36-1.42x
+    the plan). Here only the freezing is kept; the embedding, head and norms stay in the model's dtype
     and only the LoRA adapters (and their optimizer state) are fp32. What that function does besides, for
     gradient checkpointing (inputs that require grad so a checkpointed block has a gradient path), is done
     by :func:`prepare_for_training` for every LoRA model."""

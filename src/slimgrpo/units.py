@@ -1,8 +1,10 @@
-"""Numbers and names for people: counts with K/M/B, durations with units, short distinct path labels."""
+"""Numbers and names for people: counts with K/M/B, durations with units, memory sizes read and shown (``parse_bytes``,
+``format_gib``), short distinct path labels."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 
@@ -76,3 +78,48 @@ def column_labels(paths: list[str], width: int = 28) -> list[str]:
     if len(set(labels)) < len(labels):  # still alike after cutting: number them
         labels = [f"{i + 1}: {lb}" for i, lb in enumerate(labels)]
     return labels
+
+
+_UNITS = {
+    "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+
+
+def parse_bytes(value: str | int) -> int:
+    """Parse a memory size: an int (bytes) or a string such as "16GiB", "16 GB", "1.5TiB", "4096".
+
+    Decimal units (kB, MB, GB, TB = 10^3k) and binary units (KiB, MiB, GiB, TiB = 2^10k) are kept
+    apart; case does not matter. A bare "G"/"M"/"K" is ambiguous and rejected.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"expected a memory size, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"memory size must be >= 0, got {value}")
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"expected a memory size as int or string, got {type(value).__name__}")
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*", value)
+    if not match:
+        raise ValueError(f"cannot read {value!r} as a memory size; write e.g. '16GiB', '24GB' or '8000MiB'")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    if unit in ("k", "m", "g", "t"):
+        raise ValueError(
+            f"{value!r} is ambiguous: write {match.group(1)}{unit.upper()}iB (powers of 1024, what GPU tools "
+            f"show) or {match.group(1)}{unit.upper()}B (powers of 1000)"
+        )
+    if unit == "":
+        unit = "b"
+    if unit not in _UNITS:
+        raise ValueError(f"unknown unit {match.group(2)!r} in {value!r}; use B, kB, MB, GB, TB, KiB, MiB, GiB or TiB")
+    return int(round(number * _UNITS[unit]))
+
+
+# ----------------------------------------------------------------------------------------------
+# Rendering
+# ----------------------------------------------------------------------------------------------
+def format_gib(n: int) -> str:
+    """Bytes as GiB with two decimals ("0.00" for zero)."""
+    return f"{n / 2**30:,.2f}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimgrpo.plan.shapes import ModelShape, load_shape
+from slimgrpo.spec.shape import ModelShape, load_shape
 from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout, update_config
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -91,14 +91,14 @@ def test_qlora_load_and_one_step(tmp_path):
 
 def test_planner_within_15_percent_of_cuda_peak_update():
     """One small config, update only: planned always + update tensors against max_memory_allocated."""
-    from slimgrpo.plan.check import plan_inputs
-    from slimgrpo.plan.planner import plan_memory
+    from slimgrpo.spec.run import run_spec
+    from slimgrpo.plan.model import plan_memory
 
     shape = load_shape("qwen2.5-0.5b")
     cfg = update_config({"model": {"dtype": "bfloat16"}, "data": {"max_prompt_length": 128},
                          "rollout": {"max_completion_length": 512, "num_generations": 4},
                          "run": {"batch_size": 4}})
-    plan = plan_memory(shape, plan_inputs(cfg, "cuda", vocab=shape.vocab))
+    plan = plan_memory(shape, run_spec(cfg, "cuda", vocab=shape.vocab))
     planned = plan.phase_total("always") + plan.phase_total("update") - plan.framework_bytes
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()

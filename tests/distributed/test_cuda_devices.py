@@ -11,7 +11,7 @@ import torch
 
 from slimgrpo.config import Config, ConfigError, validate_config
 from slimgrpo.config.sections.model import ModelConfig
-from slimgrpo.plan import check
+from slimgrpo.plan import admission
 from slimgrpo.modeling import ModelLoadError, load_model, resolve_device
 from slimgrpo.output.metrics import memory_metrics
 
@@ -72,8 +72,8 @@ def test_budget_auto_reads_the_gpu_run_device_names(four_gpus, monkeypatch):
         return (10 * 2**30 + (index or 0), 80 * 2**30)
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
-    assert check.budget_bytes("auto", "cuda", "cuda:1") == 10 * 2**30 + 1
-    assert check.budget_bytes("auto", "cuda", "auto") == 10 * 2**30 + 2  # the current (the rank's) GPU
+    assert admission.budget_bytes("auto", "cuda", "cuda:1") == 10 * 2**30 + 1
+    assert admission.budget_bytes("auto", "cuda", "auto") == 10 * 2**30 + 2  # the current (the rank's) GPU
     assert asked == [1, 2]
 
 

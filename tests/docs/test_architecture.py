@@ -24,7 +24,8 @@ PACKAGE = "slimgrpo"
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 # Every package may import these; they import nothing from slimgrpo.
-FOUNDATIONS = ("containers", "collectives", "causal_lm", "units", "redact", "threads", "model_gguf", "exit_codes")
+FOUNDATIONS = ("containers", "collectives", "causal_lm", "units", "redact", "threads", "model_gguf", "exit_codes",
+               "families", "target")
 
 
 COMMANDS = ("cli", "__main__", "commands", "demo")  # the top-level modules and packages that are commands
@@ -274,11 +275,11 @@ MAX_TRAINER_METHODS = 15  # the loop; the update, the checkpoints and the run's 
 
 
 def test_the_trainer_keeps_to_the_loop():
-    path = SRC / PACKAGE / "train" / "trainer.py"
+    path = SRC / PACKAGE / "train" / "loop.py"
     tree = ast.parse(path.read_text(), filename=str(path))
-    trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Trainer")
-    methods = [n.name for n in trainer.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    assert len(methods) <= MAX_TRAINER_METHODS, (f"Trainer has {len(methods)} methods (at most "
+    loop = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TrainLoop")
+    methods = [n.name for n in loop.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    assert len(methods) <= MAX_TRAINER_METHODS, (f"TrainLoop has {len(methods)} methods (at most "
                                                  f"{MAX_TRAINER_METHODS}): {methods}")
 
 
@@ -315,19 +316,71 @@ def test_the_package_keeps_its_layers():
 def test_the_graph_sees_the_package():
     graph = import_graph(SRC, PACKAGE)
     assert f"{PACKAGE}.rollout.engine" in graph[f"{PACKAGE}.evaluate"]  # a top-level import
-    assert f"{PACKAGE}.plan.check" in graph[f"{PACKAGE}.train.build"]  # one inside a function
+    assert f"{PACKAGE}.modeling" in graph[f"{PACKAGE}.train.prompts"]  # one inside a function
     assert f"{PACKAGE}.rollout.cuda_graph" in graph[f"{PACKAGE}.rollout.decode"]  # `from . import cuda_graph`
+    assert f"{PACKAGE}.plan.types" not in graph[f"{PACKAGE}.spec.run"]  # under `if TYPE_CHECKING:`
 
 
-def test_the_config_layers_trl_hints_match_the_rules():
-    """config owns a generated copy of trl_compat's key hints so that it need not import trl_compat."""
-    from slimgrpo.config.trl_names import TRL_KEY_HINTS
-    from slimgrpo.trl_compat import RULES, hint_for
+# The training path: the stages a step runs and the build and loop that run them. None of them may reach the
+# planner or its trace, by any chain of imports: the planner reads them from above.
+TRAINING_PATH = ("rollout", "update", "forward", "loss", "modeling", "spec", "advantage", "rewards", "data",
+                 "agent", "checkpoint", "monitor", "output", "evaluate", "distributed", "memory",
+                 "train.build", "train.loop", "train.step_metrics", "train.prompts", "train.seeding")
+ABOVE_TRAINING = ("plan", "trace")
 
-    expected = {rule.key: hint_for(rule.key) for rule in RULES}
-    assert TRL_KEY_HINTS == expected, (
-        "src/slimgrpo/config/trl_names.py is out of date with trl_compat's RULES: run "
-        "python scripts/gen_trl_migration.py (or --hints-only without trl)")
+
+def reaching(graph: dict[str, set[str]], package: str, starts: tuple[str, ...], banned: tuple[str, ...]
+             ) -> list[str]:
+    """``module -> ... -> banned module`` for every module of ``starts`` (packages or modules, relative to
+    ``package``) that reaches one of ``banned`` through the import graph, one shortest chain each."""
+    def under(module: str, names: tuple[str, ...]) -> bool:
+        rel = module[len(package) + 1:]
+        return any(rel == n or rel.startswith(n + ".") for n in names)
+
+    found = []
+    for start in sorted(m for m in graph if under(m, starts)):
+        parent, frontier = {start: ""}, [start]
+        while frontier:
+            following = []
+            for node in frontier:
+                for child in sorted(graph.get(node, ())):
+                    if child in parent:
+                        continue
+                    parent[child] = node
+                    if under(child, banned):
+                        chain = [child]
+                        while chain[-1] != start:
+                            chain.append(parent[chain[-1]])
+                        found.append(" -> ".join(reversed(chain)))
+                        following = frontier = []
+                        break
+                    following.append(child)
+                else:
+                    continue
+                break
+            frontier = following
+    return found
+
+
+def test_training_stands_alone_below_the_planner():
+    chains = reaching(import_graph(SRC, PACKAGE), PACKAGE, TRAINING_PATH, ABOVE_TRAINING)
+    assert not chains, ("the training path reaches the planner (docs/architecture.md#the-house):\n  "
+                        + "\n  ".join(chains))
+
+
+def test_a_chain_to_the_planner_is_found(tmp_path):
+    _plant(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/update/__init__.py": "",
+        "pkg/update/a.py": "from pkg.spec import b\n",
+        "pkg/spec/__init__.py": "",
+        "pkg/spec/b.py": "def f():\n    from pkg.plan import c\n",
+        "pkg/plan/__init__.py": "",
+        "pkg/plan/c.py": "",
+        "pkg/loss.py": "",
+    })
+    graph = import_graph(tmp_path, "pkg")
+    assert reaching(graph, "pkg", ("update", "loss"), ("plan",)) == ["pkg.update.a -> pkg.spec.b -> pkg.plan.c"]
 
 
 # --- the checker on planted packages ----------------------------------------------------------------------

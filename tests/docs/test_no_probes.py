@@ -1,5 +1,5 @@
 """No probing of the project's own objects: every ``hasattr(x, name)`` and ``getattr(x, name, default)`` in
-src/slimgrpo is listed here with the reason it is there (issue 44).
+src/slimgrpo is listed here with the reason it is there.
 
 A part of a run is built whole (``train/build.py``'s ``RunParts``) and a protocol names what its
 implementations offer (``RolloutEngine``: ``off_policy``, ``metrics``, ``close``; ``output/backends.py``'s
@@ -80,34 +80,34 @@ ALLOWED: dict[tuple[str, str], str] = {
     ('distributed/wrap.py', "getattr(base, '_no_split_modules', None)"): HF,
     ('distributed/wrap.py', "getattr(decoder, 'layers', [])"): HF,
     ('distributed/wrap.py', "hasattr(base, 'get_decoder')"): HF,
-    # loss/gather.py
-    ('loss/gather.py', "getattr(cache, 'layers', None)"): HF,
-    ('loss/gather.py', "getattr(layer, 'keys', None)"): HF,
-    ('loss/gather.py', "getattr(layer, 'values', None)"): HF,
-    # loss/logprobs.py
-    ('loss/logprobs.py', "getattr(config, 'final_logit_softcapping', None)"): HF,
-    ('loss/logprobs.py', "getattr(config, 'get_text_config', None)"): HF,
-    ('loss/logprobs.py', "getattr(config, 'logit_scale', None)"): HF,
-    ('loss/logprobs.py', "getattr(config, 'logits_scaling', None)"): HF,
-    ('loss/logprobs.py', "getattr(head, 'bias', None)"): HF,
-    ('loss/logprobs.py', "getattr(head, 'disable_adapters', False)"): PEFT,
-    ('loss/logprobs.py', "getattr(head, 'weight', None)"): HF,
-    ('loss/logprobs.py', "getattr(model, 'config', None)"): HF,
-    ('loss/logprobs.py', "hasattr(head, 'base_layer')"): PEFT,
-    ('loss/logprobs.py', "hasattr(head, 'modules_to_save')"): PEFT,
-    ('loss/logprobs.py', "hasattr(head, 'original_module')"): PEFT,
-    ('loss/logprobs.py', "hasattr(lm, 'get_output_embeddings')"): HF,
-    # loss/packed.py
-    ('loss/packed.py', "getattr(config, '_attn_implementation', None)"): HF,
-    ('loss/packed.py', "getattr(config, 'head_dim', None)"): HF,
-    ('loss/packed.py', "getattr(config, 'layer_types', None)"): HF,
-    ('loss/packed.py', "getattr(config, 'model_type', None)"): HF,
-    ('loss/packed.py', "getattr(config, 'num_key_value_heads', heads)"): HF,
-    ('loss/packed.py', "getattr(config, 'sliding_window', None)"): HF,
-    ('loss/packed.py', "getattr(lm.config, '_attn_implementation', None)"): HF,
-    # loss/shared_prompt.py
-    ('loss/shared_prompt.py', "getattr(m, 'gradient_checkpointing', False)"): HF,
-    ('loss/shared_prompt.py', "hasattr(m, '_fsdp_state')"): TORCH,
+    # forward/gather.py
+    ('forward/gather.py', "getattr(cache, 'layers', None)"): HF,
+    ('forward/gather.py', "getattr(layer, 'keys', None)"): HF,
+    ('forward/gather.py', "getattr(layer, 'values', None)"): HF,
+    # forward/rows.py
+    ('forward/rows.py', "getattr(config, 'final_logit_softcapping', None)"): HF,
+    ('forward/rows.py', "getattr(config, 'get_text_config', None)"): HF,
+    ('forward/rows.py', "getattr(config, 'logit_scale', None)"): HF,
+    ('forward/rows.py', "getattr(config, 'logits_scaling', None)"): HF,
+    ('forward/rows.py', "getattr(head, 'bias', None)"): HF,
+    ('forward/rows.py', "getattr(head, 'disable_adapters', False)"): PEFT,
+    ('forward/rows.py', "getattr(head, 'weight', None)"): HF,
+    ('forward/rows.py', "getattr(model, 'config', None)"): HF,
+    ('forward/rows.py', "hasattr(head, 'base_layer')"): PEFT,
+    ('forward/rows.py', "hasattr(head, 'modules_to_save')"): PEFT,
+    ('forward/rows.py', "hasattr(head, 'original_module')"): PEFT,
+    ('forward/rows.py', "hasattr(lm, 'get_output_embeddings')"): HF,
+    # forward/packed.py
+    ('forward/packed.py', "getattr(config, '_attn_implementation', None)"): HF,
+    ('forward/packed.py', "getattr(config, 'head_dim', None)"): HF,
+    ('forward/packed.py', "getattr(config, 'layer_types', None)"): HF,
+    ('forward/packed.py', "getattr(config, 'model_type', None)"): HF,
+    ('forward/packed.py', "getattr(config, 'num_key_value_heads', heads)"): HF,
+    ('forward/packed.py', "getattr(config, 'sliding_window', None)"): HF,
+    ('forward/packed.py', "getattr(lm.config, '_attn_implementation', None)"): HF,
+    # forward/shared_prompt.py
+    ('forward/shared_prompt.py', "getattr(m, 'gradient_checkpointing', False)"): HF,
+    ('forward/shared_prompt.py', "hasattr(m, '_fsdp_state')"): TORCH,
     # model_gguf.py
     ('model_gguf.py', 'hasattr(model.config, attr)'): HF,
     # modeling.py
@@ -118,8 +118,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ('output/backends.py', "getattr(self.trackio, 'Table', None)"): THIRD,
     # output/metrics.py
     ('output/metrics.py', "hasattr(torch.cuda, 'host_memory_stats')"): TORCH,
-    # plan/prompt_sharing.py
-    ('plan/prompt_sharing.py', "getattr(lm.config, '_attn_implementation', None)"): HF,
+    # forward/layout.py
+    ('forward/layout.py', "getattr(lm.config, '_attn_implementation', None)"): HF,
     # rewards/contract.py
     ('rewards/contract.py', "getattr(kwargs.get(key), '__self__', None)"): USER,
     ('rewards/contract.py', "hasattr(value, 'item')"): USER,
@@ -218,8 +218,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ('threads.py', "hasattr(os, 'sched_getaffinity')"): OS,
     # trace/standins.py
     ('trace/standins.py', 'getattr(module, name, None)'): HF,
-    # update/layout.py
-    ('update/layout.py', "getattr(model, 'module', model)"): TORCH,
+    # forward/layout.py
+    ('forward/layout.py', "getattr(model, 'module', model)"): TORCH,
     # update/reference.py
     # update/updater.py
     ('update/updater.py', "getattr(self.model, 'no_sync', None)"): TORCH,

@@ -267,7 +267,8 @@ def test_completion_entropy_gradient_through_a_model(tiny_model_dir, freeze_head
     entropies equal those through the model's full logits, with a trainable head and a frozen one (LoRA-like)."""
     from transformers import AutoModelForCausalLM
 
-    from slimgrpo.loss.logprobs import CompletionRows, completion_logprobs
+    from slimgrpo.forward.rows import CompletionRows
+    from slimgrpo.forward.passes import completion_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     if freeze_head:

@@ -7,8 +7,11 @@ import torch
 
 from slimgrpo.loss import fused
 from slimgrpo.loss.chunked_head import HeadSpec, chunked_token_logprobs
-from slimgrpo.loss.fused import completion_loss, fused_applicable, fused_token_loss
-from slimgrpo.loss.logprobs import CompletionRows, completion_logprobs
+from slimgrpo.forward.passes import completion_loss
+from slimgrpo.config.sections.loss import fused_applicable
+from slimgrpo.loss.fused import fused_token_loss
+from slimgrpo.forward.rows import CompletionRows
+from slimgrpo.forward.passes import completion_logprobs
 from slimgrpo.loss.objectives import LossSettings, Normaliser, grpo_loss
 
 ROWS, T, H, V = 3, 13, 16, 211  # 3 x 13 with holes: the scored tokens divide no token_chunk below

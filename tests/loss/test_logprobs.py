@@ -6,15 +6,10 @@ import pytest
 import torch
 from _reference import naive_token_logprobs
 
-from slimgrpo.loss.logprobs import (
-    CompletionRows,
-    HeadSpec,
-    auto_token_chunk,
-    chunked_token_logprobs,
-    completion_logprobs,
-    completion_position_ids,
-    lm_head_spec,
-)
+from slimgrpo.forward.rows import CompletionRows, completion_position_ids, lm_head_spec
+from slimgrpo.loss.chunked_head import HeadSpec, chunked_token_logprobs
+from slimgrpo.config.sections.loss import auto_token_chunk
+from slimgrpo.forward.passes import completion_logprobs
 
 ROWS, TOKENS, H, V = 3, 47, 24, 1031  # 141 tokens: divides neither token_chunk nor vocab_chunk
 TOKEN_CHUNK = 16

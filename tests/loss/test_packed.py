@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from slimgrpo.loss import packed
-from slimgrpo.loss.logprobs import completion_hidden
+from slimgrpo.forward import packed
+from slimgrpo.forward.rows import completion_hidden
 from slimgrpo.loss.objectives import LossSettings, Normaliser
 from _update_calls import UpdateBatch, accumulate_gradients
 

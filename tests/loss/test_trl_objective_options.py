@@ -1,6 +1,7 @@
 """TRL 1.16 objective options wired through the trainer: each new loss type trains, unscorable rows get
 advantage 0, the sequence-level clip ratio and the GSPO warning, disable_dropout, config validation."""
 
+import dataclasses
 import json
 import logging
 
@@ -124,7 +125,7 @@ def test_micro_batched_clip_stats_equal_whole_batch(monkeypatch, level):
                                attention_mask=torch.cat([torch.ones(rows, 2), mask.long()], 1).long(),
                                completion_ids=torch.ones(rows, T, dtype=torch.long), loss_mask=mask,
                                advantages=adv, old_logp=old)
-    batch.entropy_cut = entropy_threshold(ent_all, mask, 0.5)
+    batch = dataclasses.replace(batch, entropy_cut=entropy_threshold(ent_all, mask, 0.5))
     calls = []
 
     def fake_logprobs(model, rows, **kw):  # rows are found by their all-ones prompt: use order

@@ -1,6 +1,7 @@
 """Unpadded update rows (no attention mask, no O(S²) tensor) and token-budget micro-batches
 against the padded reference path."""
 
+import dataclasses
 import copy
 
 import pytest
@@ -8,9 +9,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from slimgrpo.loss.logprobs import CompletionRows, completion_logprobs
+from slimgrpo.forward.rows import CompletionRows
+from slimgrpo.forward.passes import completion_logprobs
 from slimgrpo.loss.objectives import LossSettings, Normaliser
-from slimgrpo.loss.unpadded import UnpaddedRows, unpad_rows, unpadded_completion_logprobs
+from slimgrpo.forward.unpadded import UnpaddedRows, unpad_rows, unpadded_completion_logprobs
 from slimgrpo.update.micro import group_rows
 from _update_calls import UpdateBatch, accumulate_gradients, batch_logprobs
 
@@ -98,7 +100,7 @@ def padded_reference_grads(model, batch, loss_type):
 def test_token_budget_micro_batches_keep_the_update(loss_type):
     model = tiny()
     batch = ragged_batch(model.config.vocab_size)
-    batch.ref_logp = batch_logprobs(model, batch, None, 1.0, 5, None) - 0.01
+    batch = dataclasses.replace(batch, ref_logp=batch_logprobs(model, batch, None, 1.0, 5, None) - 0.01)
     ref = padded_reference_grads(model, batch, loss_type)
     assert ref
     full_stats, _ = grads(model, batch, loss_type=loss_type)

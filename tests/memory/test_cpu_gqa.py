@@ -15,8 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from slimgrpo.memory import attention
-from slimgrpo.plan.shapes import ModelShape
-from slimgrpo.loss.shared_prompt import shared_completion_hidden
+from slimgrpo.spec.shape import ModelShape
+from slimgrpo.forward.shared_prompt import shared_completion_hidden
 
 
 def _model() -> torch.nn.Module:

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from slimgrpo.plan.planner import PlanInputs, plan_memory
-from slimgrpo.plan.shapes import ModelShape
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.spec.shape import ModelShape
 from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout, update_config
 from slimgrpo.update import gradients
 from slimgrpo.update.offload import AsyncOffload
@@ -91,13 +92,13 @@ MIN_BYTES = 16 << 10  # offload's threshold, 1 MiB in a run, lowered so that a s
 def test_plan_host_line_equals_pool_bytes(monkeypatch, dtype):
     """One update step with checkpointing and offload, two micro-batches: the pool holds what the plan's
     "offloaded checkpoints" line says, to the byte (tensors of >= MIN_BYTES only, as the planner counts them)."""
-    from slimgrpo.plan import formulas
+    from slimgrpo.update import costs
 
-    monkeypatch.setattr(formulas, "OFFLOAD_MIN_BYTES", MIN_BYTES)
+    monkeypatch.setattr(costs, "OFFLOAD_MIN_BYTES", MIN_BYTES)
     pool = _pool()
     hooks = []
 
-    def offloading(enabled, device):
+    def offloading(enabled, device, target=None):
         hooks.append(AsyncOffload(min_bytes=MIN_BYTES, device_types=("cpu",), pool=pool))
         return hooks[-1]
 
@@ -110,7 +111,7 @@ def test_plan_host_line_equals_pool_bytes(monkeypatch, dtype):
     runner = UpdateOnly(cfg, random_causal_lm(TINY, dtype, "cpu"), device="cpu")
     result = runner.step(synthetic_rollout(1, 4, P, T, vocab=TINY.vocab))
     assert result.loss == result.loss and len(hooks) == 2  # finite, two micro-batches
-    plan = plan_memory(TINY, PlanInputs(
+    plan = plan_memory(TINY, RunSpec(
         device="cuda", param_dtype_bytes=dtype.itemsize, num_generations=4, prompts_per_step=1,
         micro_batch_rows=m, max_prompt_length=P, max_completion_length=T, gradient_checkpointing=True,
         offload_activations=True, beta=0.0, tiled_mlp="off"))
@@ -148,10 +149,20 @@ def test_bytes_pinned_in_place_reach_the_pinned_host_metric(monkeypatch):
 
 
 def test_trainer_caps_the_pool_at_the_plans_host_line():
-    """The run's build hands the plan's "offloaded checkpoints" bytes to the pool as its cap (an AST check: the
-    trainer cannot start on CUDA here)."""
+    """The admission takes the plan's "offloaded checkpoints" bytes as the pool's cap, and the run's build hands it
+    to the pool (an AST check of the build: the trainer cannot start on CUDA here)."""
+    from slimgrpo.config import from_dict, merge_overrides
+    from slimgrpo.plan.admission import admission_of
+    from slimgrpo.plan.model import plan_memory
+    from slimgrpo.spec.run import run_spec
+
+    cfg = from_dict(merge_overrides({}, ["run.device=cuda", "model.dtype=bfloat16", "lora.enabled=true",
+                                         "memory.gradient_checkpointing=true", "memory.offload_activations=true"]))
+    plan = plan_memory(TINY, run_spec(cfg, "cuda", vocab=TINY.vocab))
+    admission = admission_of(cfg, plan)
+    assert admission.offload_cap_bytes == plan.bytes_of("offloaded checkpoints") > 0
     src = (SRC / "train" / "build.py").read_text()
     tree = ast.parse(src)
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "set_activation_cap"]
     assert len(calls) == 1
-    assert 'bytes_of("offloaded checkpoints")' in ast.get_source_segment(src, calls[0])
+    assert "admission.offload_cap_bytes" in ast.get_source_segment(src, calls[0])

@@ -245,7 +245,7 @@ def test_float16_full_finetuning_is_refused_at_validation():
 
 def test_trl_fp16_maps_only_with_peft():
     from slimgrpo.trl_compat import BY_KEY
-    from slimgrpo.trl_compat.rules import Refused
+    from slimgrpo.config.trl_rules import Refused
 
     with pytest.raises(Refused, match="master copy"):
         BY_KEY["fp16"].apply(True, {"fp16": True})
@@ -258,13 +258,13 @@ def test_trl_fp16_maps_only_with_peft():
 
 
 def _plan(**sections):
-    from slimgrpo.plan.check import plan_inputs
-    from slimgrpo.plan.planner import plan_memory
-    from slimgrpo.plan.shapes import preset_shapes
+    from slimgrpo.spec.run import run_spec
+    from slimgrpo.plan.model import plan_memory
+    from slimgrpo.spec.shape import preset_shapes
 
     world = sections.pop("_world", 1)
     shape = preset_shapes()["qwen2.5-0.5b"]
-    x = plan_inputs(from_dict(_valid(**sections)), "cuda", world_size=world)
+    x = run_spec(from_dict(_valid(**sections)), "cuda", world_size=world)
     return shape, {c.name: c for c in plan_memory(shape, x).components}
 
 

@@ -9,7 +9,7 @@ import copy
 
 import torch
 
-from slimgrpo.plan.shapes import ModelShape
+from slimgrpo.spec.shape import ModelShape
 from slimgrpo.modeling import prepare_for_training, reference_copy, reference_placement
 from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout, update_config
 from slimgrpo.update.reference import StreamedReference, Transfers, decoder_layers
@@ -161,12 +161,13 @@ def test_update_takes_reference_logprobs_through_the_stream(monkeypatch):
 def test_plan_counts_each_placement_and_auto_settles_against_the_budget():
     import dataclasses
 
-    from slimgrpo.plan.check import PlanScope, settle_reference_placement
-    from slimgrpo.plan.planner import PlanInputs, plan_memory
-    from slimgrpo.plan.shapes import load_shape
+    from slimgrpo.plan.admission import PlanScope, settle_reference_placement
+    from slimgrpo.spec.run import RunSpec
+    from slimgrpo.plan.model import plan_memory
+    from slimgrpo.spec.shape import load_shape
 
     shape = load_shape("qwen2.5-0.5b")
-    base = PlanInputs(device="cuda", beta=0.04, max_completion_length=256)
+    base = RunSpec(device="cuda", beta=0.04, max_completion_length=256)
     host, stream, device = (plan_memory(shape, dataclasses.replace(base, reference_placement=p))
                             for p in ("host", "stream", "device"))
     weights = shape.num_params * 2
@@ -192,9 +193,9 @@ def test_trace_counts_a_device_reference_on_the_device():
     """``plan --trace`` / ``memory.fit=trace`` with ``reference_placement=device``: the copy is device memory,
     as the plan's line is; with the default it stays in the host account."""
     from slimgrpo.config import from_dict, merge_overrides
-    from slimgrpo.plan.check import plan_inputs
-    from slimgrpo.plan.planner import plan_memory
-    from slimgrpo.trace.step import trace_step
+    from slimgrpo.spec.run import run_spec
+    from slimgrpo.plan.model import plan_memory
+    from slimgrpo.plan.admission import trace_config
 
     shape = ModelShape("llama", hidden=64, intermediate=96, layers=2, heads=4, kv_heads=2, vocab=300, tie=False,
                        max_positions=4096)
@@ -203,8 +204,8 @@ def test_trace_counts_a_device_reference_on_the_device():
     ref_bytes = shape.num_params * 2
     for placement in ("host", "device"):
         cfg = from_dict(merge_overrides({}, base + [f"memory.reference_placement={placement}"]))
-        plan = plan_memory(shape, plan_inputs(cfg, "cuda", vocab=shape.vocab))
-        trace = trace_step(cfg, shape, device="cuda", generation=False)
+        plan = plan_memory(shape, run_spec(cfg, "cuda", vocab=shape.vocab))
+        trace = trace_config(cfg, shape, device="cuda", generation=False)
         on_device = trace.phases["update"].by_tag.get("reference policy", 0)
         # (the trace also counts the rotary tables' few bytes)
         if placement == "device":

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimgrpo.loss import shared_prompt
-from slimgrpo.loss.logprobs import CompletionRows
+from slimgrpo.forward import shared_prompt
+from slimgrpo.forward.rows import CompletionRows
 from slimgrpo.loss.objectives import LossSettings, Normaliser
-from slimgrpo.loss.packed import row_groups
-from slimgrpo.update.layout import shared_groups
-from slimgrpo.plan.prompt_sharing import PromptSharing
+from slimgrpo.forward.packed import row_groups
+from slimgrpo.forward.layout import shared_groups
+from slimgrpo.forward.layout import PromptSharing
 from _update_calls import UpdateBatch, accumulate_gradients
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -116,7 +116,7 @@ def test_no_grad_logprobs_shared_equal_plain(tiny_model_dir, micro, monkeypatch)
     monkeypatch.setattr(shared_prompt, "shared_completion_hidden", lambda *a, **k: calls.append(1) or real(*a, **k))
     # the update (with gradients) would not share; a pass without gradients still does
     monkeypatch.setattr(PromptSharing, "lighter", lambda self, *a, with_grad, **k: not with_grad)
-    from slimgrpo.loss import packed
+    from slimgrpo.forward import packed
 
     monkeypatch.setattr(packed, "cheaper", lambda *a, **k: False)  # the fanned-out layout (packing: test_packed)
     shared, ent_s = batch_logprobs(model, batch, micro, 0.7, 4, None, want_entropy=True, share_prompt=True)

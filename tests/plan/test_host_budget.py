@@ -11,10 +11,13 @@ import pytest
 import yaml
 
 from slimgrpo.config import from_dict, load_config, merge_overrides
-from slimgrpo.plan.advice import fit_to_budget
-from slimgrpo.plan.check import MemoryBudgetError, check_before_training, host_budget_bytes
-from slimgrpo.plan.planner import PlanInputs, plan_memory
-from slimgrpo.plan.shapes import load_shape
+from slimgrpo.plan.search import fit_to_budget
+from slimgrpo.config.errors import MemoryBudgetError
+from slimgrpo.plan.admission import admit
+from slimgrpo.plan.admission import host_budget_bytes
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.spec.shape import load_shape
 
 OFFLOADED = ["model.dtype=bfloat16", "lora.enabled=true", "memory.gradient_checkpointing=true",
              "memory.offload_activations=true", "rollout.num_generations=8", "run.batch_size=8",
@@ -48,7 +51,7 @@ def test_plan_refuses_offload_past_the_host_budget(capsys, monkeypatch):
 
 def test_fit_does_not_offload_past_the_host_budget():
     shape = load_shape("llama-3.1-8b")
-    x = PlanInputs(device="cuda", lora=True, gradient_checkpointing=True, num_generations=8,
+    x = RunSpec(device="cuda", lora=True, gradient_checkpointing=True, num_generations=8,
                    max_completion_length=16384, max_prompt_length=512)
     budget = int(0.8 * plan_memory(shape, x).peak_bytes)
     _, free, _ = fit_to_budget(shape, x, budget)
@@ -75,7 +78,7 @@ def test_train_refuses_before_loading_weights(tmp_path, tiny_model_dir, capsys):
         "loss": {"beta": 0.04}, "memory": {"host_budget": "1KiB"},
         "run": {"batch_size": 2, "device": "cuda", "max_steps": 1, "output_dir": str(tmp_path / "run")}}))
     with pytest.raises(MemoryBudgetError, match=r"reference policy .* more than the 0.00 GiB of memory.host_budget=1KiB"):
-        check_before_training(load_config(path), show=False)
+        admit(load_config(path), show=False)
     assert train(path) == 4
     err = capsys.readouterr()
     text = err.out + err.err
@@ -86,5 +89,5 @@ def test_a_cpu_run_is_not_checked_against_host_budget(tmp_path, tiny_model_dir):
     cfg = from_dict(merge_overrides({}, [f"model.path={tiny_model_dir}", "run.device=cpu", "loss.beta=0.04",
                                          "memory.host_budget=1KiB", "data.max_prompt_length=16",
                                          "rollout.max_completion_length=8"]))
-    check_before_training(cfg, show=False)  # the reference copy is in the RSS the device budget covers
+    admit(cfg, show=False)  # the reference copy is in the RSS the device budget covers
     assert dataclasses.is_dataclass(cfg)

@@ -101,19 +101,19 @@ def _tiny_cfg(*overrides):
 
 
 def _tiny_shape():
-    from slimgrpo.plan.shapes import ModelShape
+    from slimgrpo.spec.shape import ModelShape
 
     return ModelShape(**TINY, head_dim=8, max_positions=512)
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_trace_step_resident_bytes_are_exact(lora):
-    from slimgrpo.plan.planner import lora_num_params
-    from slimgrpo.trace.step import trace_step
+    from slimgrpo.spec.cost import lora_num_params
+    from slimgrpo.plan.admission import trace_config
 
     shape = _tiny_shape()
     cfg = _tiny_cfg(*(["lora.enabled=true", "lora.r=4", "memory.gradient_checkpointing=true"] if lora else []))
-    result = trace_step(cfg, shape, device="cpu")
+    result = trace_config(cfg, shape, device="cpu")
     update = result.phases["update"]
     rope = 2 * (shape.head_dim // 2) * 4  # rotary buffers inv_freq and original_inv_freq, fp32
     assert update.by_tag["weights"] == shape.num_params * 4 + rope
@@ -131,10 +131,10 @@ def test_trace_step_resident_bytes_are_exact(lora):
 
 
 def test_trace_keeps_the_rollout_and_full_reference_copy():
-    from slimgrpo.trace.step import trace_step
+    from slimgrpo.plan.admission import trace_config
 
     shape = _tiny_shape()
-    result = trace_step(_tiny_cfg("loss.beta=0.04"), shape, device="cpu", generation=False)
+    result = trace_config(_tiny_cfg("loss.beta=0.04"), shape, device="cpu", generation=False)
     assert list(result.phases) == ["update"]
     rope = 2 * (shape.head_dim // 2) * 4
     assert result.phases["update"].by_tag["reference policy"] == shape.num_params * 4 + rope
@@ -146,13 +146,13 @@ def test_trace_of_eager_attention_sees_the_score_matrix(monkeypatch):
     Both with K/V repeated to query width under a mask (Hugging Face's rule off CPU; the CPU's grouped-query
     sdpa, which keeps them narrower, has its own tests in test_cpu_gqa.py)."""
     from slimgrpo.memory.attention import GQA_ENV
-    from slimgrpo.trace.step import trace_step
+    from slimgrpo.plan.admission import trace_config
 
     monkeypatch.setenv(GQA_ENV, "0")
 
     shape = dataclasses.replace(_tiny_shape(), layers=1)
-    sdpa = trace_step(_tiny_cfg(), shape, generation=False).phases["update"].by_tag["activations"]
-    eager = trace_step(_tiny_cfg("model.attn_implementation=eager"), shape,
+    sdpa = trace_config(_tiny_cfg(), shape, generation=False).phases["update"].by_tag["activations"]
+    eager = trace_config(_tiny_cfg("model.attn_implementation=eager"), shape,
                        generation=False).phases["update"].by_tag["activations"]
     S, rows, heads, q = 5 + 37, 3, 4, 32
     expected = rows * heads * S * S * 4 - rows * S * q * 4 - rows * heads * S * 4  # softmax - (output + lse)

@@ -12,10 +12,11 @@ import math
 import pytest
 
 from slimgrpo.config import from_dict, merge_overrides
-from slimgrpo.plan.check import plan_inputs
-from slimgrpo.plan.planner import (mlp_bytes_per_token, norm_backward_bytes_per_token, plan_memory, tiled_mlp_on,
-                                     tiled_shard_tokens, update_layer_bytes)
-from slimgrpo.plan.shapes import ModelShape
+from slimgrpo.spec.run import run_spec
+from slimgrpo.forward.costs import mlp_bytes_per_token, norm_backward_bytes_per_token, update_layer_bytes
+from slimgrpo.plan.model import plan_memory, tiled_mlp_on
+from slimgrpo.memory.tiled_mlp import tiled_shard_tokens
+from slimgrpo.spec.shape import ModelShape
 
 # W-cpu's shape (benchmarks/vs_trl.py): a vocabulary far larger than the hidden size
 W_CPU = ModelShape("qwen2", hidden=128, intermediate=512, layers=2, heads=4, kv_heads=2, vocab=151_936, tie=True,
@@ -30,7 +31,7 @@ W_LONG_PROMPT_TOKENS = 108  # the longest of that run's prompts, which the run p
 
 def _inputs(*overrides):
     cfg = from_dict(merge_overrides({}, W_LONG + list(overrides)))
-    return plan_inputs(cfg, "cpu", vocab=W_CPU.vocab)
+    return run_spec(cfg, "cpu", vocab=W_CPU.vocab)
 
 
 def _update_lines(plan) -> int:

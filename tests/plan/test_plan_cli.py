@@ -5,7 +5,8 @@ import yaml
 
 from slimgrpo.commands.cli import main
 from slimgrpo.config import ConfigError, load_config
-from slimgrpo.plan.check import check_before_training, overrides_for
+from slimgrpo.plan.admission import admit
+from slimgrpo.plan.admission import overrides_for
 
 
 def test_plan_preset_fits_and_exit_codes(capsys):
@@ -41,7 +42,7 @@ def _cfg(tmp_path, model_dir, *overrides):
 def test_train_refuses_a_run_over_budget_before_loading(tmp_path, tiny_model_dir):
     cfg = _cfg(tmp_path, tiny_model_dir, "memory.budget=1MiB")
     with pytest.raises(ConfigError, match="more than memory.budget=1MiB"):
-        check_before_training(cfg, show=False)
+        admit(cfg, show=False)
 
 
 def test_train_refused_by_the_budget_exits_like_plan(tmp_path, tiny_model_dir, capsys):
@@ -60,7 +61,8 @@ def test_train_refused_by_the_budget_exits_like_plan(tmp_path, tiny_model_dir, c
 
 def test_memory_fit_applies_the_advice(tmp_path, tiny_model_dir):
     cfg = _cfg(tmp_path, tiny_model_dir, "memory.budget=450MiB", "memory.fit=true")
-    new_cfg, plan = check_before_training(cfg, show=False)
+    admission = admit(cfg, show=False)
+    new_cfg, plan = admission.cfg, admission.plan
     assert plan.peak_bytes <= 450 * 2**20
     assert (new_cfg.memory.gradient_checkpointing, new_cfg.memory.micro_batch_size) != (False, None)
 
@@ -75,11 +77,12 @@ def test_the_plan_headline_says_what_it_does_not_model(tmp_path, tiny_model_dir)
     dtype now (issue 29), so there is no fp32-cast caveat any more."""
     from rich.console import Console
 
-    from slimgrpo.plan.check import not_modelled
+    from slimgrpo.plan.admission import not_modelled
 
     console = Console(record=True, width=300)
     cfg = _cfg(tmp_path, tiny_model_dir)
-    _, plan = check_before_training(cfg, console=console)
+    admission = admit(cfg, console=console)
+    plan = admission.plan
     line = console.export_text()
     assert line.startswith("memory plan: peak") and "an upper bound" in line and "packed update rows" in line
     assert not any("packed" in c for c in not_modelled(_cfg(tmp_path, tiny_model_dir,

@@ -11,11 +11,13 @@ from rich.console import Console
 
 from slimgrpo.commands.cli import main
 from slimgrpo.config import ConfigError, from_dict, merge_overrides
-from slimgrpo.plan.advice import blocked_ways, fit_to_budget
-from slimgrpo.plan.check import MemoryBudgetError, PlanScope, check_before_training, fitted_config, host_budget_bytes, \
-    plan_inputs
-from slimgrpo.plan.planner import plan_memory
-from slimgrpo.plan.shapes import ModelShape
+from slimgrpo.plan.search import blocked_ways, fit_to_budget
+from slimgrpo.config.errors import MemoryBudgetError
+from slimgrpo.plan.admission import PlanScope, fitted_config, host_budget_bytes
+from slimgrpo.plan.admission import admit
+from slimgrpo.spec.run import run_spec
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.spec.shape import ModelShape
 
 # Qwen3-8B's public config (as benchmarks/trace_anchors.py): not a bundled preset
 QWEN3_8B = {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
@@ -55,7 +57,7 @@ def test_fitted_config_is_what_train_runs(qwen3):
     fitted, applied = fitted_config(cfg, PlanScope(_shape(), "cuda"), 24 * 2**30, Console())
     assert "memory.offload_activations=true" in applied
     assert fitted.memory.offload_activations and fitted.memory.gradient_checkpointing
-    plan = plan_memory(_shape(), plan_inputs(fitted, "cuda", vocab=151_936))
+    plan = plan_memory(_shape(), run_spec(fitted, "cuda", vocab=151_936))
     assert plan.peak_bytes <= 24 * 2**30
     as_written, none = fitted_config(dataclasses_replace_fit(cfg, False), PlanScope(_shape(), "cuda"), 24 * 2**30,
                                     Console())
@@ -73,7 +75,7 @@ def test_advice_keeps_the_task_first_and_names_blocked_offload():
     reach, and puts 8-bit AdamW before shorter completions (the old ladder shortened completions first, its gain
     too small to count)."""
     shape = _shape()
-    x = plan_inputs(from_dict(merge_overrides({}, LONG)), "cuda", vocab=shape.vocab)
+    x = run_spec(from_dict(merge_overrides({}, LONG)), "cuda", vocab=shape.vocab)
     budget, host = 24 * 2**30, 13 * 2**30
     _, steps, _ = fit_to_budget(shape, x, budget, host)
     names = [next(iter(s.change)) for s in steps]
@@ -111,7 +113,7 @@ def test_budget_nothing_reaches_is_refused_with_the_smallest_plan(tmp_path):
     cfg = from_dict(merge_overrides({}, ["memory.budget=1GiB", "memory.fit=true", "run.device=cpu",
                                          "model.path=qwen2.5-7b", "model.dtype=float32"]))
     with pytest.raises(MemoryBudgetError, match=r"smallest plan found is [0-9.]+ GiB with .*lora.enabled=true"):
-        check_before_training(cfg, show=False)
+        admit(cfg, show=False)
 
 
 def test_plan_budget_nothing_reaches_prints_the_smallest_plan(capsys, monkeypatch):

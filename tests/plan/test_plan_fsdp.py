@@ -9,9 +9,10 @@ import pytest
 
 from slimgrpo.commands.cli import main
 from slimgrpo.config import from_dict
-from slimgrpo.plan.check import plan_inputs
-from slimgrpo.plan.planner import PlanInputs, plan_memory
-from slimgrpo.plan.shapes import ModelShape, load_shape
+from slimgrpo.spec.run import run_spec
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.spec.shape import ModelShape, load_shape
 from slimgrpo.plan.sharding import SHARDED, root_group_params
 
 # Odd sizes: the shard sizes do not divide evenly (ceil per rank).
@@ -27,7 +28,7 @@ def _by_name(plan):
 def test_sharded_lines_are_one_rank_share_plus_the_gathered_groups(lora, ppo):
     # two micro-batches: whole gradients in both plans (with one, the unsharded plan counts only those alive at
     # backward's peak, planner._gradients_in_backward, which a sharded one does not)
-    base = PlanInputs(device="cuda", lora=lora, lora_rank=4, ppo=ppo, gradient_checkpointing=True,
+    base = RunSpec(device="cuda", lora=lora, lora_rank=4, ppo=ppo, gradient_checkpointing=True,
                       num_generations=2, micro_batch_rows=1, max_prompt_length=33, max_completion_length=17)
     one = _by_name(plan_memory(SHAPE, base))
     for n in (2, 3, 8):
@@ -51,7 +52,7 @@ def test_sharded_lines_are_one_rank_share_plus_the_gathered_groups(lora, ppo):
 def test_one_rank_of_eight_matches_the_documented_formula():
     """docs/distributed.md: sharded state (P·b + P·b + 2·P·b) / N per rank; gather adds P·b while sampling."""
     shape = load_shape("llama-3.1-8b")
-    x = PlanInputs(device="cuda", gradient_checkpointing=True, num_generations=8, max_completion_length=1024)
+    x = RunSpec(device="cuda", gradient_checkpointing=True, num_generations=8, max_completion_length=1024)
     whole, sharded = plan_memory(shape, x), plan_memory(shape, dataclasses.replace(x, fsdp_shards=8))
     P, b = shape.num_params, 2
     state = sum(c.bytes for c in sharded.components if c.name in ("weights", "gradients", "optimizer state"))
@@ -62,12 +63,12 @@ def test_one_rank_of_eight_matches_the_documented_formula():
 def test_plan_inputs_shard_only_under_fsdp_with_several_ranks():
     cfg = from_dict({"model": {"path": "m"}, "data": {"path": "d"}, "run": {"batch_size": 16}, "rollout": {"num_generations": 2},
                      "distributed": {"strategy": "fsdp", "fsdp_generation": "per_layer"}})
-    assert plan_inputs(cfg, "cuda", 4).fsdp_shards == 4
-    assert plan_inputs(cfg, "cuda", 4).fsdp_generation == "per_layer"
-    assert plan_inputs(cfg, "cuda", 1).fsdp_shards == 1
+    assert run_spec(cfg, "cuda", 4).fsdp_shards == 4
+    assert run_spec(cfg, "cuda", 4).fsdp_generation == "per_layer"
+    assert run_spec(cfg, "cuda", 1).fsdp_shards == 1
     cfg.distributed.strategy = "ddp"
-    assert plan_inputs(cfg, "cuda", 4).fsdp_shards == 1
-    assert plan_inputs(cfg, "cuda", 4).rows == 16 // 4  # DDP: the rank's share of the batch only
+    assert run_spec(cfg, "cuda", 4).fsdp_shards == 1
+    assert run_spec(cfg, "cuda", 4).rows == 16 // 4  # DDP: the rank's share of the batch only
 
 
 def test_plan_command_plans_one_rank_and_refuses_an_uneven_split(capsys):
@@ -85,9 +86,9 @@ def test_plan_command_plans_one_rank_and_refuses_an_uneven_split(capsys):
 def test_the_fit_never_suggests_8bit_adamw_where_fsdp2_refuses_it(lora, dtype_bytes, eight_bit):
     """bfloat16 full fine-tuning under FSDP2 with memory.optimizer=adamw_8bit is refused at validation
     (config/precision.py): the fit leaves the optimizer alone there; LoRA and float32 weights may still take it."""
-    from slimgrpo.plan.advice import fit_to_budget
+    from slimgrpo.plan.search import fit_to_budget
 
-    x = PlanInputs(device="cuda", lora=lora, lora_rank=4, param_dtype_bytes=dtype_bytes, fsdp_shards=4,
+    x = RunSpec(device="cuda", lora=lora, lora_rank=4, param_dtype_bytes=dtype_bytes, fsdp_shards=4,
                    num_generations=2, max_prompt_length=33, max_completion_length=17)
     _, steps, _ = fit_to_budget(SHAPE, x, 1)  # nothing fits one byte: the fit tries every rung it may
     at = x

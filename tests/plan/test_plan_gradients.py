@@ -8,13 +8,14 @@ import dataclasses
 import pytest
 
 from slimgrpo.config import from_dict, merge_overrides
-from slimgrpo.plan.check import plan_inputs
-from slimgrpo.plan.formulas import CPU_ADAMW_STEP_TEMPORARIES
-from slimgrpo.plan.planner import plan_memory, update_layer_bytes
-from slimgrpo.plan.shapes import ModelShape
-from slimgrpo.plan.tricks import assumed_tricks
-from slimgrpo.plan.types import PlanInputs
-from slimgrpo.trace.step import trace_step
+from slimgrpo.spec.run import run_spec
+from slimgrpo.update.costs import CPU_ADAMW_STEP_TEMPORARIES
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.forward.costs import update_layer_bytes
+from slimgrpo.spec.shape import ModelShape
+from slimgrpo.plan.render import assumed_tricks
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.plan.admission import trace_config
 
 # 3 layers and sizes that divide nothing: the walk's first-layer / last-layer cases both occur below
 SHAPE = ModelShape("llama", hidden=96, intermediate=260, layers=3, heads=4, kv_heads=2, vocab=1_000, tie=True,
@@ -33,7 +34,7 @@ BACKWARD_LINES = ("activations", "backward workspace", "attention mask", "tiled 
 @pytest.mark.parametrize("completion", [8, 300])  # few tokens: gradients outweigh a layer's saved bytes; many: less
 @pytest.mark.parametrize("lora", [False, True])
 def test_gradients_line_is_the_naive_walk_or_the_step_moment(completion, lora):
-    x = PlanInputs(device="cpu", param_dtype_bytes=4, lora=lora, lora_rank=4, num_generations=2, micro_batch_rows=2,
+    x = RunSpec(device="cpu", param_dtype_bytes=4, lora=lora, lora_rank=4, num_generations=2, micro_batch_rows=2,
                    max_prompt_length=7, max_completion_length=completion, share_prompt_forward=False)
     plan = plan_memory(SHAPE, x)
     line = plan.bytes_of("gradients")
@@ -65,7 +66,7 @@ def test_gradients_line_is_the_naive_walk_or_the_step_moment(completion, lora):
 
 
 def test_gradient_accumulation_ddp_and_fsdp_keep_every_gradient():
-    x = PlanInputs(device="cpu", param_dtype_bytes=4, num_generations=4, micro_batch_rows=4, max_prompt_length=7,
+    x = RunSpec(device="cpu", param_dtype_bytes=4, num_generations=4, micro_batch_rows=4, max_prompt_length=7,
                    max_completion_length=8, share_prompt_forward=False)
     whole = plan_memory(SHAPE, dataclasses.replace(x, micro_batch_rows=2)).bytes_of("gradients")
     assert whole == SHAPE.num_params * 4
@@ -80,11 +81,11 @@ def test_gradient_accumulation_ddp_and_fsdp_keep_every_gradient():
 
 def test_plan_inputs_says_ddp_only_for_a_ddp_job():
     cfg = from_dict(merge_overrides({}, ["rollout.num_generations=2", "run.batch_size=4"]))
-    assert not plan_inputs(cfg, "cpu").ddp
-    assert plan_inputs(cfg, "cpu", world_size=2).ddp
+    assert not run_spec(cfg, "cpu").ddp
+    assert run_spec(cfg, "cpu", world_size=2).ddp
     fsdp = from_dict(merge_overrides({}, ["rollout.num_generations=2", "run.batch_size=4",
                                           "distributed.strategy=fsdp"]))
-    assert not plan_inputs(fsdp, "cpu", world_size=2).ddp
+    assert not run_spec(fsdp, "cpu", world_size=2).ddp
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -94,7 +95,7 @@ def test_the_trace_agrees_on_the_update_with_one_micro_batch(layout, tie, one_th
     the plan's, on both sides of g = a, and with a shared prompt, whose pass keeps its saved tensors until the
     completions' backward has reached the embedding (before, the plan added every gradient to every
     activation)."""
-    from slimgrpo.trace.report import plan_tensor_bytes
+    from slimgrpo.plan.render import plan_tensor_bytes
 
     shape = dataclasses.replace(SHAPE, tie=tie)
     lengths = {"unpadded-8": ["memory.share_prompt_forward=false", "data.max_prompt_length=7",
@@ -105,9 +106,9 @@ def test_the_trace_agrees_on_the_update_with_one_micro_batch(layout, tie, one_th
                           "rollout.max_completion_length=24"]}[layout]
     cfg = from_dict(merge_overrides({}, ["rollout.num_generations=4", "run.batch_size=4", "run.device=cpu",
                                          "model.dtype=float32", "memory.tiled_mlp=off", *lengths]))
-    x = plan_inputs(cfg, "cpu", vocab=shape.vocab)
+    x = run_spec(cfg, "cpu", vocab=shape.vocab)
     plan = plan_memory(shape, x)
     assert ("each group's prompt once" in " ".join(assumed_tricks(plan))) == (layout == "shared")
-    traced = trace_step(cfg, shape, "cpu", generation=False)
+    traced = trace_config(cfg, shape, "cpu", generation=False)
     planned = plan_tensor_bytes(plan, "update")
     assert 0.9 <= traced.phases["update"].peak_bytes / planned <= 1.1, (traced.phases["update"].peak_bytes, planned)

@@ -4,15 +4,17 @@ the trace adds for the caching allocator)."""
 
 from __future__ import annotations
 
-from slimgrpo.plan.advice import headroom_warning
-from slimgrpo.plan.planner import CUDA_TRACE_MARGIN, PlanInputs, plan_memory
-from slimgrpo.plan.shapes import load_shape
+from slimgrpo.plan.render import headroom_warning
+from slimgrpo.trace.step import CUDA_TRACE_MARGIN
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.spec.shape import load_shape
 
 GIB = 2**30
 
 
 def _plan(device="cuda"):
-    return plan_memory(load_shape("llama-3.1-8b"), PlanInputs(device=device, lora=True, gradient_checkpointing=True,
+    return plan_memory(load_shape("llama-3.1-8b"), RunSpec(device=device, lora=True, gradient_checkpointing=True,
                                                                num_generations=2, max_completion_length=4096))
 
 
@@ -30,13 +32,13 @@ def test_headroom_below_the_allocator_margin_is_named():
 def test_plan_command_prints_the_warning(capsys, monkeypatch):
     from slimgrpo.commands.cli import main
     from slimgrpo.config import from_dict, merge_overrides
-    from slimgrpo.plan.check import plan_inputs
+    from slimgrpo.spec.run import run_spec
 
     monkeypatch.setenv("COLUMNS", "300")
     overrides = ["lora.enabled=true", "memory.gradient_checkpointing=true", "rollout.num_generations=2",
                  "run.batch_size=2", "rollout.max_completion_length=4096", "data.max_prompt_length=512"]
     shape = load_shape("llama-3.1-8b")
-    plan = plan_memory(shape, plan_inputs(from_dict(merge_overrides({}, overrides)), "cuda", vocab=shape.vocab))
+    plan = plan_memory(shape, run_spec(from_dict(merge_overrides({}, overrides)), "cuda", vocab=shape.vocab))
     args = ["plan", "--model", "llama-3.1-8b", *overrides, "--device", "cuda", "--budget"]
     tight = (plan.peak_bytes + 0.05 * plan.tensor_peak_bytes) / GIB
     assert main(args + [f"{tight:.4f}GiB"]) == 0

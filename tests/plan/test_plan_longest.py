@@ -10,15 +10,16 @@ import pytest
 
 from slimgrpo.commands.cli import main
 from slimgrpo.plan.longest import fitted, longest_context, with_length
-from slimgrpo.plan.planner import PlanInputs, plan_memory
-from slimgrpo.plan.shapes import ModelShape
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.spec.shape import ModelShape
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # A tiny Llama (hidden 64, MLP 176, 2 layers, 1,000-token untied head) with a 6,000-position window
 SHAPE = ModelShape("llama", hidden=64, intermediate=176, layers=2, heads=4, kv_heads=2, vocab=1000, tie=False,
                    max_positions=6000)
-INPUTS = PlanInputs(device="cuda", lora=True, num_generations=2, micro_batch_rows=2, max_prompt_length=37,
+INPUTS = RunSpec(device="cuda", lora=True, num_generations=2, micro_batch_rows=2, max_prompt_length=37,
                     max_completion_length=101, token_chunk=128, framework_overhead_bytes=0)
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import pytest
 
+import slimgrpo.forward.passes as passes
 import slimgrpo.loss.fused as fused
 from slimgrpo.config import from_dict, merge_overrides
-from slimgrpo.plan.check import fused_loss, plan_inputs
-from slimgrpo.plan.planner import plan_memory
-from slimgrpo.plan.shapes import ModelShape
-from slimgrpo.trace.report import category_rows
-from slimgrpo.trace.step import trace_step
+from slimgrpo.spec.run import fused_loss, run_spec
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.spec.shape import ModelShape
+from slimgrpo.plan.render import category_rows
+from slimgrpo.plan.admission import trace_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -48,7 +49,7 @@ def _config(device: str, lora: bool, extra: list[str]):
 def test_the_plan_knows_which_path_the_update_takes(variant, extra, expected, monkeypatch):
     """The planner's rule against the update's own choice, seen in a traced step (the real update code)."""
     calls = {"fused": 0}
-    real = fused.completion_loss
+    real = passes.completion_loss
 
     def counted(*args, **kwargs):
         calls["fused"] += 1
@@ -56,14 +57,14 @@ def test_the_plan_knows_which_path_the_update_takes(variant, extra, expected, mo
 
     monkeypatch.setattr("slimgrpo.update.micro_loss.completion_loss", counted)
     cfg = _config("cpu", False, extra)
-    trace_step(cfg, SHAPE, device="cpu", generation=False)
+    trace_config(cfg, SHAPE, device="cpu", generation=False)
     assert (calls["fused"] > 0) == expected == fused_loss(cfg), variant
 
 
 def test_the_trace_never_runs_the_fallback_of_a_separable_objective(monkeypatch):
     ran = []
     monkeypatch.setattr(fused, "_correct", lambda *a, **k: ran.append(1))
-    trace_step(_config("cpu", True, []), SHAPE, device="cpu", generation=False)
+    trace_config(_config("cpu", True, []), SHAPE, device="cpu", generation=False)
     assert not ran  # the old float comparison read 1.0 > 1e-6 from fake tensors: the fallback ran
 
 
@@ -91,8 +92,8 @@ def test_the_loss_line_matches_its_trace_on_every_path(device, lora, variant, ex
     """The plan's loss line against what the trace holds after the decoder: in forward (``loss working set``)
     and, where the head's gradients are formed in backward (the separate path), in backward."""
     cfg = _config(device, lora, extra)
-    plan = plan_memory(SHAPE, plan_inputs(cfg, device, vocab=SHAPE.vocab))
-    trace = trace_step(cfg, SHAPE, device=device, generation=False)
+    plan = plan_memory(SHAPE, run_spec(cfg, device, vocab=SHAPE.vocab))
+    trace = trace_config(cfg, SHAPE, device=device, generation=False)
     rows = {name: cells["update"] for name, cells in category_rows(plan, trace)}
     planned = rows["loss working set"][0]
     traced = rows["loss working set"][1] + rows.get("backward (act. grads, recompute)", (0, 0))[1]

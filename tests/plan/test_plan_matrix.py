@@ -27,11 +27,11 @@ import itertools
 import pytest
 
 from slimgrpo.config import from_dict, merge_overrides
-from slimgrpo.plan.check import plan_inputs
-from slimgrpo.plan.planner import plan_memory
-from slimgrpo.plan.shapes import ModelShape
-from slimgrpo.trace.step import trace_step
-from slimgrpo.trace.report import plan_tensor_bytes
+from slimgrpo.spec.run import run_spec
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.spec.shape import ModelShape
+from slimgrpo.plan.admission import trace_config
+from slimgrpo.plan.render import plan_tensor_bytes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -109,8 +109,8 @@ def _config(key: str):
 def _ratios(key: str) -> dict[str, float]:
     device, shape = key.split("-")[0], SHAPES[key.split("-")[-1]]
     cfg = _config(key)
-    plan = plan_memory(shape, plan_inputs(cfg, device, vocab=shape.vocab))
-    trace = trace_step(cfg, shape, device=device)
+    plan = plan_memory(shape, run_spec(cfg, device, vocab=shape.vocab))
+    trace = trace_config(cfg, shape, device=device)
     return {p: trace.phases[p].peak_bytes / plan_tensor_bytes(plan, p) for p in trace.phases}
 
 

@@ -8,15 +8,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimgrpo.plan.planner import PlanInputs, no_grad_pass_bytes, shared_prompt_lighter_without_grad
-from slimgrpo.plan.shapes import ModelShape
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.forward.costs import no_grad_pass_bytes, shared_prompt_lighter_without_grad
+from slimgrpo.spec.shape import ModelShape
 
 W_CPU = ModelShape(family="qwen2", hidden=128, intermediate=512, layers=2, heads=4, kv_heads=2, vocab=151_936,
                    tie=True)
 
 
-def _x(P: int, T: int, rows: int = 8) -> PlanInputs:
-    return PlanInputs(device="cpu", param_dtype_bytes=4, num_generations=rows, micro_batch_rows=rows,
+def _x(P: int, T: int, rows: int = 8) -> RunSpec:
+    return RunSpec(device="cpu", param_dtype_bytes=4, num_generations=rows, micro_batch_rows=rows,
                       max_prompt_length=P, max_completion_length=T, padding_mask=False)
 
 
@@ -44,10 +45,10 @@ def test_no_grad_layout_follows_the_verdict(tiny_model_dir):
     (the old code shared wherever rows shared a prompt), shared for a long prompt before short ones."""
     from transformers import AutoModelForCausalLM
 
-    from slimgrpo.loss import packed, shared_prompt
-    from slimgrpo.loss.logprobs import CompletionRows
-    from slimgrpo.update.layout import choose_layout, shared_groups
-    from slimgrpo.plan.prompt_sharing import PromptSharing
+    from slimgrpo.forward import packed, shared_prompt
+    from slimgrpo.forward.rows import CompletionRows
+    from slimgrpo.forward.layout import choose_layout, shared_groups
+    from slimgrpo.forward.layout import PromptSharing
     from slimgrpo.update.settings import UpdateSettings
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
@@ -63,7 +64,7 @@ def test_no_grad_layout_follows_the_verdict(tiny_model_dir):
     assert shared_prompt.shares_work(model, ids, am, 600)  # the rows do share a prompt
     assert shared_groups(model, CompletionRows(ids, am, 600, ids[:, -600:]), sharing, with_grad=False) == 0
     assert not packed.cheaper(model, ids, am, 600, 0)
-    layout = choose_layout(model, CompletionRows(ids, am, 600, ids[:, -600:]), UpdateSettings(share_prompt=sharing),
+    layout = choose_layout(model, CompletionRows(ids, am, 600, ids[:, -600:]), sharing,
                            with_grad=False)
     assert layout is not shared_prompt.shared_completion_hidden
     ids, am = rows(600, 6)

@@ -10,8 +10,10 @@ import yaml
 from slimgrpo.commands.cli import main
 from slimgrpo.config import load_config
 from slimgrpo.modeling import load_tokenizer
-from slimgrpo.plan.check import check_before_training, plan_inputs, shape_of
-from slimgrpo.plan.planner import plan_memory
+from slimgrpo.plan.admission import admit
+from slimgrpo.spec.run import run_spec
+from slimgrpo.plan.admission import shape_of
+from slimgrpo.plan.model import plan_memory
 from slimgrpo.train.prompts import data_prompt_tokens, planned_prompt_tokens, read_prompts
 from tests.conftest import write_jsonl
 
@@ -67,22 +69,22 @@ def test_the_bound_caps_it_and_rendered_prompts_keep_the_bound(tmp_path, tiny_ch
 def test_plan_inputs_take_the_longest_and_the_plan_shrinks_with_it(tmp_path, tiny_chat_model_dir):
     _, cfg = _config(tmp_path, tiny_chat_model_dir)
     shape = shape_of(cfg)
-    at_bound = plan_inputs(cfg, "cpu", vocab=shape.vocab)
+    at_bound = run_spec(cfg, "cpu", vocab=shape.vocab)
     assert at_bound.max_prompt_length == 128
-    assert plan_inputs(cfg, "cpu", vocab=shape.vocab, prompt_tokens=40).max_prompt_length == 40
-    assert plan_inputs(cfg, "cpu", vocab=shape.vocab, prompt_tokens=4000).max_prompt_length == 128
-    shorter = plan_memory(shape, plan_inputs(cfg, "cpu", vocab=shape.vocab, prompt_tokens=40))
+    assert run_spec(cfg, "cpu", vocab=shape.vocab, prompt_tokens=40).max_prompt_length == 40
+    assert run_spec(cfg, "cpu", vocab=shape.vocab, prompt_tokens=4000).max_prompt_length == 128
+    shorter = plan_memory(shape, run_spec(cfg, "cpu", vocab=shape.vocab, prompt_tokens=40))
     assert shorter.peak_bytes < plan_memory(shape, at_bound).peak_bytes
     # the same plan as a config whose bound is that length (P is the one input that moved)
     same = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_prompt_length=40))
-    assert plan_memory(shape, plan_inputs(same, "cpu", vocab=shape.vocab)).peak_bytes == shorter.peak_bytes
+    assert plan_memory(shape, run_spec(same, "cpu", vocab=shape.vocab)).peak_bytes == shorter.peak_bytes
 
 
 def test_vllm_kv_pool_stays_sized_for_the_configured_context(tmp_path, tiny_chat_model_dir):
     """The engine sizes vLLM's pool from data.max_prompt_length before any prompt (rollout/vllm_engine.py)."""
     _, cfg = _config(tmp_path, tiny_chat_model_dir, "rollout.engine=vllm", validate=False)  # vLLM not needed
     shape = shape_of(cfg)
-    kv = [plan_memory(shape, plan_inputs(cfg, "cpu", vocab=shape.vocab, prompt_tokens=p)).bytes_of("vLLM KV pool")
+    kv = [plan_memory(shape, run_spec(cfg, "cpu", vocab=shape.vocab, prompt_tokens=p)).bytes_of("vLLM KV pool")
           for p in (None, 16)]
     assert kv[0] == kv[1] > 0
 
@@ -91,7 +93,8 @@ def test_train_plans_at_the_data_and_says_so(tmp_path, tiny_chat_model_dir, caps
     path, _ = _config(tmp_path, tiny_chat_model_dir)
     longest = _naive_longest(tiny_chat_model_dir, SHORT)
     cfg = load_config(str(path), [])
-    _, plan = check_before_training(cfg, show=True, prompt_tokens=data_prompt_tokens(cfg))
+    admission = admit(cfg, show=True, prompt_tokens=data_prompt_tokens(cfg))
+    plan = admission.plan
     assert plan.inputs.max_prompt_length == longest
     assert f"prompts counted at {longest} tokens, the longest in data.path" in capsys.readouterr().out
     # the run itself: `slimgrpo train` prints the same line before any weights load
@@ -124,11 +127,11 @@ def test_plan_command_with_unreadable_data_plans_at_the_bound_and_names_the_file
 
 @pytest.mark.parametrize("generation", [True, False])
 def test_trace_takes_the_longest_as_its_prompts(tmp_path, tiny_chat_model_dir, generation):
-    from slimgrpo.trace.step import trace_step
+    from slimgrpo.plan.admission import trace_config
 
     _, cfg = _config(tmp_path, tiny_chat_model_dir)
     shape = shape_of(cfg)
     same = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_prompt_length=24))
-    given = trace_step(cfg, shape, "cpu", generation=generation, prompt_tokens=24)
-    assert given.device_peak_bytes == trace_step(same, shape, "cpu", generation=generation).device_peak_bytes
-    assert given.device_peak_bytes < trace_step(cfg, shape, "cpu", generation=generation).device_peak_bytes
+    given = trace_config(cfg, shape, "cpu", generation=generation, prompt_tokens=24)
+    assert given.device_peak_bytes == trace_config(same, shape, "cpu", generation=generation).device_peak_bytes
+    assert given.device_peak_bytes < trace_config(cfg, shape, "cpu", generation=generation).device_peak_bytes

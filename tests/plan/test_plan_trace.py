@@ -51,14 +51,15 @@ def test_plan_help_mentions_trace(capsys):
 
 def test_memory_fit_trace_checks_the_fit_by_trace(tmp_path, tiny_model_dir, capsys):
     from slimgrpo.config import load_config
-    from slimgrpo.plan.check import check_before_training
-    from slimgrpo.trace.step import trace_step
-    from slimgrpo.plan.shapes import load_shape
+    from slimgrpo.plan.admission import admit
+    from slimgrpo.plan.admission import trace_config
+    from slimgrpo.spec.shape import load_shape
 
     p = _config(tmp_path, tiny_model_dir, memory={"budget": "420MiB", "fit": "trace"})
     cfg = load_config(p)
     assert cfg.memory.fit == "trace"
-    new_cfg, plan = check_before_training(cfg, show=True, trace_fn=trace_step)
+    admission = admit(cfg, show=True)
+    new_cfg, plan = admission.cfg, admission.plan
     out = capsys.readouterr().out
     assert "memory.fit=trace:" in out and "traced peak" in out
-    assert trace_step(new_cfg, load_shape(str(tiny_model_dir)), "cpu").device_peak_bytes <= 420 * 2**20
+    assert trace_config(new_cfg, load_shape(str(tiny_model_dir)), "cpu").device_peak_bytes <= 420 * 2**20

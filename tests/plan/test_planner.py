@@ -9,22 +9,17 @@ import json
 import pytest
 import torch
 
-from slimgrpo.plan.advice import fit_to_budget, parse_bytes, render_plan, suggest_fixes
-from slimgrpo.plan.planner import (
-    CPU_FRAMEWORK_OVERHEAD_BYTES,
-    CUDA_FRAMEWORK_OVERHEAD_BYTES,
-    GiB,
-    LORA_ADAPTER_BYTES,
-    PlanInputs,
-    activation_bytes_per_token_layer,
-    attention_mask_bytes,
-    kv_cache_bytes,
-    logits_bytes,
-    lora_num_params,
-    plan_memory,
-)
-from slimgrpo.plan.formulas import TOKENIZER_BYTES_PER_VOCAB, cpu_runtime_bytes
-from slimgrpo.plan.shapes import ModelShape, load_shape, preset_shapes
+from slimgrpo.plan.search import fit_to_budget, suggest_fixes
+from slimgrpo.units import parse_bytes
+from slimgrpo.plan.render import render_plan
+from slimgrpo.memory.footprint import CPU_FRAMEWORK_OVERHEAD_BYTES, CUDA_FRAMEWORK_OVERHEAD_BYTES
+from slimgrpo.spec.cost import GiB
+from slimgrpo.spec.cost import LORA_ADAPTER_BYTES, kv_cache_bytes, logits_bytes, lora_num_params
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.forward.costs import activation_bytes_per_token_layer, attention_mask_bytes
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.memory.footprint import TOKENIZER_BYTES_PER_VOCAB, cpu_runtime_bytes
+from slimgrpo.spec.shape import ModelShape, load_shape, preset_shapes
 
 LLAMA_8B = load_shape("llama-3.1-8b")
 QWEN_05B = load_shape("qwen2.5-0.5b")
@@ -128,7 +123,7 @@ def test_activation_formula_matches_autograd(dtype, lora, padded, device):
     config = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
               "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 128}
     shape = ModelShape.from_hf_config(config)
-    inputs = PlanInputs(device=device, param_dtype_bytes=dtype.itemsize, lora=lora, lora_rank=4)
+    inputs = RunSpec(device=device, param_dtype_bytes=dtype.itemsize, lora=lora, lora_rank=4)
     S = 64
     _, mask_per_layer = attention_mask_bytes(inputs, 2, S, padded=padded)
     predicted = activation_bytes_per_token_layer(shape, inputs, padded=padded) + mask_per_layer / (2 * S)
@@ -148,7 +143,7 @@ def test_activation_formula_matches_autograd_with_qk_norm(lora):
     config = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
               "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 128, "head_dim": 8}
     shape = ModelShape.from_hf_config(config)
-    inputs = PlanInputs(device="cuda", param_dtype_bytes=2, lora=lora, lora_rank=4)
+    inputs = RunSpec(device="cuda", param_dtype_bytes=2, lora=lora, lora_rank=4)
     predicted = activation_bytes_per_token_layer(shape, inputs, padded=False)
     plain = activation_bytes_per_token_layer(dataclasses.replace(shape, family="llama"), inputs, padded=False)
     assert predicted - plain == 4 * (64 + 16) + 4 * (8 + 2) + (0 if lora else 2 * (64 + 16))
@@ -202,7 +197,7 @@ def test_kv_cache_arithmetic_2_5_gib():
 
 
 def test_plan_kv_cache_uses_helper():
-    x = PlanInputs(num_generations=8, max_prompt_length=100, max_completion_length=400, generation_batch_rows=4)
+    x = RunSpec(num_generations=8, max_prompt_length=100, max_completion_length=400, generation_batch_rows=4)
     plan = plan_memory(LLAMA_8B, x)
     assert plan.bytes_of("KV cache") == kv_cache_bytes(32, 500, 8, 128, rows=4, dtype_bytes=2)
 
@@ -212,33 +207,33 @@ def test_plan_kv_cache_uses_helper():
 # ---------------------------------------------------------------------------------------------
 def test_lora_cuts_gradients_and_optimizer_to_adapters():
     # two micro-batches: every gradient alive through backward (planner._gradients_in_backward)
-    full = plan_memory(LLAMA_8B, PlanInputs(micro_batch_rows=4))
-    lora = plan_memory(LLAMA_8B, PlanInputs(lora=True, lora_rank=16, micro_batch_rows=4))
+    full = plan_memory(LLAMA_8B, RunSpec(micro_batch_rows=4))
+    lora = plan_memory(LLAMA_8B, RunSpec(lora=True, lora_rank=16, micro_batch_rows=4))
     n = lora_num_params(LLAMA_8B, 16, ("all-linear",))
     assert n == 32 * 16 * (3 * (4096 + 14336) + 2 * (4096 + 4096) + 2 * (4096 + 1024))
     assert full.bytes_of("gradients") == LLAMA_8B.num_params * 2
     assert lora.bytes_of("gradients") == n * LORA_ADAPTER_BYTES
     assert lora.bytes_of("optimizer state") == n * LORA_ADAPTER_BYTES * 2
     assert lora.bytes_of("weights") == full.bytes_of("weights")
-    qlora = plan_memory(LLAMA_8B, PlanInputs(lora=True, load_in_4bit=True))
+    qlora = plan_memory(LLAMA_8B, RunSpec(lora=True, load_in_4bit=True))
     # NF4 projections (4.127 bits) plus bf16 embedding and head: about 5.7 GB for Llama-3.1-8B.
     assert 0.3 < qlora.bytes_of("weights") / full.bytes_of("weights") < 0.4
 
 
 def test_beta_zero_removes_the_reference():
-    cuda = plan_memory(LLAMA_8B, PlanInputs(beta=0.04))
+    cuda = plan_memory(LLAMA_8B, RunSpec(beta=0.04))
     assert cuda.bytes_of("reference policy") == LLAMA_8B.num_params * 2
     assert cuda.host_bytes == LLAMA_8B.num_params * 2  # kept in host RAM, not on the GPU
-    assert plan_memory(LLAMA_8B, PlanInputs(beta=0.0)).bytes_of("reference policy") == 0
-    assert plan_memory(LLAMA_8B, PlanInputs(beta=0.04, lora=True)).bytes_of("reference policy") == 0
-    cpu_ref = plan_memory(QWEN_05B, PlanInputs(device="cpu", beta=0.04))
-    cpu_none = plan_memory(QWEN_05B, PlanInputs(device="cpu", beta=0.0))
+    assert plan_memory(LLAMA_8B, RunSpec(beta=0.0)).bytes_of("reference policy") == 0
+    assert plan_memory(LLAMA_8B, RunSpec(beta=0.04, lora=True)).bytes_of("reference policy") == 0
+    cpu_ref = plan_memory(QWEN_05B, RunSpec(device="cpu", beta=0.04))
+    cpu_none = plan_memory(QWEN_05B, RunSpec(device="cpu", beta=0.0))
     assert cpu_ref.peak_bytes - cpu_none.peak_bytes >= QWEN_05B.num_params * 2  # counts in RSS on cpu
     assert cpu_ref.host_bytes == 0
 
 
 def test_checkpointing_and_offload_reduce_device_activations():
-    base = PlanInputs(num_generations=8, max_completion_length=4096, micro_batch_rows=4)
+    base = RunSpec(num_generations=8, max_completion_length=4096, micro_batch_rows=4)
     plain = plan_memory(LLAMA_8B, base).bytes_of("activations")
     ckpt_inputs = dataclasses.replace(base, gradient_checkpointing=True)
     ckpt = plan_memory(LLAMA_8B, ckpt_inputs).bytes_of("activations")
@@ -256,7 +251,7 @@ def test_checkpointing_and_offload_reduce_device_activations():
 
 
 def test_chunked_loss_versus_full_logits():
-    x = PlanInputs(lora=True, max_completion_length=2048, micro_batch_rows=4, token_chunk=512)
+    x = RunSpec(lora=True, max_completion_length=2048, micro_batch_rows=4, token_chunk=512)
     full = plan_memory(QWEN_05B, dataclasses.replace(x, chunked_loss=False)).bytes_of("loss working set")
     chunked = plan_memory(QWEN_05B, x).bytes_of("loss working set")
     assert full >= logits_bytes(4, 2048, QWEN_05B.vocab, 2, 2)
@@ -268,24 +263,24 @@ def test_chunked_loss_versus_full_logits():
 
 
 def test_peak_is_always_plus_the_larger_phase():
-    for x in (PlanInputs(), PlanInputs(device="cpu", param_dtype_bytes=4), PlanInputs(num_generations=64)):
+    for x in (RunSpec(), RunSpec(device="cpu", param_dtype_bytes=4), RunSpec(num_generations=64)):
         plan = plan_memory(QWEN_05B, x)
         t = plan.phase_totals
         assert plan.peak_bytes == t["always"] + max(t["generation"], t["update"])
         assert plan.peak_phase == max(("generation", "update"), key=lambda p: (t[p], p == "update"))
-    cpu = plan_memory(QWEN_05B, PlanInputs(device="cpu"))
+    cpu = plan_memory(QWEN_05B, RunSpec(device="cpu"))
     runtime = CPU_FRAMEWORK_OVERHEAD_BYTES + TOKENIZER_BYTES_PER_VOCAB * QWEN_05B.vocab  # imports + the tokenizer
     assert cpu.framework_bytes == runtime == cpu_runtime_bytes(QWEN_05B.vocab)
     assert cpu.bytes_of("tokenizer") == 1_000 * 151_936  # about 1 KB an entry: Qwen2's measured 152 MiB
     assert cpu.tensor_peak_bytes == cpu.peak_bytes - runtime
-    cuda = plan_memory(QWEN_05B, PlanInputs())
+    cuda = plan_memory(QWEN_05B, RunSpec())
     assert "tokenizer" not in {c.name for c in cuda.components}
     assert cuda.framework_bytes == CUDA_FRAMEWORK_OVERHEAD_BYTES
 
 
 def test_micro_batches_bound_update_memory_but_not_generation():
-    small = plan_memory(LLAMA_8B, PlanInputs(num_generations=16, micro_batch_rows=2, share_prompt_forward=False))
-    large = plan_memory(LLAMA_8B, PlanInputs(num_generations=16, micro_batch_rows=16, share_prompt_forward=False))
+    small = plan_memory(LLAMA_8B, RunSpec(num_generations=16, micro_batch_rows=2, share_prompt_forward=False))
+    large = plan_memory(LLAMA_8B, RunSpec(num_generations=16, micro_batch_rows=16, share_prompt_forward=False))
     assert small.bytes_of("activations") < large.bytes_of("activations") / 6
     assert small.phase_total("update") < large.phase_total("update")
     assert small.phase_total("generation") == large.phase_total("generation")
@@ -307,14 +302,14 @@ def test_micro_batches_bound_update_memory_but_not_generation():
 )
 def test_plan_inputs_reject_bad_values(bad, match):
     with pytest.raises(ValueError, match=match):
-        PlanInputs(**bad)
+        RunSpec(**bad)
 
 
 # ---------------------------------------------------------------------------------------------
 # the Unsloth / TRL rows of the brief (Llama-3.1-8B, 20K context, 8 generations)
 # ---------------------------------------------------------------------------------------------
 def test_explains_unsloth_and_trl_rows():
-    trl_like = PlanInputs(device="cuda", lora=True, num_generations=8, max_prompt_length=1,
+    trl_like = RunSpec(device="cuda", lora=True, num_generations=8, max_prompt_length=1,
                           max_completion_length=UNSLOTH_TOKENS, micro_batch_rows=8, chunked_loss=False,
                           gradient_checkpointing=True)
     plan = plan_memory(LLAMA_8B, trl_like)
@@ -359,7 +354,7 @@ def test_parse_bytes_rejects_junk(junk):
         parse_bytes(junk)
 
 
-UNSLOTH_NAIVE = PlanInputs(device="cuda", num_generations=8, max_prompt_length=256,
+UNSLOTH_NAIVE = RunSpec(device="cuda", num_generations=8, max_prompt_length=256,
                            max_completion_length=UNSLOTH_TOKENS, micro_batch_rows=8, chunked_loss=False, beta=0.04)
 
 
@@ -373,7 +368,7 @@ def test_fit_llama_8b_20k_on_80_gib():
     assert steps[-1].plan_after.peak_bytes == plan_memory(LLAMA_8B, final).peak_bytes
     peaks = [s.plan_after.peak_bytes for s in steps]
     assert peaks == sorted(peaks, reverse=True)
-    assert all(set(s.change) <= {f.name for f in dataclasses.fields(PlanInputs)} for s in steps)
+    assert all(set(s.change) <= {f.name for f in dataclasses.fields(RunSpec)} for s in steps)
 
 
 def test_fit_reports_infeasible_budget():
@@ -384,9 +379,9 @@ def test_fit_reports_infeasible_budget():
 
 
 def test_no_suggestions_when_it_fits():
-    assert suggest_fixes(QWEN_05B, PlanInputs(lora=True), "80GiB") == []
-    final, steps, fits = fit_to_budget(QWEN_05B, PlanInputs(lora=True), 80 * GiB)
-    assert fits and steps == [] and final == PlanInputs(lora=True)
+    assert suggest_fixes(QWEN_05B, RunSpec(lora=True), "80GiB") == []
+    final, steps, fits = fit_to_budget(QWEN_05B, RunSpec(lora=True), 80 * GiB)
+    assert fits and steps == [] and final == RunSpec(lora=True)
 
 
 def test_render_plan_shows_table_and_verdict():
@@ -399,5 +394,5 @@ def test_render_plan_shows_table_and_verdict():
     for word in ("KV cache", "loss working set", "peak", "over by", "no mask"):
         assert word in text
         assert word in text
-    render_plan(plan_memory(QWEN_05B, PlanInputs(lora=True)), console=console, budget_bytes=80 * GiB)
+    render_plan(plan_memory(QWEN_05B, RunSpec(lora=True)), console=console, budget_bytes=80 * GiB)
     assert "fits" in console.export_text()

@@ -4,9 +4,11 @@ import dataclasses
 
 import pytest
 
-from slimgrpo.plan.advice import fit_to_budget
-from slimgrpo.plan.planner import GiB, PlanInputs, plan_memory
-from slimgrpo.plan.shapes import load_shape
+from slimgrpo.plan.search import fit_to_budget
+from slimgrpo.spec.cost import GiB
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.spec.shape import load_shape
 
 QWEN = load_shape("qwen2.5-0.5b")
 
@@ -17,7 +19,7 @@ def update_bytes(x):
 
 
 def test_sdpa_and_flash_update_grow_linearly_eager_quadratically():
-    base = PlanInputs(device="cpu", param_dtype_bytes=4, num_generations=2, micro_batch_rows=2,
+    base = RunSpec(device="cpu", param_dtype_bytes=4, num_generations=2, micro_batch_rows=2,
                       max_prompt_length=128, max_completion_length=4096 - 128)
     longer = dataclasses.replace(base, max_completion_length=8192 - 128)
     for kernel in ("sdpa", "flash_attention_2"):
@@ -31,13 +33,13 @@ def test_sdpa_and_flash_update_grow_linearly_eager_quadratically():
 
 
 def test_unknown_kernel_is_said():
-    plan = plan_memory(QWEN, PlanInputs(device="cpu", attn_implementation="flex_attention"))
+    plan = plan_memory(QWEN, RunSpec(device="cpu", attn_implementation="flex_attention"))
     assert any("flex_attention" in n and "not modelled" in n for n in plan.notes)
-    assert not plan_memory(QWEN, PlanInputs(device="cpu")).notes
+    assert not plan_memory(QWEN, RunSpec(device="cpu")).notes
 
 
 def test_token_budget_sets_rows_per_micro_batch():
-    x = PlanInputs(device="cpu", num_generations=8, micro_batch_rows=8, max_prompt_length=100,
+    x = RunSpec(device="cpu", num_generations=8, micro_batch_rows=8, max_prompt_length=100,
                    max_completion_length=924)
     assert x.micro_rows == 8
     assert dataclasses.replace(x, micro_batch_tokens=3000).micro_rows == 2
@@ -46,7 +48,7 @@ def test_token_budget_sets_rows_per_micro_batch():
 
 
 def test_fit_halves_the_token_budget():
-    x = PlanInputs(device="cpu", lora=True, num_generations=16, micro_batch_rows=16, max_prompt_length=256,
+    x = RunSpec(device="cpu", lora=True, num_generations=16, micro_batch_rows=16, max_prompt_length=256,
                    max_completion_length=8192 - 256, micro_batch_tokens=16 * 8192, gradient_checkpointing=True,
                    optimizer="adamw_8bit", vocab_chunk=32768, token_chunk=128)
     peak = plan_memory(QWEN, x).peak_bytes
@@ -56,7 +58,7 @@ def test_fit_halves_the_token_budget():
 
 
 def test_quantised_kv_cache_is_counted():
-    x = PlanInputs(device="cuda", num_generations=8, max_prompt_length=256, max_completion_length=8192)
+    x = RunSpec(device="cuda", num_generations=8, max_prompt_length=256, max_completion_length=8192)
     full = plan_memory(QWEN, x).bytes_of("KV cache")
     for kind in ("int8", "fp8_e4m3"):
         q = plan_memory(QWEN, dataclasses.replace(x, kv_cache_dtype=kind)).bytes_of("KV cache")
@@ -104,17 +106,17 @@ def _saved_layer_bytes(fn, m: int, P: int, T: int, groups: int, lora: bool) -> i
 @pytest.mark.parametrize("device", ["cpu", "cuda"])  # cuda: HF's rule there (a mask repeats K/V), run on CPU
 def test_update_layer_bytes_match_autograd_plain_and_shared_prompt(lora, m, G, device):
     """The planner's one-layer update bytes equal what autograd saves, with and without shared prompts."""
-    from slimgrpo.loss.unpadded import unpadded_hidden
+    from slimgrpo.forward.unpadded import unpadded_hidden
     from slimgrpo.memory.attention import cpu_gqa
-    from slimgrpo.plan.planner import shared_prompt_groups, update_layer_bytes
-    from slimgrpo.plan.shapes import ModelShape
-    from slimgrpo.loss.shared_prompt import shared_completion_hidden
+    from slimgrpo.forward.costs import shared_prompt_groups, update_layer_bytes
+    from slimgrpo.spec.shape import ModelShape
+    from slimgrpo.forward.shared_prompt import shared_completion_hidden
 
     shape = ModelShape.from_hf_config({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 176,
                                        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
                                        "vocab_size": 128})
     P, T = 23, 10  # 33 tokens per row: divides no chunk size
-    x = PlanInputs(device=device, param_dtype_bytes=4, lora=lora, lora_rank=4, num_generations=G,
+    x = RunSpec(device=device, param_dtype_bytes=4, lora=lora, lora_rank=4, num_generations=G,
                    prompts_per_step=m // G, micro_batch_rows=m, max_prompt_length=P, max_completion_length=T,
                    padding_mask=False)  # equal-length prompts: no prompt padding
     groups = shared_prompt_groups(x, shape)
@@ -128,7 +130,7 @@ def test_update_layer_bytes_match_autograd_plain_and_shared_prompt(lora, m, G, d
 
 
 def test_shared_prompt_plan_is_smaller_and_off_with_checkpointing():
-    x = PlanInputs(device="cpu", param_dtype_bytes=4, num_generations=8, micro_batch_rows=8,
+    x = RunSpec(device="cpu", param_dtype_bytes=4, num_generations=8, micro_batch_rows=8,
                    max_prompt_length=2048, max_completion_length=256)
     shared, plain = update_bytes(x), update_bytes(dataclasses.replace(x, share_prompt_forward=False))
     assert shared < plain / 3

@@ -11,12 +11,16 @@ import torch
 from test_trace_device import BASE, SHAPE  # its scaled-down Llama (hidden 256, MLP 688), 37 + 3,001 tokens a row
 
 from slimgrpo.config import from_dict, merge_overrides
-from slimgrpo.plan.advice import fit_to_budget
-from slimgrpo.plan.check import MemoryBudgetError, apply_tiled_mlp, overrides_for, plan_inputs
-from slimgrpo.plan.planner import (TILED_MLP_AUTO_TOKENS, PlanInputs, mlp_bytes_per_token,
-                                     norm_backward_bytes_per_token, plan_memory, tiled_mlp_on, tiled_shard_tokens,
-                                     update_layer_bytes)
-from slimgrpo.plan.shapes import ModelShape
+from slimgrpo.plan.search import fit_to_budget
+from slimgrpo.config.errors import MemoryBudgetError
+from slimgrpo.plan.admission import admission_of, overrides_for
+from slimgrpo.train.build import apply_tiled_mlp
+from slimgrpo.spec.run import run_spec
+from slimgrpo.plan.model import TILED_MLP_AUTO_TOKENS, plan_memory, tiled_mlp_on
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.forward.costs import mlp_bytes_per_token, norm_backward_bytes_per_token, update_layer_bytes
+from slimgrpo.memory.tiled_mlp import tiled_shard_tokens
+from slimgrpo.spec.shape import ModelShape
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,8 +36,8 @@ def _config(*extra):
 def test_trace_of_the_tiled_update_agrees_with_the_plan(setting):
     """On the CUDA trace path the tiled update's tensor peak is within 10% of the plan's, and both are well
     below the untiled ones (3,038 tokens per MLP call: 12 shards of 254 tokens)."""
-    from slimgrpo.trace.step import trace_step
-    from slimgrpo.trace.report import plan_tensor_bytes
+    from slimgrpo.plan.admission import trace_config
+    from slimgrpo.plan.render import plan_tensor_bytes
 
     # full: bf16 weights stepped plainly, so the fixed bytes are the ones the 0.85 was set against (the default
     # float32 master copy adds the same bytes with and without tiling: tests/memory/test_precision.py counts it)
@@ -41,8 +45,8 @@ def test_trace_of_the_tiled_update_agrees_with_the_plan(setting):
     peaks = {}
     for tiled in ("off", "on"):
         cfg = _config(*extra, f"memory.tiled_mlp={tiled}")
-        plan = plan_memory(SHAPE, plan_inputs(cfg, "cuda", vocab=SHAPE.vocab))
-        trace = trace_step(cfg, SHAPE, device="cuda", generation=False)
+        plan = plan_memory(SHAPE, run_spec(cfg, "cuda", vocab=SHAPE.vocab))
+        trace = trace_config(cfg, SHAPE, device="cuda", generation=False)
         peaks[tiled] = plan_tensor_bytes(plan, "update"), trace.phases["update"].peak_bytes
         assert any("tiled MLP" in n for n in trace.notes) == (tiled == "on")
     (plan_off, trace_off), (plan_on, trace_on) = peaks["off"], peaks["on"]
@@ -51,7 +55,7 @@ def test_trace_of_the_tiled_update_agrees_with_the_plan(setting):
 
 
 def test_plan_counts_one_shard():
-    x = PlanInputs(device="cuda", lora=True, load_in_4bit=True, gradient_checkpointing=True, micro_batch_rows=1,
+    x = RunSpec(device="cuda", lora=True, load_in_4bit=True, gradient_checkpointing=True, micro_batch_rows=1,
                    num_generations=2, generation_batch_rows=1, max_prompt_length=256,
                    max_completion_length=100_000)
     off = plan_memory(QWEN3_8B, dataclasses.replace(x, tiled_mlp="off"))
@@ -76,7 +80,7 @@ def test_plan_counts_one_shard():
 
 
 def test_auto_is_off_for_short_micro_batches_and_on_for_long_ones():
-    short = PlanInputs(device="cuda", lora=True, gradient_checkpointing=True, micro_batch_rows=1, num_generations=2,
+    short = RunSpec(device="cuda", lora=True, gradient_checkpointing=True, micro_batch_rows=1, num_generations=2,
                        max_prompt_length=256, max_completion_length=4096, tiled_mlp="auto")
     assert not tiled_mlp_on(QWEN3_8B, short)
     assert plan_memory(QWEN3_8B, short).peak_bytes == plan_memory(
@@ -90,9 +94,9 @@ def test_auto_is_off_for_short_micro_batches_and_on_for_long_ones():
 
 def test_config_values():
     assert from_dict({}).memory.tiled_mlp == "auto"
-    assert plan_inputs(_config("memory.tiled_mlp=on"), "cuda").tiled_mlp == "on"
-    assert plan_inputs(_config("memory.tiled_mlp=false"), "cuda").tiled_mlp == "off"
-    assert plan_inputs(from_dict({"memory": {"tiled_mlp": True}}), "cuda").tiled_mlp == "on"
+    assert run_spec(_config("memory.tiled_mlp=on"), "cuda").tiled_mlp == "on"
+    assert run_spec(_config("memory.tiled_mlp=false"), "cuda").tiled_mlp == "off"
+    assert run_spec(from_dict({"memory": {"tiled_mlp": True}}), "cuda").tiled_mlp == "on"
     from slimgrpo.config import ConfigError
 
     with pytest.raises(ConfigError, match="tiled_mlp"):
@@ -102,7 +106,7 @@ def test_config_values():
 def test_fit_turns_the_tiled_mlp_on():
     """Qwen3-8B QLoRA, one row of 256 + 32,000 tokens (below auto's 65,536), 24 GB, no host RAM to offload to:
     memory.fit's ladder reaches the tiled MLP."""
-    x = PlanInputs(device="cuda", lora=True, load_in_4bit=True, gradient_checkpointing=True, micro_batch_rows=1,
+    x = RunSpec(device="cuda", lora=True, load_in_4bit=True, gradient_checkpointing=True, micro_batch_rows=1,
                    num_generations=2, generation_batch_rows=1, max_prompt_length=256, max_completion_length=32_000,
                    tiled_mlp="auto")
     assert not tiled_mlp_on(QWEN3_8B, x)
@@ -119,17 +123,17 @@ def _tiny_llama():
 
 def test_run_tiles_where_the_plan_says():
     cfg = _config("memory.tiled_mlp=on")
-    plan = plan_memory(SHAPE, plan_inputs(cfg, "cuda", vocab=SHAPE.vocab))
+    plan = plan_memory(SHAPE, run_spec(cfg, "cuda", vocab=SHAPE.vocab))
     model = _tiny_llama()
-    assert apply_tiled_mlp(cfg, model, plan)
+    assert apply_tiled_mlp(model, admission_of(cfg, plan))
     from slimgrpo.memory.tiled_mlp import is_tiled
 
     assert all(is_tiled(layer.mlp) for layer in model.model.layers)
     off = _config("memory.tiled_mlp=off")
     model = _tiny_llama()
-    assert not apply_tiled_mlp(off, model, plan_memory(SHAPE, plan_inputs(off, "cuda", vocab=SHAPE.vocab)))
+    assert not apply_tiled_mlp(model, admission_of(off, plan_memory(SHAPE, run_spec(off, "cuda", vocab=SHAPE.vocab))))
     assert not any(is_tiled(layer.mlp) for layer in model.model.layers)
-    assert not apply_tiled_mlp(cfg, _tiny_llama(), plan, distributed=True, show=False)
+    assert not apply_tiled_mlp(_tiny_llama(), admission_of(cfg, plan), distributed=True, show=False)
 
 
 class OtherMLP(torch.nn.Module):
@@ -152,18 +156,18 @@ def test_an_unknown_mlp_runs_untiled_only_if_the_untiled_plan_fits():
         return model
 
     roomy = _config("memory.tiled_mlp=on", "memory.budget=100GiB")
-    plan = plan_memory(SHAPE, plan_inputs(roomy, "cuda", vocab=SHAPE.vocab))
+    plan = plan_memory(SHAPE, run_spec(roomy, "cuda", vocab=SHAPE.vocab))
     console = Console(record=True, width=300)
     model = model_with_unknown()
-    assert not apply_tiled_mlp(roomy, model, plan, console)
+    assert not apply_tiled_mlp(model, admission_of(roomy, plan), console=console)
     text = console.export_text()
     assert "cannot tile OtherMLP" in text and "goes on untiled" in text and "fits memory.budget=100GiB" in text
     assert not any(is_tiled(m) for m in model.modules())
-    untiled = plan_memory(SHAPE, plan_inputs(_config("memory.tiled_mlp=off"), "cuda", vocab=SHAPE.vocab))
+    untiled = plan_memory(SHAPE, run_spec(_config("memory.tiled_mlp=off"), "cuda", vocab=SHAPE.vocab))
     between = (plan.peak_bytes + untiled.peak_bytes) // 2  # the tiled plan fits, the untiled one does not
     tight = _config("memory.tiled_mlp=on", f"memory.budget={between}B")
     with pytest.raises(MemoryBudgetError) as err:
-        apply_tiled_mlp(tight, model_with_unknown(), plan, console)
+        apply_tiled_mlp(model_with_unknown(), admission_of(tight, plan), console=console)
     assert err.value.exit_code == 4
     message = str(err.value)
     assert "OtherMLP" in message and f"{untiled.peak_bytes / 2**30:,.2f} GiB" in message

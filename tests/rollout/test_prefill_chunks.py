@@ -8,8 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimgrpo.plan.planner import PREFILL_CHUNK_TOKENS, PlanInputs, plan_memory
-from slimgrpo.plan.shapes import ModelShape, load_shape
+from slimgrpo.rollout.costs import PREFILL_CHUNK_TOKENS
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.spec.shape import ModelShape, load_shape
 from slimgrpo.rollout import SamplingParams, TorchRolloutEngine
 from slimgrpo.trace.synthetic import random_causal_lm
 
@@ -48,8 +50,8 @@ def test_prefill_runs_one_chunk_at_a_time(monkeypatch):
 
 def test_plan_counts_one_prefill_chunk():
     shape = load_shape("llama-3.1-8b")
-    short = plan_memory(shape, PlanInputs(max_prompt_length=PREFILL_CHUNK_TOKENS, max_completion_length=256))
-    long = plan_memory(shape, PlanInputs(max_prompt_length=8 * PREFILL_CHUNK_TOKENS, max_completion_length=256))
+    short = plan_memory(shape, RunSpec(max_prompt_length=PREFILL_CHUNK_TOKENS, max_completion_length=256))
+    long = plan_memory(shape, RunSpec(max_prompt_length=8 * PREFILL_CHUNK_TOKENS, max_completion_length=256))
     a, b = short.bytes_of("prefill working set"), long.bytes_of("prefill working set")
     # the layer's working set is one chunk's at any length; only the mask grows, with chunk x P
     assert b < 1.5 * a

@@ -277,7 +277,7 @@ def test_lora_merged_for_decoding_matches_unmerged_and_leaves_weights_alone(pack
     before = {k: v.clone() for k, v in lora.state_dict().items()}
     merged_modules = []
     real = model_parts._mergeable
-    monkeypatch.setattr(model_parts, "_mergeable", lambda m: real(m) and not merged_modules.append(m))
+    monkeypatch.setattr(model_parts, "_mergeable", lambda m, target: real(m, target) and not merged_modules.append(m))
     params = SamplingParams(max_new_tokens=10, temperature=1.0, eos_token_ids=(), pad_token_id=PAD)
     ro = TorchRolloutEngine(lora, lean_decode=True, pack_weights=pack).generate(
         PROMPTS, 2, params, torch.Generator().manual_seed(3))

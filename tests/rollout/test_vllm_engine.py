@@ -23,7 +23,7 @@ from slimgrpo.config.sections import rollout as rollout_config
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.rollout import vllm_engine as ve
-from slimgrpo.plan.vllm import KV_HEADROOM, MIN_KV_BYTES
+from slimgrpo.rollout.costs import KV_HEADROOM, MIN_KV_BYTES
 from slimgrpo.update.sampler_correction import correct_for_sampler, is_weights, mismatch_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -458,27 +458,31 @@ def test_each_trl_importance_sampling_mode_matches_a_naive_reference(mode, cap, 
 
 
 def test_the_correction_scales_each_tokens_advantage():
-    batch = SimpleNamespace(old_logp=torch.tensor([[-1.0, -1.0], [-2.0, -2.0]]), advantages=torch.tensor([1.0, -2.0]))
+    from slimgrpo.update.batch import UpdateBatch
+
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    given = UpdateBatch(ids, torch.ones_like(ids), ids[:, 1:], torch.ones(2, 2, dtype=torch.bool),
+                        torch.tensor([1.0, -2.0]), old_logp=torch.tensor([[-1.0, -1.0], [-2.0, -2.0]]))
     r = SimpleNamespace(temperature=1.0, importance_sampling_correction=True, importance_sampling_cap=2.0,
                         importance_sampling_min=None, importance_sampling_mode="token_truncate")
     never = lambda: pytest.fail("the batch has its old log-probs: none computed")  # noqa: E731
     sampler = torch.tensor([[-1.0, -3.0], [-2.0, -1.0]])
     mask = torch.ones(2, 2, dtype=torch.bool)
-    out = correct_for_sampler(batch, sampler, mask, r, never)
+    batch, out = correct_for_sampler(given, sampler, mask, r, never)
     expected = torch.tensor([[1.0, 2.0], [-2.0, -2.0 * torch.exp(torch.tensor(-1.0)).item()]])  # capped at 2
     assert torch.allclose(batch.advantages, expected)
+    assert torch.equal(given.advantages, torch.tensor([1.0, -2.0]))  # a new batch: the one given is unchanged
     assert out["rollout/is_capped_fraction"] == 0.25
     # TRL 1.16's default, sequence_mask: row 0's ratio e^2 > 2 drops the row; row 1's e^-1 stays, on each token
     r.importance_sampling_mode = "sequence_mask"
-    batch.advantages = torch.tensor([1.0, -2.0])
-    out = correct_for_sampler(batch, sampler, mask, r, never)
+    batch, out = correct_for_sampler(given, sampler, mask, r, never)
     e = torch.exp(torch.tensor(-1.0)).item()
     assert torch.allclose(batch.advantages, torch.tensor([[0.0, 0.0], [-2.0 * e, -2.0 * e]]))
     assert out["rollout/is_capped_fraction"] == 0.5 and out["rollout/is_weight_min"] == 0.0
     r.importance_sampling_correction = False
-    batch.advantages = torch.tensor([1.0, -2.0])
-    assert "rollout/logprob_diff_mean" in correct_for_sampler(batch, sampler, mask, r, never)
-    assert batch.advantages.shape == (2,)  # measured, not applied
+    batch, out = correct_for_sampler(given, sampler, mask, r, never)
+    assert "rollout/logprob_diff_mean" in out
+    assert batch is given and batch.advantages.shape == (2,)  # measured, not applied
 
 
 def vllm_sized_model(folder: Path) -> Path:

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from run_helpers import cli, numeric_metrics, write_run
-from slimgrpo.loss.gather import select_cache_rows, take_rows
+from slimgrpo.forward.gather import select_cache_rows, take_rows
 
 
 def _digest(t: torch.Tensor) -> str:

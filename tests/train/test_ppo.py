@@ -3,6 +3,8 @@ gradients, the planner's lines, and a bit-identical resume with the critic and i
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import signal
 
@@ -185,8 +187,8 @@ def _update_batch(policy, rows=4, T=5):
     am[1, 3 + 3:] = 0  # a shorter completion
     mask = am[:, 3:].bool()
     batch = UpdateBatch(torch.cat([prompt, comp], 1), am, comp, mask, torch.randn(rows, T, generator=g))
-    batch.old_values = torch.randn(rows, T, generator=g)
-    batch.returns = torch.randn(rows, T, generator=g)
+    batch = dataclasses.replace(batch, old_values=torch.randn(rows, T, generator=g),
+                                returns=torch.randn(rows, T, generator=g))
     return batch
 
 
@@ -229,7 +231,7 @@ def test_lora_critic_gradients_reach_only_its_adapter_and_head(tiny_model_dir):
 
     for p in critic.parameters():
         p.grad = None
-    batch.old_logp = None
+    batch = dataclasses.replace(batch, old_logp=None)
     accumulate_gradients(policy.model, batch, LossSettings(), Normaliser.of(batch.loss_mask), 3, 1.0, 4, None)
     assert all(p.grad is None for p in critic.parameters())
     assert all(p.grad is not None for p in policy.trainable_parameters())
@@ -262,13 +264,15 @@ def test_full_finetuning_critic_is_a_second_model(tiny_model_dir):
 
 
 def test_planner_counts_the_critic():
-    from slimgrpo.plan.planner import PlanInputs, lora_num_params, plan_memory
-    from slimgrpo.plan.shapes import load_shape
+    from slimgrpo.spec.run import RunSpec
+    from slimgrpo.spec.cost import lora_num_params
+    from slimgrpo.plan.model import plan_memory
+    from slimgrpo.spec.shape import load_shape
 
     shape = load_shape("qwen2.5-0.5b")
     for lora in (True, False):
-        base = PlanInputs(device="cuda", lora=lora, beta=0.0)
-        ppo = PlanInputs(device="cuda", lora=lora, beta=0.0, ppo=True, kl_coef=0.05)
+        base = RunSpec(device="cuda", lora=lora, beta=0.0)
+        ppo = RunSpec(device="cuda", lora=lora, beta=0.0, ppo=True, kl_coef=0.05)
         p0, p1 = plan_memory(shape, base), plan_memory(shape, ppo)
         n = lora_num_params(shape, 16, ("all-linear",)) * 4 if lora else shape.num_params * 2
         head = (shape.hidden + 1) * 4

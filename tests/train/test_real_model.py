@@ -106,8 +106,8 @@ def test_packed_rows_equal_the_padded_path_on_the_real_model(smollm2):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from slimgrpo.loss import packed
-    from slimgrpo.loss.logprobs import completion_hidden
+    from slimgrpo.forward import packed
+    from slimgrpo.forward.rows import completion_hidden
     from slimgrpo.modeling import load_tokenizer
 
     torch.manual_seed(0)

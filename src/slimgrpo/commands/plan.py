@@ -1,6 +1,6 @@
 """``slimgrpo plan``: the memory plan of a config or a model shape, what to change to fit a budget, and
-with ``--trace`` one real step traced on fake tensors (``trace/step.py``). A command: it may import the
-trainer's code; the library it stands on is ``memory/`` (``check.py``: the plan inputs, the fit, the budget)."""
+with ``--trace`` one real step traced on fake tensors (``trace/step.py``). The library it stands on is
+``plan/`` (``admission.py``: the budget, the fit; ``search.py``; ``render.py``) and ``spec/`` (the run spec)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,17 @@ import os
 from rich.console import Console
 
 from slimgrpo.config import ConfigError, check_context_length, from_dict, load_config, merge_overrides
+from slimgrpo.config.errors import MemoryBudgetError
 from slimgrpo.exit_codes import DOES_NOT_FIT
-from slimgrpo.plan.advice import blocked_ways, fit_to_budget, format_gib, render_plan
-from slimgrpo.plan.check import (MemoryBudgetError, all_changes, budget_bytes, check_host_memory, fitted_config,
-                                   host_budget_bytes, machine_ram_bytes, not_modelled, overrides_for, plan_device,
-                                   PlanScope, plan_inputs, prompt_source, shape_of, smallest_plan_found)
-from slimgrpo.plan.planner import plan_memory
-from slimgrpo.plan.shapes import preset_shapes
-from slimgrpo.units import human_count
+from slimgrpo.plan.admission import (PlanScope, all_changes, budget_bytes, check_host_memory, fitted_config,
+                                     host_budget_bytes, machine_ram_bytes, not_modelled, overrides_for, prompt_source,
+                                     shape_of, smallest_plan_found, trace_config)
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.plan.render import render_plan, render_trace
+from slimgrpo.plan.search import blocked_ways, fit_to_budget
+from slimgrpo.spec.run import run_spec, spec_device
+from slimgrpo.spec.shape import preset_shapes
+from slimgrpo.units import format_gib, human_count
 
 __all__ = ["plan_command"]
 
@@ -59,7 +62,7 @@ def plan_command(args) -> int:
 
     if cfg.model.attn_implementation and attention_problem(cfg):  # the run would stop at validation
         console.print(f"[yellow]warning[/yellow]: {attention_problem(cfg)}; `slimgrpo train` refuses this config")
-    device = plan_device(cfg, args.device or ("cuda" if not args.config and cfg.run.device == "auto" else None))
+    device = spec_device(cfg, args.device or ("cuda" if not args.config and cfg.run.device == "auto" else None))
     shape = shape_of(cfg, args.model)
     if getattr(args, "longest", False):  # before the config's own lengths are checked: it asks for others
         return longest_command(args, cfg, shape, device, console)
@@ -74,7 +77,7 @@ def plan_command(args) -> int:
     prompt_tokens = _prompt_tokens(args, cfg, console)
     # memory.fit: plan (and trace) the run `slimgrpo train` runs, not the config as written
     cfg, _ = _fitted(args, cfg, PlanScope(shape, device, nproc, prompt_tokens), budget, console)
-    inputs = plan_inputs(cfg, device, nproc, vocab=shape.vocab, prompt_tokens=prompt_tokens)
+    inputs = run_spec(cfg, device, nproc, vocab=shape.vocab, prompt_tokens=prompt_tokens)
     plan = plan_memory(shape, inputs)
     per_rank = "" if nproc == 1 else (f" (one rank of {nproc}, distributed.strategy={cfg.distributed.strategy}"
                                       + (": sharded state / {nproc}".format(nproc=nproc) if inputs.fsdp_shards > 1
@@ -86,15 +89,12 @@ def plan_command(args) -> int:
     render_plan(plan, console, budget)
     if getattr(args, "trace", False):
         from slimgrpo.output.console import quiet_third_party
-        from slimgrpo.trace.step import trace_step
 
         # As train / eval / export: the traced step runs transformers and torchao code whose FutureWarnings
         # (`past_key_values` is deprecated ...) and import-time logs are not the user's to act on.
         quiet_third_party(cfg.log.verbose)
-        from slimgrpo.trace.report import render_trace
-
         console.print()
-        render_trace(plan, trace_step(cfg, shape, device, prompt_tokens=prompt_tokens), console, budget)
+        render_trace(plan, trace_config(cfg, shape, device, prompt_tokens=prompt_tokens), console, budget)
     if host_budget is not None and plan.host_bytes:
         what = ("this machine's available memory; memory.host_budget=SIZE for another"
                 if cfg.memory.host_budget == "auto" else f"memory.host_budget={cfg.memory.host_budget}")
@@ -166,14 +166,12 @@ def _fitted(args, cfg, scope: PlanScope, budget: int | None, console: Console):
     planner's fit, or ``memory.fit=trace``'s traced one) and the overrides it applies; else the config as is."""
     if not cfg.memory.fit or budget is None:
         return cfg, []
-    trace_fn = None
     if cfg.memory.fit == "trace":
         from slimgrpo.output.console import quiet_third_party
-        from slimgrpo.trace.step import trace_step as trace_fn
 
         quiet_third_party(cfg.log.verbose)
     try:
-        fitted, applied = fitted_config(cfg, scope, budget, console, trace_fn, show=cfg.memory.fit == "trace")
+        fitted, applied = fitted_config(cfg, scope, budget, console, show=cfg.memory.fit == "trace")
     except MemoryBudgetError as e:
         console.print(f"[red]memory.fit={str(cfg.memory.fit).lower()}[/red]: `slimgrpo train` would refuse this run: {e}",
                       soft_wrap=True)
@@ -184,8 +182,6 @@ def _fitted(args, cfg, scope: PlanScope, budget: int | None, console: Console):
                       f"{'the plan and trace below are' if getattr(args, 'trace', False) else 'the plan below is'} "
                       "of that run", soft_wrap=True)
     return fitted, applied
-
-
 
 
 # --longest --trace also traces a length this much longer than the answer, when the trace at the answer took
@@ -202,13 +198,13 @@ def longest_command(args, cfg, shape, device: str, console: Console) -> int:
     import time
 
     from slimgrpo.plan.longest import KINDS, longest_context
-    from slimgrpo.plan.planner import CUDA_TRACE_MARGIN
+    from slimgrpo.trace.step import CUDA_TRACE_MARGIN
 
     spec = args.budget or cfg.memory.budget
     if not spec:
         raise ConfigError("slimgrpo plan --longest needs a budget: --budget 80GiB (or memory.budget in the config)")
     budget = budget_bytes(spec, device, cfg.run.device)
-    inputs = plan_inputs(cfg, device, vocab=shape.vocab)
+    inputs = run_spec(cfg, device, vocab=shape.vocab)
     overhead = plan_memory(shape, inputs).framework_bytes
     # The trace's device peak is tensors x (1 + margin) + overhead on CUDA: search against the budget that leaves it.
     margin = CUDA_TRACE_MARGIN if device == "cuda" else 0.0
@@ -253,13 +249,12 @@ def _trace_line(cfg, shape, device: str, budget: int, found, length: int, consol
     """Trace ``found``'s settings with the long part at ``length`` tokens and print the device peak against the
     budget."""
     from slimgrpo.output.console import quiet_third_party
-    from slimgrpo.trace.step import trace_step
 
     quiet_third_party(cfg.log.verbose)
     key = "data.max_prompt_length" if found.kind == "prompt-heavy" else "rollout.max_completion_length"
     traced_cfg = from_dict(merge_overrides(cfg.to_dict(), overrides_for(found.changes) + [f"{key}={length}"]),
                            base_dir=cfg.base_dir, origins=cfg.path_origins)
-    result = trace_step(traced_cfg, shape, device)
+    result = trace_config(traced_cfg, shape, device)
     verdict = "[green]fits[/green]" if result.device_peak_bytes <= budget else "[red]over[/red]"
     host = f", host {format_gib(result.host_peak_bytes)} GiB" if result.host_peak_bytes else ""
     ratio = (f", trace / plan {result.peak_bytes / found.plan.tensor_peak_bytes:.2f}"

@@ -17,7 +17,7 @@ from slimgrpo.config.errors import ConfigError
 from slimgrpo.config.paths import PathOrigin, resolve_paths
 from slimgrpo.config.schema import iter_fields, type_name
 from slimgrpo.config.tree import Config
-from slimgrpo.config.trl_names import TRL_KEY_HINTS
+from slimgrpo.config.trl_table import hint_for
 from slimgrpo.config.validate import validate_config
 
 
@@ -145,7 +145,7 @@ def all_keys() -> list[str]:
 def unknown_key_message(key: str) -> str:
     keys = all_keys()
     leaf = key.rsplit(".", 1)[-1]
-    trl_hint = TRL_KEY_HINTS.get(leaf)  # a TRL name (bf16, gradient_accumulation_steps): say what slimgrpo calls it
+    trl_hint = hint_for(leaf)  # a TRL name (bf16, gradient_accumulation_steps): say what slimgrpo calls it
     if trl_hint:
         return (f"unknown config key {key!r}. {trl_hint} (`slimgrpo train --trl-config FILE` reads a TRL "
                 "grpo YAML as it is; `slimgrpo train --help-config` lists every key.)")

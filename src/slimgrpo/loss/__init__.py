@@ -1,18 +1,17 @@
-"""slimgrpo.loss: chunked LM-head log-probs and the GRPO-family objectives.
+"""slimgrpo.loss: the chunked LM head and the GRPO-family objectives, pure tensor functions (no model runs here:
+``slimgrpo.forward`` takes a model's rows to the hidden states these take).
 
-Two halves kept apart: ``logprobs`` turns a model and token ids into per-token log-probs without
-materialising logits, and ``objectives`` turns log-probs and advantages into a scalar loss (with the
-per-token policy terms of each loss type and the token masks in ``policy_losses``).
+- ``chunked_head``: per-token log-probs (and entropy) of hidden states through the LM head, chunk by chunk, with
+  its backward, so that ``[rows, tokens, vocab]`` logits never exist; ``fused``: the head and a separable
+  objective in one pass;
+- ``objectives``: log-probs and advantages to a scalar loss (``grpo_loss``, every ``loss_type``), with the
+  per-token policy terms and the token masks in ``policy_losses``; ``entropy_control``: the adaptive entropy
+  bonus's coefficient; ``settings``: ``LossSettings`` from the config;
+- ``costs``: what the head and the loss hold (the planner's loss line).
 """
 
-from slimgrpo.loss.logprobs import (
-    HeadSpec,
-    auto_token_chunk,
-    chunked_token_logprobs,
-    completion_logprobs,
-    completion_position_ids,
-    lm_head_spec,
-)
+from slimgrpo.config.sections.loss import auto_token_chunk
+from slimgrpo.loss.chunked_head import HeadSpec, chunked_token_logprobs
 from slimgrpo.loss.objectives import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
@@ -49,14 +48,11 @@ __all__ = [
     "chunked_token_logprobs",
     "cispo_term",
     "clipped_surrogate",
-    "completion_logprobs",
-    "completion_position_ids",
     "entropy_threshold",
     "grpo_loss",
     "high_entropy_mask",
     "k3_kl",
     "kl_weight",
-    "lm_head_spec",
     "off_policy_keep",
     "sapo_term",
     "sequence_log_ratio",

@@ -47,7 +47,6 @@ from slimgrpo.loss.chunked_head import (
     _workspace,
     chunked_token_logprobs,
 )
-from slimgrpo.loss.logprobs import CompletionRows, layout_hidden
 
 FlatObjective = Callable[[Tensor], Tensor]  # logp [n] float32 (with grad) -> scalar loss
 
@@ -224,34 +223,4 @@ def fused_token_loss(
                                 _FusedPass(objective, tf, token_chunk, return_entropy))
 
 
-def completion_loss(
-    model,
-    rows: CompletionRows,
-    objective: Callable[[Tensor], Tensor],
-    *,
-    temperature: float = 1.0,
-    token_chunk: int | None = None,
-    return_entropy: bool = False,
-    hidden_fn=None,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """``objective(logp)`` of a causal LM's completions through the fused head.
-
-    Arguments as for ``completion_logprobs`` (``rows`` and ``hidden_fn`` included); ``objective`` maps
-    ``logp [rows, T]`` float32 (zeros off ``rows.completion_mask``) to a scalar loss.  Returns ``(loss,
-    logp [rows, T], entropy [rows, T] or None)``; only ``loss`` carries gradient (into the model's parameters).
-    """
-    hidden, targets, mask, head = layout_hidden(model, rows, hidden_fn)
-
-    def flat_objective(flat: Tensor) -> Tensor:
-        return objective(torch.zeros(mask.shape, device=flat.device, dtype=flat.dtype).masked_scatter(mask, flat))
-
-    loss, logp_flat, entropy_flat = fused_token_loss(
-        hidden, head, targets, flat_objective, temperature=temperature, token_chunk=token_chunk,
-        return_entropy=return_entropy)
-    zeros = torch.zeros(mask.shape, device=logp_flat.device, dtype=torch.float32)  # [rows, T]
-    logp = zeros.masked_scatter(mask, logp_flat)
-    entropy = None if entropy_flat is None else zeros.masked_scatter(mask, entropy_flat)
-    return loss, logp, entropy
-
-
-__all__ = ["FlatObjective", "completion_loss", "fused_applicable", "fused_token_loss"]
+__all__ = ["FlatObjective", "fused_applicable", "fused_token_loss"]

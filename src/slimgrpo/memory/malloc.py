@@ -8,7 +8,7 @@ size, up to 32 MiB. After the first update frees its activations, every tensor b
 from the heaps, and one long-lived small block (a gradient, an optimizer moment, a cached tensor)
 allocated between them pins the freed space under it: the process RSS grows past what is live.
 
-Measured (issue 12, ``deep-lora-ckpt`` calibration shape: Llama, hidden 512, 8 layers, LoRA,
+Measured (the ``deep-lora-ckpt`` calibration shape: Llama, hidden 512, 8 layers, LoRA,
 checkpointing, 8 x 128 completion tokens, 2 steps): peak RSS 1,325 MiB with glibc's default
 behaviour, 820 MiB with the threshold pinned (plan: 932 MiB). Full fine-tuning probably shows it
 less because its gradients and optimizer moments are large (mmapped) blocks.
@@ -28,8 +28,8 @@ and hands the freed heap pages back (``malloc_trim``). Only the loop: what a gen
 ``mapped()``) stays under the pinned threshold. Heap blocks of that size outlive the call as free space
 in glibc's bins, which ``malloc_trim`` unmaps but glibc hands out again to later requests of any size (the
 threshold only decides how the heap grows, not whether a free chunk is reused): the prepare and update that
-follow touched them again and the gradients and optimizer moments allocated among them pinned them (issue 29:
--713 MiB at the peak of a full fine-tune with a 3,500-token prompt). ``SLIMGRPO_MALLOC_MMAP_THRESHOLD`` overrides the
+follow touched them again and the gradients and optimizer moments allocated among them pinned them
+(-713 MiB at the peak of a full fine-tune with a 3,500-token prompt once the generation heap was trimmed). ``SLIMGRPO_MALLOC_MMAP_THRESHOLD`` overrides the
 value (bytes; ``0`` or ``off`` leaves glibc alone); a ``MALLOC_MMAP_THRESHOLD_`` set by the user for
 glibc itself is respected. Other allocators (jemalloc or tcmalloc through ``LD_PRELOAD``) do not read
 glibc's setting and are not affected.

@@ -2,7 +2,7 @@
 
 torch's caching host allocator (``torch.empty(..., pin_memory=True)``) rounds every block up to a power of two
 and keeps it for reuse: a 591 MB layer checkpoint of the 72K-token Qwen3-8B row held 1 GiB, ~36 GiB pinned
-against the 20.8 GiB the plan counted (issue 42). torch 2.13 can stop the rounding above a size
+against the 20.8 GiB the plan counted. torch 2.13 can stop the rounding above a size
 (``PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:N``), but its cache then keeps an exact-size block for
 every size it ever saw, and micro-batches trimmed to their longest row change size every step.
 

@@ -1,9 +1,22 @@
-"""The memory planner: predict peak memory per component (planner, formulas, shapes), fit a budget (advice,
-check, longest), and the plan's words (tricks). Its measuring twin, the trace, is slimgrpo.trace."""
+"""The memory planner, by job:
 
-from slimgrpo.plan.advice import fit_to_budget, parse_bytes, render_plan, suggest_fixes
-from slimgrpo.plan.planner import MemoryPlan, PlanInputs, plan_memory
-from slimgrpo.plan.shapes import ModelShape, load_shape, preset_shapes
+- the memory model (``model.py``: ``plan_memory`` adds up the stages' cost lines, ``resolve`` decides what the
+  config leaves to the plan; ``types.py``: ``MemoryPlan``; ``sharding.py``: FSDP2's share of each line);
+- the search for settings that fit a budget (``search.py``: ``fit_to_budget``; ``longest.py``: the longest
+  context that fits);
+- the admission of a run (``admission.py``: ``admit``, its plan against ``memory.budget``, refused or fitted;
+  ``trace_config``, the trace of a config as the run resolves it);
+- the rendering (``render.py``: ``render_plan``, ``render_trace``).
 
-__all__ = ["MemoryPlan", "ModelShape", "PlanInputs", "fit_to_budget", "load_shape", "parse_bytes",
-           "plan_memory", "preset_shapes", "render_plan", "suggest_fixes"]
+Its measuring twin, the trace, is ``slimgrpo.trace``; what a run is in numbers, ``slimgrpo.spec``.
+"""
+
+from slimgrpo.plan.admission import admit, trace_config
+from slimgrpo.plan.longest import longest_context
+from slimgrpo.plan.model import plan_memory, resolve
+from slimgrpo.plan.render import render_plan, render_trace
+from slimgrpo.plan.search import fit_to_budget, suggest_fixes
+from slimgrpo.plan.types import MemoryPlan
+
+__all__ = ["MemoryPlan", "admit", "fit_to_budget", "longest_context", "plan_memory", "render_plan", "render_trace",
+           "resolve", "suggest_fixes", "trace_config"]

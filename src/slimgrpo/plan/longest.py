@@ -25,10 +25,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from slimgrpo.plan.advice import LADDER_SAME_TASK, fit_to_budget
-from slimgrpo.plan.types import MemoryPlan, PlanInputs
-from slimgrpo.plan.planner import plan_memory
-from slimgrpo.plan.shapes import ModelShape
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.plan.search import LADDER_SAME_TASK, fit_to_budget
+from slimgrpo.plan.types import MemoryPlan
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.spec.shape import ModelShape
 
 KINDS = ("prompt-heavy", "completion-heavy")
 # Searched up to this many tokens when the model names no position limit.
@@ -43,7 +44,7 @@ class Longest:
     prompt: int  # tokens at the answer (the long part, or the config's when it is the short part)
     completion: int
     fits: bool  # False: not even one token of the long part fits (then prompt / completion are the shortest tried)
-    changes: dict[str, Any] = field(default_factory=dict)  # PlanInputs fields the fit changed at the answer
+    changes: dict[str, Any] = field(default_factory=dict)  # RunSpec fields the fit changed at the answer
     plan: MemoryPlan | None = None  # the fitted plan at the answer
     limit: int = 0  # the most prompt + completion tokens the model takes (0: unknown, searched to UNKNOWN_LIMIT)
     at_limit: bool = False  # the whole window fits: the answer is the position limit, not the budget
@@ -57,7 +58,7 @@ class Longest:
         return self.prompt if self.kind == "prompt-heavy" else self.completion
 
 
-def with_length(inputs: PlanInputs, kind: str, length: int) -> PlanInputs:
+def with_length(inputs: RunSpec, kind: str, length: int) -> RunSpec:
     """``inputs`` with the long part of ``kind`` set to ``length`` tokens."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -65,7 +66,7 @@ def with_length(inputs: PlanInputs, kind: str, length: int) -> PlanInputs:
     return dataclasses.replace(inputs, **{field_name: length})
 
 
-def fitted(shape: ModelShape, inputs: PlanInputs, budget: int,
+def fitted(shape: ModelShape, inputs: RunSpec, budget: int,
            host_budget: int | None = None) -> tuple[bool, dict[str, Any], MemoryPlan]:
     """(fits, the fit's changes, the fitted plan): ``memory.fit``'s ladder without shorter completions."""
     final, steps, fits = fit_to_budget(shape, inputs, budget, host_budget, LADDER_SAME_TASK)
@@ -76,7 +77,7 @@ def fitted(shape: ModelShape, inputs: PlanInputs, budget: int,
     return fits, changes, plan
 
 
-def longest_context(shape: ModelShape, inputs: PlanInputs, budget: int, kind: str,
+def longest_context(shape: ModelShape, inputs: RunSpec, budget: int, kind: str,
                     host_budget: int | None = None) -> Longest:
     """The longest ``kind`` sequence whose plan, fitted as ``memory.fit`` fits it, is within ``budget``.
 
@@ -123,7 +124,7 @@ class SmallestBudget:
     found: Longest  # the longest-context answer at that budget: the whole requested length, its changes and plan
 
 
-def smallest_budget(shape: ModelShape, inputs: PlanInputs, kind: str, length: int | None = None,
+def smallest_budget(shape: ModelShape, inputs: RunSpec, kind: str, length: int | None = None,
                     host_budget: int | None = None, margin: float = 0.0, step: int = 1 << 26) -> SmallestBudget:
     """The smallest device budget (a multiple of ``step`` bytes, 64 MiB by default) at which the ``kind``
     sequence with its long part at ``length`` tokens (default: the model's whole window less the short part)

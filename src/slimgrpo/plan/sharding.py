@@ -20,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from slimgrpo.plan.types import Component, PlanInputs
-from slimgrpo.plan.shapes import ModelShape
+from slimgrpo.spec.cost import Component, num
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.spec.shape import ModelShape
 
 SHARDED = ("weights", "LoRA adapters", "gradients", "optimizer state", "critic adapter + value head",
            "critic model + value head", "critic gradients", "critic optimizer state", "fp32 master weights",
@@ -33,7 +34,7 @@ def root_group_params(shape: ModelShape) -> int:
     return shape.embedding_params * (1 if shape.tie else 2) + shape.hidden
 
 
-def shard_components(shape: ModelShape, x: PlanInputs, components: list[Component]) -> list[Component]:
+def shard_components(shape: ModelShape, x: RunSpec, components: list[Component]) -> list[Component]:
     """``components`` as one rank of ``x.fsdp_shards`` holds them (unchanged for 1)."""
     n = x.fsdp_shards
     if n <= 1:

@@ -31,8 +31,7 @@ from transformers import DynamicCache
 
 from slimgrpo.collectives import Collectives
 from slimgrpo.memory.malloc import generation_heap, mapped
-from slimgrpo.plan.formulas import PREFILL_CHUNK_TOKENS
-from slimgrpo.plan.generation import DECODE_PACK_MIN_BYTES
+from slimgrpo.rollout.costs import DECODE_PACK_MIN_BYTES, PREFILL_CHUNK_TOKENS
 from slimgrpo.containers import Rollout
 from . import cuda_graph
 from .decode import make_stepper
@@ -71,7 +70,8 @@ class TorchRolloutEngine:
 
     Args:
         model: the trainer's model: a ``transformers`` causal LM or a ``peft.PeftModel`` (active
-            adapters are used). Its train/eval mode is restored after every call.
+            adapters are used), or its ``CausalLMParts`` (a memory trace makes them with its simulated
+            ``DeviceTarget``: ``slimgrpo/target.py``). Its train/eval mode is restored after every call.
         max_batch_rows: most rows decoded at once (bounds KV-cache memory); ``None`` = all rows.
             Rows are split in group order; a chunk prefills only the prompts it needs.
         drop_finished_fraction: finished rows stay in the batch (fed padding) until they make up this
@@ -80,8 +80,8 @@ class TorchRolloutEngine:
             head, ``"all"`` also the decoder's linear layers, q/k/v and gate/up stacked (one more copy of
             the decoder weights while generating), ``"none"`` nothing (and no LoRA merge); ``"auto"`` is
             ``"all"`` where the lean stepper decodes and the projections hold at least 64 MiB, ``"head"``
-            elsewhere (``_packing``). The trainer passes the memory plan's choice
-            (``memory.planner.decode_packing``).
+            elsewhere (``_packing``). A run passes its resolved spec's choice (``spec.decode_packing``, decided by
+            the planner: ``plan.model.decode_packing``).
             See ``CausalLMParts.packed_weights``.
         lean_decode: run decode steps through ``decode.LlamaStepper`` (Llama/Qwen2/Qwen3/Mistral
             without sliding windows) instead of the model's own forward. ``None`` = where supported,
@@ -98,7 +98,7 @@ class TorchRolloutEngine:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Module | CausalLMParts,
         *,
         max_batch_rows: int | None = None,
         drop_finished_fraction: float = 0.25,
@@ -112,7 +112,7 @@ class TorchRolloutEngine:
             raise ValueError(f"max_batch_rows must be a positive int or None, got {max_batch_rows!r}")
         if not 0.0 <= drop_finished_fraction <= 1.0:
             raise ValueError(f"drop_finished_fraction must be in [0, 1], got {drop_finished_fraction}")
-        self.parts = CausalLMParts(model)
+        self.parts = model if isinstance(model, CausalLMParts) else CausalLMParts(model)
         self.max_batch_rows = max_batch_rows
         self.drop_finished_fraction = drop_finished_fraction
         if pack_weights not in ("auto", "head", "all", "none"):

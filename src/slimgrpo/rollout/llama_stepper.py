@@ -14,10 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from slimgrpo.plan.target import device_kind
+from slimgrpo.families import llama_like
 from .model_parts import CausalLMParts, stacked_product
-
-_LLAMA_LIKE = ("llama", "qwen2", "qwen3", "mistral")
 
 
 class LlamaStepper:
@@ -27,7 +25,7 @@ class LlamaStepper:
     def supports(parts: CausalLMParts, total_len: int) -> bool:
         """True when this stepper reproduces the model's own forward for sequences up to ``total_len``."""
         config = parts.config.get_text_config() if hasattr(parts.config, "get_text_config") else parts.config
-        if getattr(config, "model_type", None) not in _LLAMA_LIKE:
+        if not llama_like(getattr(config, "model_type", None)):
             return False
         layer_types = getattr(config, "layer_types", None) or []
         if any(kind != "full_attention" for kind in layer_types):
@@ -66,7 +64,7 @@ class LlamaStepper:
         self.gate_up_stacked = [parts.fused.get((getattr(l.mlp, "gate_proj", None), getattr(l.mlp, "up_proj", None)))
                                 for l in self.layers]
         self.next_pos = prompt_mask.sum(-1)  # [b]
-        self.native_gqa = device_kind(prompt_mask) == "cpu"
+        self.native_gqa = parts.target.kind_of(prompt_mask) == "cpu"
 
         dtype = cache.layers[0].keys.dtype
         self._init_kv(cache, n, P, max_new)

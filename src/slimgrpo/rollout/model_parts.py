@@ -17,13 +17,13 @@ import torch
 from torch import nn
 
 from slimgrpo.causal_lm import unwrap_causal_lm
-from slimgrpo.plan.target import device_kind, planned
+from slimgrpo.target import DeviceTarget
 
 
 class CausalLMParts:
     """Decoder, LM head and logit post-processing of a (possibly peft-wrapped) causal LM."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, target: DeviceTarget | None = None) -> None:
         base = unwrap_causal_lm(model)
         if not hasattr(base, "get_decoder") or not hasattr(base, "get_output_embeddings"):
             raise ValueError(
@@ -50,6 +50,10 @@ class CausalLMParts:
         self.merged: dict[nn.Module, torch.Tensor] = {}
         self.handled: set[nn.Module] = set()  # modules in ``packed`` or ``fused`` (or a trace's stand-in)
         self.standins: list[torch.Tensor] = []  # a memory trace's packed copies (``_reorder``)
+        # The device whose choices decoding takes (the LoRA merge, oneDNN packing, GQA without repeated K/V): the
+        # weights' own, or the one a memory trace simulates (slimgrpo/target.py)
+        param = next(model.parameters(), None)
+        self.target = target or DeviceTarget.of(param if param is not None else torch.device("cpu"))
 
     @property
     def device(self) -> torch.device:
@@ -106,8 +110,8 @@ class CausalLMParts:
         ``decode weights`` line). The merged copies are separate tensors: the base weights are never
         modified.
 
-        Both choices follow :func:`~slimgrpo.plan.target.device_kind`: a trace of a CUDA step (fake
-        tensors on the CPU device) takes the CUDA path, which merges and packs nothing.
+        Both choices follow ``self.target`` (``slimgrpo/target.py``): a trace of a CUDA step (fake tensors on the
+        CPU device) takes the CUDA path, which merges and packs nothing.
         """
         if which not in ("auto", "head", "all", "none"):
             raise ValueError(f"pack_weights must be 'auto', 'head', 'all' or 'none', got {which!r}")
@@ -124,7 +128,7 @@ class CausalLMParts:
                         self._pack(module, rows)
             if which != "none":  # LoRA layers not packed above decode through a merged weight
                 for module in self.decoder.modules():
-                    if module not in self.handled and _mergeable(module):
+                    if module not in self.handled and _mergeable(module, self.target):
                         self.merged[module] = _merged_weight(module)
         try:
             yield
@@ -138,12 +142,12 @@ class CausalLMParts:
     def _weight_and_bias(self, module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """The weight a decode product uses (a LoRA layer's ``W + scale B A``, made here and dropped once
         packed) and its bias; None where it cannot be packed."""
-        if _mergeable(module):
+        if _mergeable(module, self.target):
             base = module.base_layer
-            if not _packable_weight(base.weight):
+            if not _packable_weight(base.weight, self.target):
                 return None
             return _merged_weight(module), base.bias
-        if type(module) is not nn.Linear or not _packable_weight(module.weight):
+        if type(module) is not nn.Linear or not _packable_weight(module.weight, self.target):
             return None
         return module.weight.detach(), module.bias
 
@@ -177,7 +181,7 @@ class CausalLMParts:
         try:
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
         except (RuntimeError, AttributeError, NotImplementedError, TypeError):  # op missing or refused
-            if planned() is None:
+            if not self.target.simulated:
                 return None
             self.standins.append(torch.empty_like(weight))
             packed = None
@@ -202,7 +206,7 @@ def _projection_groups(decoder: nn.Module) -> list[tuple[nn.Module, ...]]:
     return groups
 
 
-def _mergeable(module: nn.Module) -> bool:
+def _mergeable(module: nn.Module, target: DeviceTarget) -> bool:
     """A peft LoRA ``Linear`` on CPU whose active adapters are plain LoRA (no DoRA), not merged into
     the base already, adapters enabled, over a plain ``nn.Linear`` base."""
     base = getattr(module, "base_layer", None)
@@ -215,7 +219,7 @@ def _mergeable(module: nn.Module) -> bool:
         and not getattr(module, "disable_adapters", False)
         and not any(getattr(module, "use_dora", {}).get(a, False) for a in active)
         and not getattr(module, "fan_in_fan_out", False)
-        and device_kind(base.weight) == "cpu"
+        and target.kind_of(base.weight) == "cpu"
         and not hasattr(base.weight, "device_mesh")
     )
 
@@ -232,10 +236,10 @@ def _merged_weight(module: nn.Module) -> torch.Tensor:
     return total.add_(weight).to(weight.dtype)
 
 
-def _packable_weight(weight: torch.Tensor) -> bool:
+def _packable_weight(weight: torch.Tensor, target: DeviceTarget) -> bool:
     """A float32 CPU weight oneDNN can pack (not a sharded DTensor, not a CUDA trace's stand-in)."""
     return (
-        device_kind(weight) == "cpu"
+        target.kind_of(weight) == "cpu"
         and weight.dtype == torch.float32
         and not hasattr(weight, "device_mesh")  # a sharded DTensor (FSDP2)
         and torch.backends.mkldnn.is_available()

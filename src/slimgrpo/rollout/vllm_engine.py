@@ -36,7 +36,7 @@ from torch import nn
 from slimgrpo.causal_lm import unwrap_causal_lm
 from slimgrpo.config.sections.rollout import device_kind
 from slimgrpo.containers import Rollout
-from slimgrpo.plan.vllm import vllm_kv_pool_bytes
+from slimgrpo.rollout.costs import vllm_kv_pool_bytes
 from .sampling import SamplingParams
 
 CRITIC_ADAPTER = "critic"  # modeling.CRITIC_ADAPTER, PPO's value adapter (rollout/ may not import modeling)
@@ -81,7 +81,7 @@ class VllmSettings:
 
 
 def kv_cache_bytes(model_config, tokens: int, dtype_bytes: int) -> int:
-    """Bytes of a KV pool holding ``tokens`` positions: the planner's formula (plan/vllm.py) on this model."""
+    """Bytes of a KV pool holding ``tokens`` positions (``costs.vllm_kv_pool_bytes``, the plan's line) on this model."""
     layers = model_config.num_hidden_layers
     heads = getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads
     head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads

@@ -1,15 +1,15 @@
 """``slimgrpo plan --trace``: one real GRPO step of a config, at full size, on fake tensors.
 
-    from slimgrpo.trace.step import trace_step
-    result = trace_step(cfg, load_shape("llama-3.1-8b"), device="cuda")
+    from slimgrpo.plan import trace_config        # the spec resolved as a run resolves it
+    result = trace_config(cfg, load_shape("llama-3.1-8b"), device="cuda")
     result.peak_bytes, result.phases["update"].by_tag
 
 The model is built on the ``meta`` device and materialised with ``to_empty`` inside
 ``FakeTensorMode``: every tensor has its real shape, dtype and storage size and no data, so no memory
 is allocated and no GPU is needed. Then the trainer's own code runs, under a
-:class:`~slimgrpo.trace.live_bytes.LiveBytes` tracker and with the planned device set
-(:func:`~slimgrpo.plan.target.planned_device`), so every choice the step makes by device (LoRA merge
-and weight packing in the rollout, the offload path) is the one a run on ``device`` makes:
+:class:`~slimgrpo.trace.live_bytes.LiveBytes` tracker, its rollout engine and update built with a simulated
+``DeviceTarget`` of the spec's device (``slimgrpo/target.py``), so every choice the step makes by device (LoRA
+merge and weight packing in the rollout, the offload path) is the one a run on that device makes:
 
 * **resident**: weights (LoRA adapters apart), the full-fine-tuning reference copy, optimizer state
   (created by one warm-up step before tracking, as every step after a run's first has it), the
@@ -35,7 +35,8 @@ heaps), workspaces libraries take outside PyTorch tensors (cuBLAS, cuDNN, oneDNN
 NCCL), kernels that allocate internally, the CUDA context and the Python / torch runtime. The
 kernels traced are CPU's: ``sdpa`` without a mask runs the flash kernel (saves output + log-sum-exp,
 as CUDA's flash / memory-efficient kernels do), ``eager`` saves the attention matrix. On CPU the
-runtime is ``formulas.cpu_runtime_bytes`` (the imports and the tokenizer, measured); on CUDA we add ``CUDA_FRAMEWORK_OVERHEAD_BYTES``
+runtime is ``memory.footprint.cpu_runtime_bytes`` (the imports and the tokenizer, measured); on CUDA we add
+``CUDA_FRAMEWORK_OVERHEAD_BYTES``
 and a margin of ``CUDA_TRACE_MARGIN`` of the traced peak for the allocator (an assumption until a GPU
 run measures it: ``benchmarks/gpu_suite.py``).
 """
@@ -51,11 +52,17 @@ from dataclasses import dataclass, field
 import torch
 
 from slimgrpo.memory.attention import cpu_gqa
+from slimgrpo.memory.footprint import CUDA_FRAMEWORK_OVERHEAD_BYTES, cpu_runtime_bytes
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.spec.shape import ModelShape
+from slimgrpo.target import DeviceTarget
 from slimgrpo.trace.live_bytes import LiveBytes, PhasePeak
-from slimgrpo.plan.formulas import cpu_runtime_bytes
-from slimgrpo.plan.planner import CUDA_FRAMEWORK_OVERHEAD_BYTES, CUDA_TRACE_MARGIN
-from slimgrpo.plan.shapes import ModelShape
-from slimgrpo.plan.target import planned_device
+
+# Caching allocator rounding, fragmentation and stream-ordered reuse on CUDA, as a fraction of the tensor
+# peak: what the trace adds for its device peak (trace/step.py), and the least headroom `slimgrpo plan`
+# asks of a budget before it says "fits" without a warning. A documented guess (docs/memory.md#trace), to be
+# replaced by the measured max_memory_reserved / traced ratio of the GPU suite.
+CUDA_TRACE_MARGIN = 0.10
 
 # Tags of what a CUDA run holds in host memory, not on the GPU: counted apart (TraceResult.host_peak_bytes).
 HOST_TAGS = ("offloaded checkpoints", "reference policy")
@@ -108,18 +115,15 @@ def materialise(model):
     return model
 
 
-def trace_step(cfg, shape: ModelShape, device: str = "cpu", generation: bool = True,
-               decode_steps: int = 2, prompt_tokens: int | None = None) -> TraceResult:
-    """Trace one step of ``cfg`` for a model of ``shape`` (``cfg.model.path`` is not read). ``prompt_tokens``:
-    the data's longest prompt, which the traced prompts take (as ``plan.check.plan_inputs``; at most
-    data.max_prompt_length), None: data.max_prompt_length."""
+def trace_step(cfg, shape: ModelShape, spec: RunSpec, generation: bool = True, decode_steps: int = 2) -> TraceResult:
+    """Trace one step of ``cfg`` for a model of ``shape`` (``cfg.model.path`` is not read) on the device of
+    ``spec``, the run's spec with its choices resolved (``plan.model.resolve``: the tiled MLP, the decode packing;
+    ``plan.trace_config`` makes both from a config). Its prompts are ``cfg``'s data.max_prompt_length long."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from slimgrpo.trace.fake_data import FakeData
 
-    if prompt_tokens is not None and prompt_tokens < cfg.data.max_prompt_length:  # the trace's own copy
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_prompt_length=prompt_tokens))
-
+    device = spec.device
     t0 = time.perf_counter()
     notes: list[str] = []
     # On CUDA these live in host memory (as the plan's location="host" lines): counted apart from the device peak
@@ -128,19 +132,19 @@ def trace_step(cfg, shape: ModelShape, device: str = "cpu", generation: bool = T
         host_tags = tuple(t for t in host_tags if t != "reference policy")
         notes.append("memory.reference_placement=device: the reference copy counted on the device")
     tracker = LiveBytes(default_tag="update other", host_tags=host_tags)
-    meta, reference = _prepared_meta(cfg, shape, device, notes)
+    meta, reference = _prepared_meta(cfg, shape, spec, notes)
     if cfg.memory.optimizer == "adamw_8bit":
         notes.append("8-bit AdamW: a stand-in keeps bitsandbytes' blockwise state (two uint8 moments, fp32 "
                      "absmax per 256) and steps in place like its fused kernel (trace/standins.py)")
-    # Every choice that shapes the step's memory follows the device planned for, not the fake tensors' CPU
-    # device (plan/target.py): a CUDA trace decodes LoRA without the CPU's merged weights, packs nothing.
-    with planned_device(device, host=lambda: tracker.tag("offloaded checkpoints")), cpu_gqa(device), \
-            FakeTensorMode(allow_non_fake_inputs=True), FakeData():
-        runner, model = _build(cfg, meta, reference)
+    # Every choice that shapes the step's memory follows the device traced for, not the fake tensors' CPU device
+    # (slimgrpo/target.py): a CUDA trace decodes LoRA without the CPU's merged weights, packs nothing.
+    target = DeviceTarget(device, host=lambda: tracker.tag("offloaded checkpoints"), simulated=True)
+    with cpu_gqa(device), FakeTensorMode(allow_non_fake_inputs=True), FakeData():
+        runner, model = _build(cfg, meta, reference, spec, target)
         with tracker:
             _track_resident(tracker, runner, cfg)
             if generation:
-                kv = _trace_generation(tracker, model, cfg, shape, decode_steps, notes)
+                kv = _trace_generation(tracker, model, cfg, shape, spec, target, decode_steps, notes)
             else:
                 kv = 0
             _trace_update(tracker, runner, cfg, shape)
@@ -151,12 +155,13 @@ def trace_step(cfg, shape: ModelShape, device: str = "cpu", generation: bool = T
                        time.perf_counter() - t0, notes, tracker.host_peak_bytes)
 
 
-def _prepared_meta(cfg, shape: ModelShape, device: str, notes: list[str]):
+def _prepared_meta(cfg, shape: ModelShape, spec: RunSpec, notes: list[str]):
     """The policy on ``meta``, through ``prepare_for_training`` (LoRA, checkpointing, dropout), and the
     full-fine-tuning reference copy (``beta > 0``) as a second ``meta`` model: peft and ``deepcopy``
     cannot move fake parameters, so everything is prepared before it is materialised."""
     from slimgrpo.modeling import prepare_for_training
 
+    device = spec.device
     dtype, attn = compute_dtype(cfg, device), cfg.model.attn_implementation or "sdpa"
     if attn == "flash_attention_2":  # CUDA-only kernel; CPU sdpa without a mask saves what it saves
         attn = "sdpa"
@@ -170,7 +175,7 @@ def _prepared_meta(cfg, shape: ModelShape, device: str, notes: list[str]):
                      "absmax per 64, double-quantised) and dequantises it to the compute dtype per matmul "
                      "(trace/standins.py)")
     model, _ = prepare_for_training(model, dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, beta=0.0)))
-    _tile(cfg, shape, device, model, notes)
+    _tile(spec, model, notes)
     reference = None
     if cfg.loss.beta > 0 and not cfg.lora.enabled:
         reference = meta_model(shape, dtype, attn).eval().requires_grad_(False)
@@ -180,14 +185,11 @@ def _prepared_meta(cfg, shape: ModelShape, device: str, notes: list[str]):
     return model, reference
 
 
-def _tile(cfg, shape: ModelShape, device: str, model, notes: list[str]) -> None:
-    """memory.tiled_mlp as the run applies it (``memory.check.apply_tiled_mlp``: the plan decides ``auto``;
-    all MLPs or none)."""
-    from slimgrpo.plan.check import plan_inputs
-    from slimgrpo.plan.planner import tiled_mlp_on
+def _tile(spec: RunSpec, model, notes: list[str]) -> None:
+    """memory.tiled_mlp as the run applies it (the resolved spec's ``tiled_mlp``; all MLPs or none)."""
     from slimgrpo.memory.tiled_mlp import tile_mlps, untile_mlps
 
-    if not tiled_mlp_on(shape, plan_inputs(cfg, device, vocab=shape.vocab)):
+    if spec.tiled_mlp != "on":
         return
     report = tile_mlps(model)
     if report.complete:
@@ -198,7 +200,7 @@ def _tile(cfg, shape: ModelShape, device: str, model, notes: list[str]) -> None:
         notes.append(f"tiled MLP asked for, but cannot tile {'; '.join(report.unknown)}: traced untiled")
 
 
-def _build(cfg, model, reference):
+def _build(cfg, model, reference, spec: RunSpec, target: DeviceTarget):
     """Materialise the prepared meta models (inside ``FakeTensorMode``) and build the trainer's update."""
     from slimgrpo.trace.synthetic import UpdateOnly
 
@@ -207,7 +209,7 @@ def _build(cfg, model, reference):
     eight_bit = cfg.memory.optimizer == "adamw_8bit"
     if eight_bit:  # bitsandbytes (CUDA) and torchao (torch.compile) cannot run here: a stand-in of its memory
         cfg = dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, optimizer="adamw"))
-    runner = UpdateOnly(cfg, model, device="cpu", prepared=True, reference_cpu=reference)
+    runner = UpdateOnly(cfg, model, device="cpu", prepared=True, reference_cpu=reference, spec=spec, target=target)
     if eight_bit:
         from slimgrpo.trace.standins import AdamW8bitStandIn
 
@@ -239,19 +241,15 @@ def _tensors_of(obj):
             yield from _tensors_of(v)
 
 
-def _trace_generation(tracker: LiveBytes, model, cfg, shape: ModelShape, decode_steps: int,
-                      notes: list[str]) -> int:
+def _trace_generation(tracker: LiveBytes, model, cfg, shape: ModelShape, spec: RunSpec, target: DeviceTarget,
+                      decode_steps: int, notes: list[str]) -> int:
     from slimgrpo.rollout.engine import TorchRolloutEngine
+    from slimgrpo.rollout.model_parts import CausalLMParts
     from slimgrpo.rollout.sampling import SamplingParams
 
-    from slimgrpo.plan.check import plan_inputs
-    from slimgrpo.plan.planner import decode_packing
-    from slimgrpo.plan.target import planned
-
     r = cfg.rollout
-    packing = decode_packing(shape, plan_inputs(cfg, planned() or "cpu", vocab=shape.vocab))  # as the run (trainer)
-    engine = TorchRolloutEngine(model, max_batch_rows=r.max_batch_rows, kv_cache_dtype=r.kv_cache_dtype,
-                                pack_weights=packing)
+    engine = TorchRolloutEngine(CausalLMParts(model, target), max_batch_rows=r.max_batch_rows,  # as train/build.py
+                                kv_cache_dtype=r.kv_cache_dtype, pack_weights=spec.decode_packing)
     calls = {"n": 0, "kv": 0}
     logits = engine.parts.logits
 
@@ -303,3 +301,4 @@ def _trace_update(tracker: LiveBytes, runner, cfg, shape: ModelShape) -> None:
         for h in handles:
             h.remove()
         tracker.set_tag("update other")
+

@@ -3,11 +3,11 @@
 Measuring the memory of a long-context update (e.g. 8 completions x 20K tokens) by really sampling
 20K tokens per row costs 20K decode steps. The update does not care what the tokens are, only how
 many there are, so this module builds a :class:`~slimgrpo.containers.Rollout` of random token ids with
-pinned lengths and runs the trainer's own update stage on it (``update/``: ``Updater.prepare`` and
-``Updater.step``: old / reference log-probs, micro-batched forward + backward through the chunked loss,
-gradient clipping, optimizer step) -- the same code a real step runs after scoring.
+pinned lengths and runs the trainer's own update stage on it (``update/``: ``Updater.update``: old / reference
+log-probs, micro-batched forward + backward through the chunked loss, gradient clipping, optimizer step) -- the
+same code a real step runs after scoring.
 
-    from slimgrpo.plan.shapes import load_shape
+    from slimgrpo.spec.shape import load_shape
     from slimgrpo.trace.synthetic import random_causal_lm, synthetic_rollout, UpdateOnly
 
     shape = load_shape("llama-3.1-8b")
@@ -15,7 +15,7 @@ gradient clipping, optimizer step) -- the same code a real step runs after scori
     runner = UpdateOnly(cfg, model)           # cfg: a Config (lora, memory, loss, optim sections)
     stats = runner.step(synthetic_rollout(1, 8, 256, 20_000, shape.vocab, device="cuda"))
 
-Works on any device and any shape that :mod:`slimgrpo.plan.shapes` describes (llama, mistral,
+Works on any device and any shape that :mod:`slimgrpo.spec.shape` describes (llama, mistral,
 qwen2, qwen3 families). Nothing is downloaded: weights are random.
 """
 
@@ -28,8 +28,10 @@ from typing import Any
 import torch
 
 from slimgrpo.config import Config
-from slimgrpo.plan.shapes import ModelShape
 from slimgrpo.containers import Rollout
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.spec.shape import ModelShape
+from slimgrpo.target import DeviceTarget
 
 
 def hf_config(shape: ModelShape, pad_token_id: int = 0, eos_token_id: int = 1, attn_implementation: str = "sdpa",
@@ -141,18 +143,20 @@ class UpdateOnlyResult:
 
 
 class UpdateOnly:
-    """The trainer's update stage (``update.Updater``: ``prepare`` + ``step``) around a given model.
+    """The trainer's update stage (``update.Updater.update``) around a given model.
 
     ``cfg`` supplies the ``lora``, ``memory``, ``loss``, ``optim`` and ``rollout`` sections as for a
     real run (``model.path`` and ``data`` are not read). LoRA adapters, gradient checkpointing and the
     full-fine-tuning reference copy are applied as ``build_policy`` applies them, unless ``prepared``:
     then ``model`` has been through ``prepare_for_training`` already and ``reference_cpu`` is its
-    reference copy (``trace/step.py`` prepares a ``meta`` model before materialising it)."""
+    reference copy (``trace/step.py`` prepares a ``meta`` model before materialising it). ``spec`` and
+    ``target``: the update's resolved spec and device target (``update.Updater``; a trace passes both)."""
 
     def __init__(self, cfg: Config, model, device: str | torch.device | None = None, prepared: bool = False,
-                 reference_cpu=None):
+                 reference_cpu=None, spec: RunSpec | None = None, target: DeviceTarget | None = None):
         from slimgrpo.modeling import Policy, prepare_for_training
         from slimgrpo.update.optim import build_optimizer, build_scheduler
+        from slimgrpo.update.settings import UpdateSettings
         from slimgrpo.update.updater import Updater
 
         device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -161,7 +165,8 @@ class UpdateOnly:
             model, reference_cpu = prepare_for_training(model, cfg)  # exactly as build_policy does
         self.policy = Policy(model, None, device, dtype, reference_cpu)
         optimizer = build_optimizer(self.policy.trainable_parameters(), cfg, device)
-        self.updater = Updater(cfg, self.policy, model, optimizer, build_scheduler(optimizer, cfg))
+        settings = UpdateSettings.of(cfg, model, spec, target)
+        self.updater = Updater(cfg, self.policy, model, optimizer, build_scheduler(optimizer, cfg), settings=settings)
         self.cfg = cfg
 
     @property
@@ -178,11 +183,11 @@ class UpdateOnly:
         if advantages is None:
             advantages = synthetic_advantages(rollout.rows, rollout.num_generations)
         t = time.perf_counter()
-        batch = self.updater.prepare(rollout, advantages.to(self.policy.device))
-        stats, grad_norm, skipped = self.updater.step(batch)
+        result = self.updater.update(rollout, advantages.to(self.policy.device))
         if self.policy.device.type == "cuda":
             torch.cuda.synchronize(self.policy.device)
-        return UpdateOnlyResult(stats.loss, grad_norm, skipped, stats.tokens, time.perf_counter() - t)
+        return UpdateOnlyResult(result.stats.loss, result.grad_norm, result.skipped, result.stats.tokens,
+                                time.perf_counter() - t)
 
 
 def update_config(overrides: dict[str, Any] | None = None) -> Config:

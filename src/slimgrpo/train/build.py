@@ -1,21 +1,23 @@
 """A run built whole: ``build_run(cfg, inputs) -> RunParts``, every part the step loop uses, built once.
 
-    parts = build_run(cfg, RunInputs(dist))     # the model, data, engine, update stage, watch, writer, ...
-    Trainer(parts).train()                       # or, as documented: Trainer(cfg, callbacks=[...]).train()
+    parts = build_run(admission.cfg, RunInputs(dist, tokenizer=..., prompts=..., admission=admission))
+    TrainLoop(parts).train()                  # or, as documented: Trainer(cfg, callbacks=[...]).train()
 
-Why a builder apart from the ``Trainer``: the trainer used to be half-built between ``__init__`` and a
-``setup()`` that created about twenty attributes, so later code had to ask whether a part existed yet
-(``hasattr(trainer, "policy")``). Here the parts are made in one function, in the order that matters, and
-handed over as one frozen ``RunParts``: a ``Trainer`` takes them in ``__init__`` and is complete from then on.
-The helpers that build a part receive the parts they read, never the trainer.
+The parts are made in one function, in the order that matters, and handed over as one frozen ``RunParts``: a
+loop takes them in ``__init__`` and is complete from then on. The helpers that build a part receive the parts
+they read, never the loop.
+
+The run's admission (``plan/admission.py``: its plan against ``memory.budget``, the fit, what the plan decides
+for the run) happens before this, from above (``train/trainer.py``), and reaches the build as its verdict
+(``RunInputs.admission``, a ``spec.run.Admission``), which the build applies. Without one (a policy the caller
+loaded, or ``build_run`` called on its own) the run is built unplanned.
 
 The order (each step needs the ones before it):
 
 1. threads, the allocator's trim threshold, the seeds (before the model loads: the same seed gives the same
    run), then the run folder's lock (before anything is written; rank 0 holds it);
-2. the tokenizer and the prompts (``train/prompts.py``: a bad row stops the run before the weights load, and
-   the plan counts prompts at the longest), the memory check (``plan/check.py``, before any weight loads:
-   refuse, or fit, a run over ``memory.budget``), the reward functions, the policy, the tiled MLP;
+2. the tokenizer and the prompts where the caller has not read them (``train/prompts.py``), the reward
+   functions, the policy, the admission's tiled MLP and pinned-memory cap;
 3. the prompts' order, the critic (PPO), the wrapped model (DDP / FSDP2), the optimizer and its
    schedule, the sampling generator, the rollout engine, tools / environments, the reward runner;
 4. the update stage and the run's watch;
@@ -35,10 +37,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from rich.console import Console
 
 from slimgrpo import threads
 from slimgrpo.checkpoint.manager import CheckpointParts, Checkpointer
-from slimgrpo.config import Config, check_context_length, dump_config, resolve_path
+from slimgrpo.config import Config, dump_config, resolve_path
+from slimgrpo.config.errors import MemoryBudgetError
 from slimgrpo.config.validate import loss_warnings
 from slimgrpo.config.sections.rollout import resolve_engine
 from slimgrpo.data import PromptDataset, PromptSampler
@@ -46,11 +50,10 @@ from slimgrpo.distributed import wrap as launch
 from slimgrpo.distributed.context import DistContext
 from slimgrpo.evaluate.during import DuringTrainingEval, make_evaluator
 from slimgrpo.memory.malloc import pin_mmap_threshold
-from slimgrpo.modeling import (Policy, build_policy, generation_eos_ids, load_run_tokenizer, looks_like_hub_name,
-                               max_positions, read_model_config)
+from slimgrpo.memory.tiled_mlp import tile_mlps, untile_mlps
+from slimgrpo.modeling import Policy, build_policy, generation_eos_ids
 from slimgrpo.monitor.watch import RunWatch
 from slimgrpo.output.metrics import MetricsWriter
-from slimgrpo.plan.planner import decode_packing
 from slimgrpo.rewards.loading import load_reward_functions
 from slimgrpo.rewards.scoring import RewardRunner
 from slimgrpo.agent.rollout import AgentRollout
@@ -58,14 +61,16 @@ from slimgrpo.agent.setup import AgentInputs, setup_agent
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.train import seeding
-from slimgrpo.train.prompts import planned_prompt_tokens, prompt_order, read_prompts
+from slimgrpo.spec.run import Admission, RunSpec, tiled_mlp_setting
+from slimgrpo.train.prompts import RunPrompts, planned_prompt_tokens, prompt_order, read_prompts, run_tokenizer
 from slimgrpo.update.critic import Critic, build_critic
 from slimgrpo.update.optim import build_optimizer, build_scheduler
+from slimgrpo.update.settings import UpdateSettings
 from slimgrpo.update.updater import Updater, trainable_parameters
 
 log = logging.getLogger("slimgrpo")
 
-__all__ = ["RunInputs", "RunParts", "StopRequest", "build_engine", "build_run"]
+__all__ = ["RunInputs", "RunParts", "StopRequest", "apply_tiled_mlp", "build_engine", "build_run"]
 
 
 @dataclass
@@ -83,7 +88,8 @@ class RunInputs:
     """What a caller gives a run besides its config: the ranks, and the Python API's arguments (TRL's
     ``GRPOTrainer`` names: ``train_dataset``, ``tools``, ``environment_factory``, ``rollout_func``), a
     ``policy`` already loaded, a ``run_lock`` already held on the folder (the demo), a ``stop`` request made
-    before the build (the runner's signal handlers)."""
+    before the build (the runner's signal handlers), and what was read or decided before the build: the
+    ``tokenizer`` and ``prompts`` (``train/prompts.py``) and the run's ``admission``."""
 
     dist: DistContext
     policy: Policy | None = None
@@ -93,6 +99,14 @@ class RunInputs:
     rollout_func: Callable | None = None
     run_lock: Any = None
     stop: StopRequest | None = None
+    tokenizer: Any = None
+    prompts: RunPrompts | None = None
+    admission: Admission | None = None
+
+    @property
+    def agent(self) -> bool:
+        """Whether tools, environments or a ``rollout_func`` were given: prompts rendered elsewhere."""
+        return bool(self.tools or self.environment_factory or self.rollout_func)
 
 
 @dataclass(frozen=True)
@@ -125,6 +139,7 @@ class RunParts:
     stop: StopRequest
     tiled_mlp: bool  # whether the decoder's MLPs run tiled (memory.tiled_mlp)
     thread_info: Any  # the CPU threads the run took (recorded in the run folder)
+    spec: RunSpec  # the run's resolved spec (spec/run.py), as the update and the engine read it
 
 
 def build_run(cfg: Config, inputs: RunInputs) -> RunParts:
@@ -145,22 +160,19 @@ def build_run(cfg: Config, inputs: RunInputs) -> RunParts:
 def _build(cfg: Config, inputs: RunInputs, checkpoints: Checkpointer, undo: contextlib.ExitStack) -> RunParts:
     dist = inputs.dist
     thread_info = threads.apply(cfg.run.num_threads, cfg.run.thread_wait_policy)
-    pin_mmap_threshold()  # freed update tensors go back to the system (memory/malloc.py, issue 12)
+    pin_mmap_threshold()  # freed update tensors go back to the system (memory/malloc.py)
     seeding.seed_all(cfg.run.seed)  # torch, Python and NumPy: the same seed gives the same run
     if cfg.run.full_determinism:  # TRL's switch: deterministic GPU kernels too
         seeding.enable_full_determinism()
     checkpoints.lock_folder()  # one writer per folder; rank 0 holds the lock
     model_path = resolve_path(cfg, cfg.model.path)
-    if inputs.policy is None:
-        tokenizer = _tokenizer(cfg, model_path)
-        prompts = read_prompts(cfg, tokenizer)  # before the weights: the plan counts prompts at the longest
-        cfg, memory_plan = _check_memory(cfg, dist, planned_prompt_tokens(cfg, prompts, _agent(inputs)))
-    else:
-        tokenizer, memory_plan = inputs.policy.tokenizer, None
-        prompts = read_prompts(cfg, tokenizer)
+    tokenizer = inputs.policy.tokenizer if inputs.policy is not None else inputs.tokenizer or run_tokenizer(cfg)
+    prompts = inputs.prompts or read_prompts(cfg, tokenizer)  # a bad row stops the run before the weights load
+    admission = inputs.admission or Admission.unplanned(
+        cfg, dist.world_size, planned_prompt_tokens(cfg, prompts, inputs.agent))
     reward_functions = load_reward_functions(cfg.rewards.functions, cfg.base_dir, cfg.run.device)
     policy = inputs.policy or build_policy(cfg, tokenizer)
-    tiled_mlp = _place_memory(cfg, dist, policy, memory_plan)
+    tiled_mlp = _place_memory(cfg, dist, policy, admission)
     dataset = prompts.train
     sampler, trainer_state = prompt_order(cfg, dist, dataset)
     critic = build_critic(cfg, policy, dist) if cfg.ppo else None  # PPO's value function
@@ -172,7 +184,8 @@ def _build(cfg: Config, inputs: RunInputs, checkpoints: Checkpointer, undo: cont
     optimizer = build_optimizer(trainable_parameters(policy, critic), cfg, policy.device)
     scheduler = build_scheduler(optimizer, cfg)
     generator = torch.Generator(device=policy.device).manual_seed(cfg.run.seed + 7919 * dist.rank)
-    engine = build_engine(cfg, dist, policy, model, memory_plan, model_path)
+    spec = admission.spec
+    engine = build_engine(cfg, dist, policy, model, spec, model_path)
     undo.callback(engine.close)  # vLLM: its weights and KV pool
     agent_inputs = AgentInputs(inputs.tools, inputs.environment_factory, inputs.rollout_func)
     setup = setup_agent(cfg, dist, engine, policy.tokenizer, agent_inputs)  # tools / environments / rollout_func
@@ -188,7 +201,8 @@ def _build(cfg: Config, inputs: RunInputs, checkpoints: Checkpointer, undo: cont
     )
     sampling = sampling_params(cfg, policy)
     # The update stage (update/): old / reference log-probs, the loss, the optimizer steps
-    updater = Updater(cfg, policy, model, optimizer, scheduler, dist, critic)
+    settings = UpdateSettings.of(cfg, policy.model, spec)  # the admission's resolved spec
+    updater = Updater(cfg, policy, model, optimizer, scheduler, dist, critic, settings)
     # a collapsed policy stops the run (exit 3); run.stop_on_stall stops at a stall (exit 5)
     watch = RunWatch(cfg, dist, checkpoints.output_dir, policy.model)
     for warning in loss_warnings(cfg) if dist.is_main else []:
@@ -197,7 +211,8 @@ def _build(cfg: Config, inputs: RunInputs, checkpoints: Checkpointer, undo: cont
                 dataset=dataset, sampler=sampler, trainer_state=trainer_state, critic=critic, model=model,
                 optimizer=optimizer, scheduler=scheduler, generator=generator, engine=engine, agent=agent,
                 rollout_func=setup.rollout_func, reward_runner=reward_runner, sampling=sampling, updater=updater,
-                watch=watch, stop=inputs.stop or StopRequest(), tiled_mlp=tiled_mlp, thread_info=thread_info)
+                watch=watch, stop=inputs.stop or StopRequest(), tiled_mlp=tiled_mlp, thread_info=thread_info,
+                spec=spec)
     plan = checkpoints.plan_folder()  # resume, fresh, refuse, or already finished: before writing
     if plan.finished is not None:  # nothing to train, nothing written
         return RunParts(**made, writer=MetricsWriter(checkpoints.output_dir, enabled=False), evaluator=None,
@@ -210,45 +225,43 @@ def _build(cfg: Config, inputs: RunInputs, checkpoints: Checkpointer, undo: cont
     return RunParts(**made, writer=writer, evaluator=evaluator, start_step=checkpoints.resume())
 
 
-def _tokenizer(cfg: Config, model_path: str):
-    """The run's tokenizer (``model.tokenizer_path``, else the model's folder), after the model folder and the
-    context length are checked (a missing model folder is named as such, not as a missing tokenizer)."""
-    mconf = {} if looks_like_hub_name(model_path) else read_model_config(model_path)
-    check_context_length(cfg, max_positions(mconf), model_path)
-    return load_run_tokenizer(cfg)
-
-
-def _agent(inputs: RunInputs) -> bool:
-    """Whether the Python API gave tools, environments or a ``rollout_func``: prompts rendered elsewhere."""
-    return bool(inputs.tools or inputs.environment_factory or inputs.rollout_func)
-
-
-def _check_memory(cfg: Config, dist: DistContext, prompt_tokens: int | None):
-    """Before any weights load: print the plan; refuse (or fit) a run over memory.budget. Returns the config
-    (fitted, where ``memory.fit`` changed it) and the plan (None for an architecture the planner does not
-    model). ``prompt_tokens``: the longest prompt (``train/prompts.py``), None to plan at the bound."""
-    from slimgrpo.plan.check import check_before_training
-    from slimgrpo.trace.step import trace_step  # memory.fit=trace: the trace of this config's step
-
-    return check_before_training(cfg, dist.world_size, show=dist.is_main, trace_fn=trace_step,
-                                 prompt_tokens=prompt_tokens)
-
-
-def _place_memory(cfg: Config, dist: DistContext, policy: Policy, memory_plan) -> bool:
-    """The plan's runtime memory tricks on the loaded policy; returns whether the MLPs run tiled."""
-    from slimgrpo.plan.check import apply_tiled_mlp
-
-    # memory.tiled_mlp: the MLPs run shard by shard where the plan says so (memory/tiled_mlp.py)
-    tiled = apply_tiled_mlp(cfg, policy.model, memory_plan, show=dist.is_main, distributed=dist.enabled)
-    if memory_plan is not None and cfg.memory.offload_activations and policy.device.type == "cuda":
+def _place_memory(cfg: Config, dist: DistContext, policy: Policy, admission: Admission) -> bool:
+    """The admission's runtime memory tricks on the loaded policy: the tiled MLP and the pinned-memory cap of
+    offloaded checkpoints. Returns whether the MLPs run tiled."""
+    tiled = apply_tiled_mlp(policy.model, admission, show=dist.is_main, distributed=dist.enabled)
+    if admission.planned and cfg.memory.offload_activations and policy.device.type == "cuda":
         from slimgrpo.memory.pinned import set_activation_cap
 
         # pinned host memory for offloaded activations: at most the plan's host line (memory/pinned.py)
-        set_activation_cap(policy.device, memory_plan.bytes_of("offloaded checkpoints") or None)
+        set_activation_cap(policy.device, admission.offload_cap_bytes)
     return tiled
 
 
-def build_engine(cfg: Config, dist: DistContext, policy: Policy, model: torch.nn.Module, memory_plan,
+def apply_tiled_mlp(model: torch.nn.Module, admission: Admission, show: bool = True, distributed: bool = False,
+                    console: Console | None = None) -> bool:
+    """Tile the decoder MLPs (``memory/tiled_mlp.py``) where the admission's spec says so: all or none, as the plan
+    counts them. When one cannot be tiled (a class the tiler does not know, dropout inside it, DDP / FSDP2, whose
+    gradient hooks do not expect a parameter's gradient in several pieces) none is, and the run goes on untiled
+    or stops as the admission decided (``Admission.if_untiled``: exit 4 where untiled is over memory.budget)."""
+    if admission.spec.tiled_mlp != "on":
+        return False
+    if distributed:
+        reasons = ["an MLP under distributed training (not supported yet)"]
+    else:
+        report = tile_mlps(model)
+        if report.complete:
+            return True
+        untile_mlps(model)
+        reasons = report.unknown
+    cannot = f"memory.tiled_mlp={tiled_mlp_setting(admission.cfg)}: cannot tile {'; '.join(reasons)}"
+    if admission.untiled_refused:
+        raise MemoryBudgetError(cannot + admission.if_untiled)
+    if show:
+        (console or Console()).print(cannot + admission.if_untiled, soft_wrap=True)
+    return False
+
+
+def build_engine(cfg: Config, dist: DistContext, policy: Policy, model: torch.nn.Module, spec: RunSpec,
                  model_path: str):
     """The rollout engine: colocated vLLM (rollout/vllm_engine.py) or the built-in one over the live weights;
     under torchrun wrapped by ``distributed/wrap.py`` (FSDP2: generation gathers the sharded weights; DDP: a
@@ -260,8 +273,7 @@ def build_engine(cfg: Config, dist: DistContext, policy: Policy, model: torch.nn
     else:
         engine = TorchRolloutEngine(policy.model, max_batch_rows=cfg.rollout.max_batch_rows,
                                     kv_cache_dtype=cfg.rollout.kv_cache_dtype,
-                                    pack_weights=decode_packing(memory_plan.shape, memory_plan.inputs)
-                                    if memory_plan is not None else "auto",
+                                    pack_weights=spec.decode_packing,  # the plan's choice (plan.model.resolve)
                                     agree_over=launch.generation_agreement(cfg, dist))
     if dist.enabled:
         engine = launch.wrap_engine(engine, model, cfg, dist)

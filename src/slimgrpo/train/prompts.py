@@ -8,8 +8,9 @@ tokens at most), so a plan at the bound over-counted the update of the real-mode
 (docs/benchmarks.md#plan-vs-measured). The tokenized prompts give the true longest; a bad row stops the run
 before a multi-minute load instead of after it.
 
+    tokenizer = run_tokenizer(cfg)                         # after the model folder and context length are checked
     prompts = read_prompts(cfg, tokenizer)                 # RunPrompts(train, eval)
-    planned_prompt_tokens(cfg, prompts)                    # what plan_inputs(..., prompt_tokens=) takes
+    planned_prompt_tokens(cfg, prompts)                    # what run_spec(..., prompt_tokens=) takes
     sampler, trainer_state = prompt_order(cfg, dist, prompts.train)
 """
 
@@ -19,14 +20,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from slimgrpo.config import Config, resolve_path
+from slimgrpo.config import Config, check_context_length, resolve_path
 from slimgrpo.data import PromptDataset, PromptSampler, check_enough_prompts, load_prompt_dataset, steps_for_epochs
 from slimgrpo.distributed.context import DistContext
 from slimgrpo.distributed.process_group import split_problem
 from slimgrpo.rewards.contract import make_trainer_state
 
 __all__ = ["RunPrompts", "data_prompt_tokens", "planned_prompt_tokens", "prompt_order", "read_prompts",
-           "rendered_elsewhere"]
+           "rendered_elsewhere", "run_tokenizer"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,17 @@ class RunPrompts:
     def longest(self) -> int:
         """Tokens of the longest prompt of either set (after the chat template and ``data.prompt_overflow``)."""
         return max(len(ids) for ds in (self.train, self.eval) if ds is not None for ids in ds.prompt_ids)
+
+
+def run_tokenizer(cfg: Config):
+    """The run's tokenizer (``model.tokenizer_path``, else the model's folder), after the model folder and the
+    context length are checked (a missing model folder is named as such, not as a missing tokenizer)."""
+    from slimgrpo.modeling import load_run_tokenizer, looks_like_hub_name, max_positions, read_model_config
+
+    model_path = resolve_path(cfg, cfg.model.path)
+    mconf = {} if looks_like_hub_name(model_path) else read_model_config(model_path)
+    check_context_length(cfg, max_positions(mconf), model_path)
+    return load_run_tokenizer(cfg)
 
 
 def read_prompts(cfg: Config, tokenizer) -> RunPrompts:

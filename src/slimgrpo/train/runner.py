@@ -1,5 +1,5 @@
-"""Run a training job: the process group and the job check (under torchrun), the trace handed to the
-Trainer, preemption signals. The memory plan is checked by the Trainer itself (``plan/check.py``)."""
+"""Run a training job: the process group and the job check (under torchrun), preemption signals, the run read,
+admitted and built (``train/trainer.py``'s ``prepare_run``), trained, and the resume hint when it stops early."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from slimgrpo.config import Config
 from slimgrpo.redact import install_log_filter, scrub_text
 from slimgrpo.checkpoint import format as ckpt
 from slimgrpo.distributed.context import from_environment
-from slimgrpo.train.build import RunInputs, StopRequest, build_run
-from slimgrpo.train.trainer import Trainer
+from slimgrpo.train.build import RunInputs, StopRequest
+from slimgrpo.train.trainer import Trainer, prepare_run
 
 log = logging.getLogger("slimgrpo")
 
@@ -71,7 +71,7 @@ def run_training(cfg: Config, callbacks=None, train_dataset=None) -> dict[str, A
     stop = StopRequest()  # made before the build: a signal while the model loads counts too
     restore_handlers = install_preemption_handlers(stop)
     try:
-        trainer = Trainer(build_run(cfg, RunInputs(dist_ctx, train_dataset=train_dataset, stop=stop)),
+        trainer = Trainer(prepare_run(cfg, RunInputs(dist_ctx, train_dataset=train_dataset, stop=stop)),
                           callbacks=callbacks)
         summary = trainer.train()
     finally:

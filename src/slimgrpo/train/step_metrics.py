@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -10,33 +9,12 @@ import torch
 from slimgrpo.advantage.estimators import zero_std_fraction
 from slimgrpo.rewards.contract import step_means
 from slimgrpo.output.metrics import masked_stats, memory_metrics
-from slimgrpo.update.batch import UpdateStats, stat_sums, token_means
+from slimgrpo.update.batch import stat_sums, token_means
+from slimgrpo.update.updater import UpdateResult
 from slimgrpo.containers import RewardOutput
 
 
-@dataclass(frozen=True)
-class UpdateOutcome:
-    """What the step's metrics take from the update: its statistics (this rank's), the gradient norm, whether
-    it was skipped, the learning rate after it, the entropy-bonus coefficient (None without the bonus),
-    PPO's critic numbers and a float16 policy's loss scale (None otherwise)."""
-
-    stats: UpdateStats
-    grad_norm: float
-    skipped: bool
-    learning_rate: float
-    entropy_coef: float | None = None
-    value_metrics: dict[str, Any] = field(default_factory=dict)
-    loss_scale: float | None = None
-
-    @classmethod
-    def of(cls, updater, stats: UpdateStats, grad_norm: float, skipped: bool) -> UpdateOutcome:
-        """From the ``Updater`` that has just stepped (``Updater.step``'s ``stats, grad_norm, skipped``)."""
-        coef = updater.entropy_control.coef if updater.settings.loss.entropy_bonus else None  # after the update
-        scale = updater.loss_scale.value if updater.loss_scale.active else None
-        return cls(stats, grad_norm, skipped, updater.scheduler.get_last_lr()[0], coef, updater.value_metrics, scale)
-
-
-def step_metrics(d, device, rollout, rewards: RewardOutput, update: UpdateOutcome, gen_s: float,
+def step_metrics(d, device, rollout, rewards: RewardOutput, update: UpdateResult, gen_s: float,
                  step_s: float) -> dict[str, Any]:
     """One step's metrics, the same numbers on every rank: rewards per function, lengths, the loss's token
     means (KL, entropy, clip ratios) weighted by each rank's tokens, timing and peak memory. ``d``: the

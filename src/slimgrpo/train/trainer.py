@@ -1,69 +1,59 @@
-"""The GRPO trainer: the step loop over one run's parts.
+"""The Python API: ``Trainer(cfg, callbacks=..., train_dataset=..., tools=..., environment_factory=...,
+rollout_func=...).train()``, as TRL's ``GRPOTrainer`` is called.
 
-One step reads like the pipeline::
+    from slimgrpo import Trainer, load_config
+    Trainer(load_config("run.yaml"), callbacks=[my_callback]).train()
 
-    batch -> generate -> score -> advantages -> update (update/: prepare, step) -> metrics
+A ``Trainer`` is the step loop (``train/loop.py``'s ``TrainLoop``) with a constructor that prepares the run from
+its config, in the order that matters (``prepare_run``):
 
-The parts come whole from ``train/build.py``'s ``build_run`` (a frozen ``RunParts``): the policy, the data,
-the engine, the update stage, the run folder and checkpoints (checkpoint/manager.py, ``Checkpointer``), the
-run's health (monitor/watch.py, ``RunWatch``: non-finite streak, collapse, stall), the metrics writer, the
-evaluator. ``Trainer.__init__`` takes them, so a trainer is complete from the moment it exists: no ``setup()``
-to call, nothing to ask about later.
+1. the tokenizer and the prompts (``train/prompts.py``), before any weight: a bad row stops the run before a
+   multi-minute load, and the plan counts prompts at the longest the run reads;
+2. the admission (``plan/admission.py``): the plan, checked against ``memory.budget`` (refused or fitted), and
+   what the plan decides for the run (the resolved spec), from above the training path;
+3. the build (``train/build.py``'s ``build_run``), which applies the admission's verdict.
 
-Why ``Trainer(cfg, ...)`` builds in ``__init__`` (and ``Trainer(parts)`` takes built parts): the documented
-Python API is ``Trainer(cfg, callbacks=..., train_dataset=..., tools=..., environment_factory=...,
-rollout_func=...).train()``, as TRL's ``GRPOTrainer`` is called. Building lazily in ``train()`` would bring
-back the half-built object this module used to be; building in ``__init__`` keeps that call and makes it
-complete. ``Trainer(build_run(cfg, RunInputs(...)))`` is the same run, for callers that need the inputs
-``RunInputs`` adds (a lock already held, a stop request made before the build). The run folder's lock is
-held from the build until ``train()`` returns.
+``Trainer(parts)`` takes parts built already (``build_run(cfg, RunInputs(...))``: a lock already held, a stop
+request made before the build). A ``policy`` loaded by the caller is trained without a plan.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import time
-from dataclasses import dataclass, field
+import dataclasses
 from typing import Any, Callable
 
-import torch
-
-from slimgrpo.advantage.compute import AdvantageSettings, compute_advantages
 from slimgrpo.config import Config
-from slimgrpo.memory.attention import cpu_gqa
-from slimgrpo.modeling import Policy
-from slimgrpo.agent.setup import CustomRollout
 from slimgrpo.distributed.context import DistContext, from_environment
-from slimgrpo.output.metrics import console_line
+from slimgrpo.modeling import Policy
+from slimgrpo.plan.admission import admit
 from slimgrpo.train.build import RunInputs, RunParts, build_run
-from slimgrpo.train.step_metrics import UpdateOutcome, completion_samples, step_metrics
-from slimgrpo.monitor.watch import NonFiniteError, PolicyCollapsedError
-from slimgrpo.containers import PromptBatch, RewardOutput, Rollout
+from slimgrpo.train.loop import Callback, NonFiniteError, PolicyCollapsedError, StepResult, TrainLoop
+from slimgrpo.train.prompts import planned_prompt_tokens, read_prompts, run_tokenizer
 
-log = logging.getLogger("slimgrpo")
-
-Callback = Callable[["Trainer", int, dict[str, Any]], bool | None]  # return True to stop early
+__all__ = ["Callback", "NonFiniteError", "PolicyCollapsedError", "StepResult", "Trainer", "prepare_run"]
 
 
-__all__ = ["Callback", "NonFiniteError", "PolicyCollapsedError", "StepResult", "Trainer"]
+def prepare_run(cfg: Config, inputs: RunInputs) -> RunParts:
+    """The run of ``cfg`` read, admitted and built (module docstring): ``RunInputs`` as ``build_run`` takes it,
+    without the tokenizer, prompts and admission, which are made here."""
+    if inputs.train_dataset is not None:  # TRL's name: a list of row dicts or a datasets.Dataset, not a file
+        cfg.data.path = inputs.train_dataset
+    if inputs.policy is not None:  # loaded by the caller: no plan for it
+        return build_run(cfg, inputs)
+    dist = inputs.dist
+    tokenizer = run_tokenizer(cfg)
+    prompts = read_prompts(cfg, tokenizer)  # before the weights: the plan counts prompts at the longest
+    admission = admit(cfg, dist.world_size, show=dist.is_main,
+                      prompt_tokens=planned_prompt_tokens(cfg, prompts, inputs.agent))
+    return build_run(admission.cfg, dataclasses.replace(inputs, tokenizer=tokenizer, prompts=prompts,
+                                                        admission=admission))
 
 
-@dataclass
-class StepResult:
-    metrics: dict[str, Any]
-    rollout: Rollout
-    rewards: RewardOutput
-    advantages: torch.Tensor
-    batch: PromptBatch
-    completions: list[Any] = field(default_factory=list)
-
-
-class Trainer:
-    """One run's loop. ``run``: a ``Config`` (the run is built here, with the other arguments: TRL's
-    ``GRPOTrainer`` names, a ``policy`` already loaded, the ranks ``dist``) or a built ``RunParts`` (then
-    only ``callbacks`` may be given). ``callbacks``: ``fn(trainer, step, metrics)`` after every step; True
-    stops the run."""
+class Trainer(TrainLoop):
+    """One run. ``run``: a ``Config`` (the run is read, admitted and built here, with the other arguments: TRL's
+    ``GRPOTrainer`` names, a ``policy`` already loaded, the ranks ``dist``) or a built ``RunParts`` (then only
+    ``callbacks`` may be given). ``callbacks``: ``fn(trainer, step, metrics)`` after every step; True stops the
+    run."""
 
     def __init__(self, run: Config | RunParts, callbacks: list[Callback] | None = None,
                  dist: DistContext | None = None, policy: Policy | None = None, train_dataset: Any = None,
@@ -77,197 +67,6 @@ class Trainer:
                                 f"{', '.join(k for k, v in given.items() if v is not None)} to build_run's RunInputs")
             parts = run
         else:
-            parts = build_run(run, RunInputs(dist or from_environment(), policy, train_dataset, tools,
-                                             environment_factory, rollout_func))
-        self.cfg, self.dist, self.output_dir = parts.cfg, parts.dist, parts.output_dir
-        self.checkpoints = parts.checkpoints  # the run folder (its lock, held by rank 0 until train() ends)
-        self.policy, self.model, self.critic = parts.policy, parts.model, parts.critic
-        self.dataset, self.sampler, self.trainer_state = parts.dataset, parts.sampler, parts.trainer_state
-        self.optimizer, self.scheduler, self.generator = parts.optimizer, parts.scheduler, parts.generator
-        self.engine, self.sampling, self.reward_runner = parts.engine, parts.sampling, parts.reward_runner
-        # what the advantages depend on (estimator, scaling, the reward weights), read once
-        self.advantage_settings = AdvantageSettings.from_config(self.cfg, self.reward_runner.weights)
-        # multi-turn with tools / environments, or TRL's rollout_func (which receives this trainer), or None
-        self.agent = CustomRollout(parts.rollout_func, self) if parts.rollout_func is not None else parts.agent
-        self.updater, self.watch = parts.updater, parts.watch  # the update stage; non-finite, collapse, stall
-        self.writer, self.evaluator = parts.writer, parts.evaluator
-        self.tiled_mlp, self.thread_info = parts.tiled_mlp, parts.thread_info
-        self.callbacks = list(callbacks or [])
-        self.step_idx = parts.start_step
-        self.stop = parts.stop  # stop before the next step (a signal, a callback, a stall, early stopping)
-
-    # ------------------------------------------------------------------------- the step
-
-    def step(self) -> StepResult:
-        t0 = time.perf_counter()
-        with self.dist.agree("reading the batch"):  # a failure on one rank stops every rank, with its message
-            batch = self.next_batch()
-        with cpu_gqa(self.policy.device.type):  # CPU: masked sdpa without repeated K/V (memory/attention.py)
-            rollout, gen_s = self.generate(batch)
-            with self.dist.agree("decoding and scoring rewards"):
-                completions = self.decode(batch, rollout)
-                rewards = self.score(batch, rollout, completions)
-            advantages = self.compute_advantages(rewards)
-            update = self.updater.prepare(rollout, advantages)  # old / reference log-probs
-            advantages = self.updater.critic_stage(update, advantages)  # PPO: per-token GAE advantages, critic
-            # Another engine's samples: the log-prob mismatch measured, TRL's truncated IS weights applied
-            off_policy = self.updater.correct_for_sampler(update, rollout) if self.engine.off_policy else {}
-            stats, grad_norm, skipped = self.updater.step(update, self.step_idx)
-        self.watch.after_update(skipped, self.step_idx)
-        outcome = UpdateOutcome.of(self.updater, stats, grad_norm, skipped)
-        metrics = step_metrics(self.dist, self.policy.device, rollout, rewards, outcome, gen_s,
-                               time.perf_counter() - t0)
-        metrics.update({**self.engine.metrics, **off_policy})  # vLLM: weight sync s, mismatch
-        return StepResult(metrics, rollout, rewards, advantages, batch, completions)
-
-    def next_batch(self) -> PromptBatch:
-        indices = self.sampler.next_global_batch()
-        per_rank = len(indices) // self.dist.world_size
-        mine = indices[self.dist.rank * per_rank : (self.dist.rank + 1) * per_rank]
-        return self.dataset.batch(mine)
-
-    def generate(self, batch: PromptBatch) -> tuple[Rollout, float]:
-        t = time.perf_counter()
-        if self.agent is not None:  # multi-turn with tools, or a custom rollout function
-            return self.agent.generate(batch, self.cfg.rollout.num_generations, self.sampling,
-                                       self.generator), time.perf_counter() - t
-        rollout = self.engine.generate(batch.prompt_ids, self.cfg.rollout.num_generations, self.sampling,
-                                       self.generator)
-        return rollout, time.perf_counter() - t
-
-    def decode(self, batch: PromptBatch, rollout: Rollout) -> list[Any]:
-        if rollout.conversations is not None:  # multi-turn: the messages after the prompt, as in TRL
-            return rollout.conversations
-        tok = self.policy.tokenizer
-        texts = [
-            tok.decode(ids[: int(n)].tolist(), skip_special_tokens=True)
-            for ids, n in zip(rollout.completion_ids, rollout.completion_lengths)
-        ]
-        G = rollout.num_generations
-        return [
-            [{"role": "assistant", "content": t}] if not isinstance(batch.prompts[i // G], str) else t
-            for i, t in enumerate(texts)
-        ]
-
-    def score(self, batch: PromptBatch, rollout: Rollout, completions: list[Any]) -> RewardOutput:
-        G = rollout.num_generations
-        prompts = [p for p in batch.prompts for _ in range(G)]
-        columns = {k: [v for v in vals for _ in range(G)] for k, vals in batch.columns.items()}
-        columns.update(rollout.reward_columns)  # e.g. TRL's `environments` for get_reward
-        ids = [row[: int(n)].tolist() for row, n in zip(rollout.completion_ids, rollout.completion_lengths)]
-        state = self.trainer_state
-        state.global_step = self.step_idx
-        state.epoch = self.step_idx * self.cfg.prompts_per_step / max(len(self.dataset), 1)  # before this batch
-        return self.reward_runner.score(prompts, completions, ids, columns, trainer_state=state)
-
-    def compute_advantages(self, rewards: RewardOutput) -> torch.Tensor:
-        """The step's [rows] advantages (``advantage/compute.py``): rows with no reward (NaN) get 0."""
-        return compute_advantages(rewards, self.advantage_settings, self.dist, self.policy.device)
-
-    # ------------------------------------------------------------------------- the loop
-
-    def train(self) -> dict[str, Any]:
-        """Train (a finished run: say so and return); the run folder's lock is released and the engine closed
-        however this ends."""
-        try:
-            if self.checkpoints.plan.finished is not None:
-                return self.checkpoints.already_finished()
-            return self.train_loop()
-        finally:
-            self.checkpoints.release()
-            self.engine.close()  # vLLM: its weights and KV pool
-
-    @property
-    def run_lock(self):
-        """The run folder's lock while rank 0 holds it (``checkpoints.run_lock``), else None."""
-        return self.checkpoints.run_lock
-
-    def train_loop(self) -> dict[str, Any]:
-        cfg = self.cfg
-        from slimgrpo.output.console import banner_lines, print_banner, print_eval
-        from slimgrpo.output.progress import Progress
-
-        t_start = time.perf_counter()
-        ev = self.evaluator
-        print_banner(self.dist.is_main, banner_lines(cfg, self.policy, self.dist.world_size, self.step_idx,
-                                                     ev.num_prompts if ev else None, self.output_dir))
-        saved_at = None  # the step of the checkpoint written last in this loop
-        if ev and self.step_idx == 0 and self.checkpoints.plan.resume_from is None:  # (a resumed run has it)
-            before = ev.run()
-            judged = self.watch.judge(0, before)  # run.keep_best: the model it starts from is a candidate too
-            self.writer.log(0, before)
-            print_eval(self.dist.is_main, ev.num_prompts, "before training", before)
-            if judged is not None and judged.improved:
-                self.checkpoints.save(0)
-                saved_at = 0
-        with Progress(cfg.run.max_steps, start=self.step_idx, enabled=self.dist.is_main,
-                      bar=cfg.log.progress) as bar:
-            while self.step_idx < cfg.run.max_steps and not self.should_stop():
-                result = self.step()
-                self.step_idx += 1
-                if ev:  # every eval.steps steps and after the last one
-                    result.metrics.update(ev.after_step(self.step_idx))
-                if self.watch.observe(self.step_idx, result.metrics):  # stall/* into the record; a stall may stop
-                    self.stop.requested = True
-                judged = self.watch.judge(self.step_idx, result.metrics)  # run.keep_best, early stopping: best/*
-                if judged is not None and judged.stop:
-                    self.stop.requested = True
-                self.writer.log(self.step_idx, result.metrics)
-                self.watch.check(self.step_idx, result.metrics)  # a collapsed policy: PolicyCollapsedError
-                self.maybe_log_completions(result)
-                bar.advance(console_line(self.step_idx, result.metrics) if self.step_idx % cfg.log.logging_steps == 0
-                            else None)
-                if any(cb(self, self.step_idx, result.metrics) for cb in self.callbacks):
-                    self.stop.requested = True
-                periodic = cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0
-                if (periodic and self.watch.healthy) or (judged is not None and judged.improved):
-                    self.checkpoints.save(self.step_idx)  # not while skipped or collapsed: keep the last good one
-                    saved_at = self.step_idx  # (a new best is saved whatever save_steps says: final/ comes from it)
-        self.watch.check_at_end(self.step_idx, self.stop.requested)  # last updates non-finite: not a success
-        if not (cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0) and saved_at != self.step_idx:
-            self.checkpoints.save(self.step_idx)
-        return self.finish(t_start)
-
-    def should_stop(self) -> bool:
-        """Stop before the next step? Under torchrun every rank gets the same answer: a signal or a callback
-        can reach the ranks at different steps, and a rank that stopped alone would leave the others waiting."""
-        agreed = self.dist.any_true(self.stop.requested)
-        if agreed:
-            self.stop.requested = True
-        return agreed
-
-    def maybe_log_completions(self, result: StepResult) -> None:
-        n, every = self.cfg.log.num_completions_to_log, self.cfg.log.log_completions_steps
-        if not every or self.step_idx % every or not self.dist.is_main:
-            return
-        self.writer.log_completions(self.step_idx, completion_samples(result, n))
-
-    def finish(self, t_start: float) -> dict[str, Any]:
-        """summary.json (``t_start``: when the loop began, for ``wall_time_s``), the final model, the writer
-        closed."""
-        summary: dict[str, Any] = {"steps": self.step_idx}
-        history = self.writer.history()
-        if history:
-            last = history[-1]
-            summary.update({k: v for k, v in last.items() if k != "step"})
-        from slimgrpo.evaluate.during import eval_summary
-
-        best_step = self.watch.best.step if self.watch.best is not None else None
-        summary.update(eval_summary(history, self.step_idx if self.evaluator else None, best_step))
-        summary["wall_time_s"] = time.perf_counter() - t_start
-        summary.update({"data/prompts": len(self.dataset), "data/prompts_truncated": self.dataset.num_truncated,
-                        "data/prompts_skipped": self.dataset.num_skipped})
-        # Unfinished: the checkpoint is what counts, no "final" model yet. Every rank decides alike (the
-        # final save is collective under FSDP2), even when the signal reached only some of them.
-        preempted = self.step_idx < self.cfg.run.max_steps and self.dist.any_true(self.stop.signal is not None)
-        if preempted:
-            summary["preempted_by"] = self.stop.signal or "a signal to another rank"
-        summary.update(self.watch.summary_fields())
-        # A stall stop writes no final/ (the stalled model is no result), unless run.keep_best holds a best model.
-        kept_best = self.cfg.run.keep_best and best_step is not None
-        if self.cfg.run.save_model and not preempted and (self.watch.stalled is None or kept_best):  # every rank
-            summary.update(self.checkpoints.save_final(best_step, self.step_idx))  # run.keep_best: the best
-        if self.dist.is_main:
-            (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        self.writer.close()
-        return summary
+            parts = prepare_run(run, RunInputs(dist or from_environment(), policy, train_dataset, tools,
+                                               environment_factory, rollout_func))
+        super().__init__(parts, callbacks)

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slimgrpo.trl_compat.rules import TRL_DEFAULTS, Refused
-from slimgrpo.trl_compat.table import BY_KEY
+from slimgrpo.config.trl_rules import TRL_DEFAULTS, Refused
+from slimgrpo.config.trl_table import BY_KEY
 
 
 @dataclass

@@ -13,9 +13,10 @@ from slimgrpo.containers import LossStats, Rollout
 from slimgrpo.loss.objectives import LossSettings, Normaliser
 
 
-@dataclass
+@dataclass(frozen=True)
 class UpdateBatch:
-    """Everything the loss needs for the rows of one step (this rank's share)."""
+    """Everything the loss needs for the rows of one step (this rank's share). Immutable: each stage of the update
+    makes a new one (``dataclasses.replace``)."""
 
     input_ids: torch.Tensor  # [rows, P+T] prompt (left-padded) + completion (right-padded)
     attention_mask: torch.Tensor  # [rows, P+T]

@@ -37,7 +37,7 @@ from torch import nn
 from slimgrpo.causal_lm import is_peft, unwrap_causal_lm
 from slimgrpo.distributed.context import DistContext
 from slimgrpo.loss.objectives import Normaliser, value_loss
-from slimgrpo.loss.unpadded import unpadded_hidden
+from slimgrpo.forward.unpadded import unpadded_hidden
 from slimgrpo.modeling import CRITIC_ADAPTER, adapters_in_input_dtype
 from slimgrpo.update.batch import BatchTotals, UpdateBatch
 from slimgrpo.update.micro import micro_batches

@@ -10,10 +10,11 @@ from typing import Callable
 import torch
 
 from slimgrpo.collectives import SINGLE, Collectives
-from slimgrpo.loss.logprobs import CompletionRows, completion_logprobs
+from slimgrpo.forward.layout import choose_layout, forward
+from slimgrpo.forward.passes import completion_logprobs
+from slimgrpo.forward.rows import CompletionRows
 from slimgrpo.loss.objectives import Normaliser
 from slimgrpo.update.batch import UpdateBatch, UpdateStats, add_sums, stat_sums, token_means
-from slimgrpo.update.layout import choose_layout, forward
 from slimgrpo.update.micro import micro_batches
 from slimgrpo.update.micro_loss import micro_batch_loss
 from slimgrpo.update.offload import offload_context
@@ -26,7 +27,7 @@ def batch_logprobs(model, batch: UpdateBatch, settings: UpdateSettings, ranks: C
     (``settings.micro_rows`` rows, or the ``micro_tokens`` budget; ``ranks``: the FSDP2 count agreement).
     ``want_entropy``: return ``(logp, entropy)``, both [rows, T]. ``settings.share_prompt``
     (``memory.share_prompt_forward``): each group's prompt runs once where rows share it, packed with the
-    completions where that is less work (``layout.choose_layout``); without gradients nothing is kept for
+    completions where that is less work (``forward.layout.choose_layout``); without gradients nothing is kept for
     backward, so this saves time at no memory cost."""
     out = torch.zeros(batch.rows, batch.T, dtype=torch.float32, device=batch.input_ids.device)
     ent = torch.zeros_like(out) if want_entropy else None
@@ -36,7 +37,7 @@ def batch_logprobs(model, batch: UpdateBatch, settings: UpdateSettings, ranks: C
             rows = CompletionRows(micro.input_ids.to(dev), micro.attention_mask.to(dev), micro.T,
                                   micro.completion_ids.to(dev))
             logp, e = forward(model, completion_logprobs, rows, temperature=settings.temperature,
-                              token_chunk=settings.token_chunk, hidden_fn=choose_layout(model, rows, settings, False),
+                              token_chunk=settings.token_chunk, hidden_fn=choose_layout(model, rows, settings.share_prompt, False),
                               vocab_chunk=settings.vocab_chunk, return_entropy=want_entropy)
             out[micro.rows, micro.columns] = logp.float().to(out.device)
             if ent is not None:
@@ -75,7 +76,7 @@ def accumulate_gradients(model, batch: UpdateBatch, settings: UpdateSettings, no
     gradient checkpointing those are essentially the checkpointed layer inputs; recomputation in backward
     happens outside this context, so it stays on the device. Gradients are unchanged (the same values make
     the round trip). Each micro-batch's loss is ``micro_loss.micro_batch_loss``'s (fused head + loss, the
-    layout of ``layout.choose_layout``); ``settings.micro_tokens`` forms micro-batches by a token budget instead
+    layout of ``forward.layout.choose_layout``); ``settings.micro_tokens`` forms micro-batches by a token budget instead
     of a row count, and ``ranks`` agree on their count under FSDP2 (``micro.micro_batches``). ``entropy_coef``:
     the entropy-bonus coefficient of this optimizer step (``loss.entropy_control``); with ``norm.entropy_tokens``
     unset the bonus is a per-micro-batch mean, averaged over the micro-batches."""
@@ -88,7 +89,7 @@ def accumulate_gradients(model, batch: UpdateBatch, settings: UpdateSettings, no
         mask = micro.loss_mask
         sync_ctx = no_sync() if (no_sync is not None and i < len(micros) - 1) else contextlib.nullcontext()
         with sync_ctx:
-            with offload_context(settings.offload_activations, micro.input_ids.device):
+            with offload_context(settings.offload_activations, micro.input_ids.device, settings.target):
                 loss, ls, entropy = micro_batch_loss(model, micro, settings, norm, entropy_coef)
             (loss * loss_scale).backward()
         n = int(mask.sum())

@@ -6,7 +6,7 @@ log-probs without gradients, its entropy cut, its forward + backward, and PPO's 
 loss). Under FSDP2 (``settings.same_micro_count``) it asks the ranks for the largest count first, since
 every forward and backward there is a collective.
 
-Rows are unpadded (``loss.unpadded``): a micro-batch costs ``rows · longest row`` tokens of padded
+Rows are unpadded (``forward/unpadded.py``): a micro-batch costs ``rows · longest row`` tokens of padded
 work, not ``rows · (P + T)``. With a token budget, rows are sorted by length (longest first) and
 filled greedily while ``rows · longest <= budget`` (and, when ``micro_batch_size`` is also set, at
 most that many rows), so short completions do not pad to the longest of the step. A row longer than
@@ -22,7 +22,7 @@ from typing import Iterator
 import torch
 
 from slimgrpo.collectives import Collectives
-from slimgrpo.loss.logprobs import CompletionRows
+from slimgrpo.forward.rows import CompletionRows
 from slimgrpo.update.batch import UpdateBatch
 from slimgrpo.update.settings import UpdateSettings
 

@@ -1,10 +1,10 @@
 """The loss of one micro-batch: through the fused LM head + loss where it applies, else log-probs then loss.
 
-One straight route down: the layout is chosen (``layout.choose_layout``), the model runs once through the
-wrapper's forward (``layout.forward``) into ``loss/`` (the fused ``completion_loss`` with the policy's
-objective, ``objectives.PolicyObjective``, or ``completion_logprobs``), and the objective is called once more
-here for the statistics. Both routes return the same loss, statistics and (after ``backward``) gradients; the
-fused one runs one fewer product through the LM head per token chunk (``slimgrpo.loss.fused``).
+One straight route down: the layout is chosen (``forward.layout.choose_layout``), the model runs once through the
+wrapper's forward (``forward.layout.forward``) into the head (``forward.passes``: the fused ``completion_loss``
+with the policy's objective, ``objectives.PolicyObjective``, or ``completion_logprobs``), and the objective is
+called once more here for the statistics. Both routes return the same loss, statistics and (after ``backward``)
+gradients; the fused one runs one fewer product through the LM head per token chunk (``slimgrpo.loss.fused``).
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ import dataclasses
 
 import torch
 
-from slimgrpo.containers import LossStats
 from slimgrpo.config.sections.loss import takes_fused_path
-from slimgrpo.loss.fused import completion_loss
-from slimgrpo.loss.logprobs import completion_logprobs
+from slimgrpo.containers import LossStats
+from slimgrpo.forward.layout import choose_layout, forward
+from slimgrpo.forward.passes import completion_logprobs, completion_loss
 from slimgrpo.loss.objectives import Normaliser, PolicyObjective, TokenEntropy, grpo_loss
-from slimgrpo.update.layout import choose_layout, forward
 from slimgrpo.update.micro import MicroBatch
 from slimgrpo.update.settings import UpdateSettings
 
@@ -27,8 +26,9 @@ def micro_batch_loss(model, micro: MicroBatch, settings: UpdateSettings, norm: N
                      entropy_coef: float | None = None) -> tuple[torch.Tensor, LossStats, torch.Tensor | None]:
     """``(loss, stats, entropy [rows, T])`` of one micro-batch; call ``loss.backward()`` afterwards.
 
-    ``settings.fuse`` (``loss.fuse_head_loss``) picks the fused path where ``takes_fused_path`` (config) allows it;
-    the forward layout is ``layout.choose_layout``'s. ``micro.entropy_cut``: the batch's entropy threshold for
+    ``settings.fuse`` (the spec's verdict, ``spec.run.fused_loss``) picks the fused path; ``takes_fused_path``
+    (config) is the rule, applied here with this step's entropy coefficient; the forward layout is
+    ``forward.layout.choose_layout``'s. ``micro.entropy_cut``: the batch's entropy threshold for
     ``top_entropy_quantile < 1`` (that mask needs every token's entropy before the loss, so it takes the
     unfused path). ``entropy_coef``: the entropy-bonus coefficient of this optimizer step (None:
     ``settings.loss.entropy_coef``); when it is not 0 the entropy needs its gradient, which the unfused path
@@ -39,7 +39,7 @@ def micro_batch_loss(model, micro: MicroBatch, settings: UpdateSettings, norm: N
     entropy_grad = loss_settings.entropy_bonus and coef != 0.0
     rows = micro.completion_rows
     head = dict(temperature=settings.temperature, token_chunk=settings.token_chunk,
-                hidden_fn=choose_layout(model, rows, settings, with_grad=True))
+                hidden_fn=choose_layout(model, rows, settings.share_prompt, with_grad=True))
     fused_loss = None
     if takes_fused_path(settings.fuse, loss_settings.top_entropy_quantile, entropy_grad,
                         loss_settings.importance_sampling_level, micro.old_logp is not None, settings.vocab_chunk):

@@ -14,14 +14,15 @@ and each micro-batch moves a copy of the weights (saved by every linear layer) o
   only once that copy is done (``record_stream``);
 * the host-to-device copy back is issued on the compute stream, asynchronously from pinned memory;
 * the pinned memory comes from an exact-size pool kept across micro-batches and steps (``pinned.py``), not
-  from torch's caching host allocator, which rounds each block up to a power of two (issue 42: ~36 GiB
-  pinned for 20.8 GiB of planned checkpoints); a buffer goes back to the pool when autograd drops the saved
-  tensor, and is written again only after its copy back to the device is done.
+  from torch's caching host allocator, which rounds each block up to a power of two (~36 GiB pinned for
+  20.8 GiB of planned checkpoints); a buffer goes back to the pool when autograd drops the saved tensor, and
+  is written again only after its copy back to the device is done.
 
 Values make the round trip unchanged, so gradients are identical (the test checks it). On a CPU
-device there is nothing to gain; :func:`offload_context` then uses ``save_on_cpu`` as before. A trace of a
-CUDA step (``plan/target.py``) takes the CUDA path on CPU fake tensors: each offloaded tensor becomes
-a copy made in ``host_scope`` (counted as host memory) and comes back as a fresh device copy in backward.
+device there is nothing to gain; :func:`offload_context` then uses ``save_on_cpu``. A trace of a CUDA step (a
+simulated ``DeviceTarget``, ``slimgrpo/target.py``) takes the CUDA path on CPU fake tensors: each offloaded
+tensor becomes a copy made in the target's ``host_scope`` (counted as host memory) and comes back as a fresh
+device copy in backward.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ import weakref
 import torch
 from torch import nn
 
-from slimgrpo.plan.formulas import OFFLOAD_MIN_BYTES
-from slimgrpo.plan.target import device_kind, host_scope, traced_off_device
 from slimgrpo.memory.pinned import PinnedPool, activation_pool
+from slimgrpo.target import DeviceTarget
 
-DEFAULT_MIN_BYTES = OFFLOAD_MIN_BYTES  # smaller tensors are not worth a copy (the planner uses the same)
+# Saved tensors under this many bytes stay on the device: not worth a copy (update/costs.py counts the same).
+OFFLOAD_MIN_BYTES = 1 << 20
+DEFAULT_MIN_BYTES = OFFLOAD_MIN_BYTES
 
 
 class AsyncOffload(torch.autograd.graph.saved_tensors_hooks):
@@ -48,13 +50,15 @@ class AsyncOffload(torch.autograd.graph.saved_tensors_hooks):
             ``("cpu",)`` to run the same packing logic on a CPU, where it is a plain copy).
         pool: where host copies go: on CUDA the device's pool (``pinned.activation_pool``) unless given; off
             CUDA a pool only when given (tests: a ``PinnedPool`` whose pin / unpin do nothing), else a plain
-            copy made in ``host_scope`` (the trace's host account).
+            copy made in ``target.host_scope()`` (the trace's host account).
+        target: the device whose path is taken (None: each tensor's own; a trace passes a simulated CUDA one).
 
     Attributes ``offloaded`` / ``offloaded_bytes`` count what was moved (for tests and metrics)."""
 
     def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES, device_types: tuple[str, ...] = ("cuda",),
-                 pool: PinnedPool | None = None):
+                 pool: PinnedPool | None = None, target: DeviceTarget | None = None):
         self.min_bytes = min_bytes
+        self.target = target
         self.device_types = device_types
         self.pool = pool
         self._seen: dict[int, tuple[weakref.ref, int, tuple]] = {}  # id(tensor) -> (tensor, version, packed)
@@ -77,7 +81,8 @@ class AsyncOffload(torch.autograd.graph.saved_tensors_hooks):
         return self._streams[device]
 
     def _keep(self, t: torch.Tensor) -> bool:
-        if device_kind(t) not in self.device_types or t.layout != torch.strided:
+        kind = self.target.kind_of(t) if self.target is not None else t.device.type
+        if kind not in self.device_types or t.layout != torch.strided:
             return True
         if t.numel() * t.element_size() < self.min_bytes:
             return True
@@ -105,7 +110,8 @@ class AsyncOffload(torch.autograd.graph.saved_tensors_hooks):
                 host, lease = self.pool.acquire(t.shape, t.dtype)
                 host.copy_(t.detach())
                 return ("host", t.device, host, None, lease)
-            with host_scope():  # the trace counts the copy as host memory (plan/target.py)
+            scope = self.target.host_scope() if self.target is not None else contextlib.nullcontext()
+            with scope:  # a trace counts the copy in its host account
                 return ("host", t.device, t.detach().to("cpu", copy=True), None, None)
         host, lease = (self.pool or activation_pool(t.device)).acquire(t.shape, t.dtype)
         side = self._side_stream(t.device)
@@ -124,7 +130,8 @@ class AsyncOffload(torch.autograd.graph.saved_tensors_hooks):
             return packed[1]
         _, device, host, done, lease = packed
         if done is None:  # traced: a device copy, as the CUDA run makes (.to would alias the CPU tensor)
-            return host.clone() if traced_off_device(host) or lease is not None else host.to(device)
+            off = self.target is not None and self.target.off_device(host)
+            return host.clone() if off or lease is not None else host.to(device)
         stream = torch.cuda.current_stream(device)
         stream.wait_event(done)
         out = host.to(device, non_blocking=True)
@@ -135,12 +142,14 @@ class AsyncOffload(torch.autograd.graph.saved_tensors_hooks):
         return out
 
 
-def offload_context(enabled: bool, device: torch.device, min_bytes: int = DEFAULT_MIN_BYTES):
+def offload_context(enabled: bool, device: torch.device, target: DeviceTarget | None = None,
+                    min_bytes: int = DEFAULT_MIN_BYTES):
     """The context ``accumulate_gradients`` runs each forward pass in: nothing when disabled,
-    :class:`AsyncOffload` on CUDA, ``save_on_cpu`` elsewhere (the path before this module). The choice
-    follows the planned device (``plan/target.py``): a trace of a CUDA step takes the CUDA path."""
+    :class:`AsyncOffload` on CUDA, ``save_on_cpu`` elsewhere. The choice follows ``target`` (None: ``device``'s
+    own): a trace of a CUDA step takes the CUDA path."""
     if not enabled:
         return contextlib.nullcontext()
-    if device_kind(device) == "cuda":
-        return AsyncOffload(min_bytes=min_bytes)
+    if (target or DeviceTarget.of(device)).kind_of(device) == "cuda":
+        return AsyncOffload(min_bytes=min_bytes, target=target)
     return torch.autograd.graph.save_on_cpu(pin_memory=False)
+

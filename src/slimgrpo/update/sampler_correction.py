@@ -18,6 +18,7 @@ the loss types where this does not hold (config ``vllm_problem``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable
 
@@ -79,14 +80,14 @@ def mismatch_metrics(train_logp: torch.Tensor, sampler_logp: torch.Tensor, mask:
 
 
 def correct_for_sampler(batch: UpdateBatch, sampler_logp: torch.Tensor, mask: torch.Tensor, r,
-                        train_logprobs: Callable[[], torch.Tensor]) -> dict[str, float]:
+                        train_logprobs: Callable[[], torch.Tensor]) -> tuple[UpdateBatch, dict[str, float]]:
     """Measure the sampler's mismatch on this step's rows and, with ``rollout.importance_sampling_correction``,
-    scale ``batch.advantages`` per token by the weights of ``rollout.importance_sampling_mode`` (in place).
-    ``r``: the ``rollout`` config section; ``train_logprobs``: the policy's log-probs of the batch before the
-    update, computed only when the batch has none (``batch.old_logp``). Greedy rollouts (temperature 0) have
-    no sampling distribution to correct. Returns the step's metrics."""
+    scale the advantages per token by the weights of ``rollout.importance_sampling_mode``. ``r``: the ``rollout``
+    config section; ``train_logprobs``: the policy's log-probs of the batch before the update, computed only when
+    the batch has none (``batch.old_logp``). Greedy rollouts (temperature 0) have no sampling distribution to
+    correct. Returns the batch (a new one where the advantages changed) and the step's metrics."""
     if r.temperature == 0:
-        return {}
+        return batch, {}
     train_logp = batch.old_logp if batch.old_logp is not None else train_logprobs()
     sampler_logp = sampler_logp.to(train_logp.device)
     mask = mask.to(train_logp.device)
@@ -96,5 +97,5 @@ def correct_for_sampler(batch: UpdateBatch, sampler_logp: torch.Tensor, mask: to
         weights, outside = is_weights(train_logp, sampler_logp, mask, r.importance_sampling_mode,
                                       r.importance_sampling_cap, r.importance_sampling_min)
         adv = batch.advantages
-        batch.advantages = (adv[:, None] if adv.dim() == 1 else adv) * weights.to(adv.device)
-    return mismatch_metrics(train_logp, sampler_logp, mask, weights, outside, sequence)
+        batch = dataclasses.replace(batch, advantages=(adv[:, None] if adv.dim() == 1 else adv) * weights.to(adv.device))
+    return batch, mismatch_metrics(train_logp, sampler_logp, mask, weights, outside, sequence)

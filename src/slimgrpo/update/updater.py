@@ -1,10 +1,14 @@
-"""The update stage of a step as one component: ``Updater.prepare`` turns a rollout and its advantages into
-an ``UpdateBatch`` (old / reference log-probs, the entropy cut), ``Updater.step`` runs the optimizer steps on it.
+"""The update stage of a step as one component and one call: a rollout and its advantages in, an
+``UpdateResult`` out.
 
-    updater = Updater(cfg, policy, model, optimizer, scheduler, dist, critic)
-    batch = updater.prepare(rollout, advantages)
-    advantages = updater.critic_stage(batch, advantages)   # PPO only: per-token GAE advantages
-    stats, grad_norm, skipped = updater.step(batch, step_idx)
+    settings = UpdateSettings.of(cfg, policy.model, spec)     # the run's resolved spec (spec/run.py)
+    updater = Updater(cfg, policy, model, optimizer, scheduler, dist, critic, settings)
+    result = updater.update(rollout, advantages, step_idx)   # result.stats, .grad_norm, .skipped, .metrics
+
+Inside, in this order: the batch with what the loss compares against (old / reference log-probs, the entropy
+cut: ``prepare``), PPO's critic (its values become per-token GAE advantages), the correction for another
+engine's samples (``rollout.engine=vllm``: TRL's truncated importance-sampling weights), then ``num_iterations``
+passes of optimizer steps. Each stage returns a new batch; nothing the caller holds is changed.
 
 ``Trainer.step`` calls it; ``trace/synthetic.py`` (update-only steps) and ``trace/step.py`` (``plan --trace``)
 build one around a given model.
@@ -12,15 +16,18 @@ build one around a given model.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from slimgrpo.advantage.gae import PPOSettings, ppo_advantages
-from slimgrpo.loss.entropy_control import EntropyController
+from slimgrpo.containers import Rollout
 from slimgrpo.distributed import wrap as launch
 from slimgrpo.distributed.context import DistContext
+from slimgrpo.loss.entropy_control import EntropyController
 from slimgrpo.update.batch import (UpdateBatch, UpdateStats, batch_totals, make_update_batch, merge_stats,
                                    policy_normaliser, split_update)
 from slimgrpo.update.gradients import accumulate_gradients, batch_logprobs, entropy_cut
@@ -28,7 +35,6 @@ from slimgrpo.update.loss_scale import LossScale
 from slimgrpo.update.reference import reference_on_device
 from slimgrpo.update.sampler_correction import correct_for_sampler
 from slimgrpo.update.settings import UpdateSettings
-from slimgrpo.containers import Rollout
 
 
 def trainable_parameters(policy, critic=None) -> list[torch.nn.Parameter]:
@@ -36,77 +42,101 @@ def trainable_parameters(policy, critic=None) -> list[torch.nn.Parameter]:
     return policy.trainable_parameters() + (critic.parameters() if critic else [])
 
 
-def fill_token_chunk(cfg, model) -> None:
-    """``loss.token_chunk`` unset: the automatic size for the model's vocabulary, written into ``cfg`` (so the
-    run's saved config.yaml names the size it used)."""
-    if cfg.loss.token_chunk is None:
-        from slimgrpo.causal_lm import unwrap_causal_lm
-        from slimgrpo.config import auto_token_chunk
+@dataclass(frozen=True)
+class UpdateResult:
+    """What one update returns: its statistics (this rank's), the last gradient norm, whether it was skipped (a
+    loss or the gradient norm was not finite: its gradients were dropped and the passes stopped there), each row's
+    advantage as the loss took it (PPO: the row's mean GAE advantage), the learning rate after it, the
+    entropy-bonus coefficient (None without the bonus), a float16 policy's loss scale (None otherwise), PPO's
+    critic numbers before the update (``value_metrics``) and the sampler's mismatch with the training forward
+    (``sampler_metrics``: another engine's samples)."""
 
-        cfg.loss.token_chunk = auto_token_chunk(unwrap_causal_lm(model).config.vocab_size)
+    stats: UpdateStats
+    grad_norm: float
+    skipped: bool
+    advantages: torch.Tensor  # [rows]
+    learning_rate: float
+    entropy_coef: float | None = None
+    loss_scale: float | None = None
+    value_metrics: dict[str, Any] = field(default_factory=dict)
+    sampler_metrics: dict[str, float] = field(default_factory=dict)
 
 
 class Updater:
     """The policy update of one step (module docstring).
 
-    ``cfg``: its ``loss``, ``memory``, ``optim`` and ``rollout`` sections are read (and ``critic`` by PPO's
+    ``cfg``: its ``loss``, ``optim``, ``rollout`` and ``distributed`` sections are read (and ``critic`` by PPO's
     critic); ``policy``: the ``modeling.Policy`` (reference, device, trainable parameters); ``model``: the model
     the update runs, a DDP / FSDP2 wrapper under torchrun; ``critic``: PPO's value function
-    (``update/critic.py``), trained beside the policy in every optimizer step."""
+    (``update/critic.py``), trained beside the policy in every optimizer step; ``settings``: how the passes run
+    (``UpdateSettings.of``: from the run's resolved spec, ``spec/run.py``), None: the config's own on the
+    policy's device."""
 
-    def __init__(self, cfg, policy, model, optimizer, scheduler, dist: DistContext | None = None, critic=None):
+    def __init__(self, cfg, policy, model, optimizer, scheduler, dist: DistContext | None = None, critic=None,
+                 settings: UpdateSettings | None = None):
         self.cfg, self.policy, self.model, self.critic = cfg, policy, model, critic
         self.optimizer, self.scheduler = optimizer, scheduler
         self.dist = dist or DistContext()
-        fill_token_chunk(cfg, policy.model)
-        self.settings = UpdateSettings.from_config(cfg, policy.model)
+        self.settings = settings or UpdateSettings.of(cfg, policy.model, world_size=self.dist.world_size)
         self.entropy_control = EntropyController.from_config(cfg.loss)  # entropy bonus coefficient
         self.ppo_settings = PPOSettings.from_config(cfg.loss)  # PPO's KL reward, GAE, whitening
-        self.value_metrics: dict[str, Any] = {}  # PPO: the critic's numbers of this step
         self.loss_scale = LossScale.for_model(policy.model)  # a float16 policy's dynamic loss scale, else 1
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return trainable_parameters(self.policy, self.critic)
 
+    def update(self, rollout: Rollout, advantages: torch.Tensor, step_idx: int = 0) -> UpdateResult:
+        """One step's update of ``rollout`` scored with ``advantages`` [rows] (module docstring); ``step_idx``:
+        steps before this one (the reference sync counts optimizer steps)."""
+        batch = self.prepare(rollout, advantages)
+        batch, row_advantages, value_metrics = self._critic_stage(batch, advantages)
+        sampler_metrics = {}
+        if self.settings.off_policy:
+            batch, sampler_metrics = self._correct_for_sampler(batch, rollout)
+        stats, grad_norm, skipped = self._step(batch, step_idx)
+        coef = self.entropy_control.coef if self.settings.loss.entropy_bonus else None  # after the update
+        return UpdateResult(stats, grad_norm, skipped, row_advantages, self.scheduler.get_last_lr()[0], coef,
+                            self.loss_scale.value if self.loss_scale.active else None, value_metrics,
+                            sampler_metrics)
+
     def prepare(self, rollout: Rollout, advantages: torch.Tensor) -> UpdateBatch:
         """The rows of ``rollout`` with what the loss compares against: the old policy's log-probs (when the
-        policy moves before the last pass, or for PPO's KL reward), the reference's (a KL term), the entropy cut."""
+        policy moves before the last pass, or for PPO's KL reward), the reference's (a KL term), the entropy cut.
+        The first part of ``update``, public for what inspects it (tests, benchmarks)."""
         cfg, settings = self.cfg, self.settings
         batch = make_update_batch(rollout, advantages, cfg.loss.mask_truncated_completions)
         if cfg.needs_old_logp:
-            batch.old_logp = batch_logprobs(self.model, batch, settings, self.dist)
+            batch = dataclasses.replace(batch, old_logp=batch_logprobs(self.model, batch, settings, self.dist))
         if cfg.needs_reference:
             sharded_root = self.model if cfg.distributed.strategy == "fsdp" and self.dist.enabled else None
             # a streamed full-fine-tuning reference computes on the device (update/reference.py)
             with self.policy.reference(sharded_root) as ref_model, reference_on_device(self.policy, ref_model) as ref:
-                batch.ref_logp = batch_logprobs(ref, batch, settings, self.dist)
-        batch.entropy_cut = entropy_cut(self.model, batch, settings, self.dist)
-        return batch
+                batch = dataclasses.replace(batch, ref_logp=batch_logprobs(ref, batch, settings, self.dist))
+        return dataclasses.replace(batch, entropy_cut=entropy_cut(self.model, batch, settings, self.dist))
 
-    def critic_stage(self, batch: UpdateBatch, advantages: torch.Tensor) -> torch.Tensor:
-        """PPO: the scores become per-token advantages in ``batch`` (values, KL reward, GAE); returns each
-        row's mean advantage for the log (``value_metrics``: the critic's numbers). Without a critic: nothing."""
+    def _critic_stage(self, batch: UpdateBatch, advantages: torch.Tensor
+                      ) -> tuple[UpdateBatch, torch.Tensor, dict[str, Any]]:
+        """PPO: the scores become per-token advantages (values, KL reward, GAE): the batch with them, each row's
+        mean advantage for the log and the critic's numbers. Without a critic: the batch and advantages as given."""
         if self.critic is None:
-            return advantages
+            return batch, advantages, {}
         values = self.critic.batch_values(batch, self.settings)  # at sampling time
         ppo = ppo_advantages(advantages, values, batch.loss_mask, batch.old_logp, batch.ref_logp,
                              self.ppo_settings, self.dist)  # advantage/gae.py
-        batch.loss_mask, batch.advantages = ppo.mask, ppo.advantages  # unscorable rows leave the loss
-        batch.returns, batch.old_values = ppo.returns, values
-        self.value_metrics = ppo.metrics
-        return ppo.row_mean
+        batch = dataclasses.replace(batch, loss_mask=ppo.mask, advantages=ppo.advantages,  # unscorable rows leave
+                                    returns=ppo.returns, old_values=values)
+        return batch, ppo.row_mean, ppo.metrics
 
-    def correct_for_sampler(self, batch: UpdateBatch, rollout: Rollout) -> dict[str, float]:
+    def _correct_for_sampler(self, batch: UpdateBatch, rollout: Rollout) -> tuple[UpdateBatch, dict[str, float]]:
         """Another engine's samples (``rollout.engine=vllm``): the log-prob mismatch measured, TRL's truncated
-        importance-sampling weights folded into ``batch.advantages`` (``update/sampler_correction.py``)."""
+        importance-sampling weights folded into the batch's advantages (``update/sampler_correction.py``)."""
         return correct_for_sampler(batch, rollout.sampler_logprobs, rollout.model_mask, self.cfg.rollout,
                                    lambda: batch_logprobs(self.model, batch, self.settings, self.dist))
 
-    def step(self, batch: UpdateBatch, step_idx: int = 0) -> tuple[UpdateStats, float, bool]:
+    def _step(self, batch: UpdateBatch, step_idx: int = 0) -> tuple[UpdateStats, float, bool]:
         """``num_iterations`` passes over the batch, each one optimizer step per ``steps_per_generation`` slice,
-        then one scheduler step. ``step_idx``: steps before this one (the reference sync counts optimizer steps).
-        Returns ``(stats, grad_norm, skipped)``: skipped when a loss or the gradient norm was not finite (the
-        gradients are dropped and the passes stop there). Every ``.grad`` is None when it returns."""
+        then one scheduler step. Returns ``(stats, grad_norm, skipped)``. Every ``.grad`` is None when it
+        returns."""
         cfg = self.cfg
         slices = split_update(batch, cfg.loss.steps_per_generation)
         totals = [batch_totals(part, self.dist) for part in slices]  # rows and tokens over every rank

@@ -1,8 +1,6 @@
-"""Fit a run into a memory budget, and show a plan.
+"""The search for settings that fit a memory budget.
 
-    budget = parse_bytes("24GiB")
-    inputs, steps, fits = fit_to_budget(shape, inputs, budget)
-    render_plan(plan_memory(shape, inputs), budget_bytes=budget)
+    spec, steps, fits = fit_to_budget(shape, spec, parse_bytes("24GiB"))
 
 The fitting is greedy and cheapest-first. The ladder below orders the knobs by what they cost
 in speed or in training quality (free first, changing the task last). At every step the first rung
@@ -13,19 +11,16 @@ rung helps. Halving rungs (token_chunk, micro_batch_rows, ...) can be applied se
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from slimgrpo.plan.planner import CUDA_TRACE_MARGIN, GiB, PHASES, MemoryPlan, PlanInputs, plan_memory
-from slimgrpo.plan.shapes import ModelShape
+from slimgrpo.plan.model import plan_memory
+from slimgrpo.plan.types import MemoryPlan
+from slimgrpo.spec.run import RunSpec
+from slimgrpo.spec.shape import ModelShape
+from slimgrpo.units import format_gib, parse_bytes
 
-_UNITS = {
-    "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
 
 # A rung is applied only if it removes at least this fraction of the excess over the budget, so
 # that the sequence is not padded with changes that barely matter.
@@ -36,76 +31,46 @@ VOCAB_CHUNK = 32_768
 MIN_COMPLETION_LENGTH = 64
 
 
-def parse_bytes(value: str | int) -> int:
-    """Parse a memory size: an int (bytes) or a string such as "16GiB", "16 GB", "1.5TiB", "4096".
-
-    Decimal units (kB, MB, GB, TB = 10^3k) and binary units (KiB, MiB, GiB, TiB = 2^10k) are kept
-    apart; case does not matter. A bare "G"/"M"/"K" is ambiguous and rejected.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"expected a memory size, got {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"memory size must be >= 0, got {value}")
-        return value
-    if not isinstance(value, str):
-        raise ValueError(f"expected a memory size as int or string, got {type(value).__name__}")
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*", value)
-    if not match:
-        raise ValueError(f"cannot read {value!r} as a memory size; write e.g. '16GiB', '24GB' or '8000MiB'")
-    number, unit = float(match.group(1)), match.group(2).lower()
-    if unit in ("k", "m", "g", "t"):
-        raise ValueError(
-            f"{value!r} is ambiguous: write {match.group(1)}{unit.upper()}iB (powers of 1024, what GPU tools "
-            f"show) or {match.group(1)}{unit.upper()}B (powers of 1000)"
-        )
-    if unit == "":
-        unit = "b"
-    if unit not in _UNITS:
-        raise ValueError(f"unknown unit {match.group(2)!r} in {value!r}; use B, kB, MB, GB, TB, KiB, MiB, GiB or TiB")
-    return int(round(number * _UNITS[unit]))
-
-
 @dataclass(frozen=True)
 class Suggestion:
     """One change of the fitting sequence and the plan once it (and all before it) is applied."""
 
-    change: dict[str, Any]  # PlanInputs field -> new value
+    change: dict[str, Any]  # RunSpec field -> new value
     description: str  # what it does and what it costs
     plan_after: MemoryPlan
 
 
 # A rung looks at the current inputs and returns (change, description), or None when it does not apply.
-Rung = Callable[[PlanInputs], "tuple[dict[str, Any], str] | None"]
+Rung = Callable[[RunSpec], "tuple[dict[str, Any], str] | None"]
 
 
-def _chunked_loss(x: PlanInputs):
+def _chunked_loss(x: RunSpec):
     if not x.chunked_loss:
         return {"chunked_loss": True}, "chunked LM-head loss: never materialise [rows, T, V] logits (no quality cost)"
     return None
 
 
-def _smaller_token_chunk(x: PlanInputs):
+def _smaller_token_chunk(x: RunSpec):
     if x.chunked_loss and x.token_chunk > MIN_TOKEN_CHUNK:
         new = max(MIN_TOKEN_CHUNK, x.token_chunk // 2)
         return {"token_chunk": new}, f"token_chunk {x.token_chunk} -> {new}: smaller logits chunks (slightly slower)"
     return None
 
 
-def _vocab_chunk(x: PlanInputs):
+def _vocab_chunk(x: RunSpec):
     if x.chunked_loss and x.vocab_chunk is None:
         return {"vocab_chunk": VOCAB_CHUNK}, f"vocab_chunk {VOCAB_CHUNK}: online log-sum-exp over vocabulary slices"
     return None
 
 
-def _checkpointing(x: PlanInputs):
+def _checkpointing(x: RunSpec):
     if not x.gradient_checkpointing:
         return ({"gradient_checkpointing": True},
                 "gradient checkpointing: keep layer inputs only, recompute in backward (~30% slower update)")
     return None
 
 
-def _eight_bit(x: PlanInputs):
+def _eight_bit(x: RunSpec):
     """Not for bfloat16 full fine-tuning sharded by FSDP2: validation refuses that combination
     (config/precision.py: no 8-bit AdamW steps bfloat16 DTensors), so the fit must not land on it."""
     if x.fsdp_shards > 1 and not x.lora and x.param_dtype_bytes == 2:
@@ -115,14 +80,14 @@ def _eight_bit(x: PlanInputs):
     return None
 
 
-def _lora(x: PlanInputs):
+def _lora(x: RunSpec):
     if not x.lora:
         return ({"lora": True},
                 f"LoRA rank {x.lora_rank}: train adapters only; the reference becomes the base (quality may differ)")
     return None
 
 
-def _offload(x: PlanInputs):
+def _offload(x: RunSpec):
     if x.device == "cuda" and x.gradient_checkpointing and not x.offload_activations:
         return ({"offload_activations": True},
                 "offload activation checkpoints to host RAM (needs host memory, a few % slower)")
@@ -130,7 +95,7 @@ def _offload(x: PlanInputs):
 
 
 def _halve(field: str, floor: int, what: str) -> Rung:
-    def rung(x: PlanInputs):
+    def rung(x: RunSpec):
         current = getattr(x, field)
         if current is None:  # generation_batch_rows: None means all rows
             current = x.rows
@@ -143,7 +108,7 @@ def _halve(field: str, floor: int, what: str) -> Rung:
     return rung
 
 
-def _halve_token_budget(x: PlanInputs):
+def _halve_token_budget(x: RunSpec):
     """With memory.micro_batch_tokens set, halve the budget (not below one full row)."""
     if x.micro_batch_tokens is not None and x.micro_rows > 1:
         new = max(x.seq_len, x.micro_batch_tokens // 2)
@@ -153,7 +118,7 @@ def _halve_token_budget(x: PlanInputs):
     return None
 
 
-def _tiled_mlp(x: PlanInputs):
+def _tiled_mlp(x: RunSpec):
     if x.tiled_mlp != "on":
         return ({"tiled_mlp": "on"},
                 "tiled MLP: the MLP runs a shard of the tokens at a time, recomputed in backward (one more MLP "
@@ -161,7 +126,7 @@ def _tiled_mlp(x: PlanInputs):
     return None
 
 
-def _four_bit(x: PlanInputs):
+def _four_bit(x: RunSpec):
     if x.device == "cuda" and x.lora and not x.load_in_4bit:
         return {"load_in_4bit": True}, "QLoRA: 4-bit NF4 base weights (slower matmuls, small quality cost)"
     return None
@@ -189,14 +154,14 @@ LADDER: tuple[Rung, ...] = (
 LADDER_SAME_TASK: tuple[Rung, ...] = tuple(r for r in LADDER if r is not _shorter_completions)
 
 
-def _micro_rows(x: PlanInputs) -> PlanInputs:
+def _micro_rows(x: RunSpec) -> RunSpec:
     """Clamp micro_batch_rows to the rows of a step, so halving starts from a real value."""
     if x.micro_batch_rows > x.rows:
         return dataclasses.replace(x, micro_batch_rows=x.rows)
     return x
 
 
-def suggest_fixes(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str,
+def suggest_fixes(shape: ModelShape, inputs: RunSpec, budget_bytes: int | str,
                   host_budget: int | None = None, ladder: tuple[Rung, ...] = LADDER) -> list[Suggestion]:
     """Cumulative changes, cheapest first, until the plan's peak is within ``budget_bytes``.
 
@@ -224,7 +189,7 @@ def suggest_fixes(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str
     return steps
 
 
-def _first_rung(shape: ModelShape, ladder, x: PlanInputs, plan: MemoryPlan, host_budget: int | None, min_gain: float,
+def _first_rung(shape: ModelShape, ladder, x: RunSpec, plan: MemoryPlan, host_budget: int | None, min_gain: float,
                 same_task_only: bool = False):
     """``(inputs, plan, Suggestion)`` of the first rung of ``ladder`` that lowers the peak by at least ``min_gain``
     bytes without parking more in host RAM than ``host_budget``; None when none does."""
@@ -244,9 +209,9 @@ def _first_rung(shape: ModelShape, ladder, x: PlanInputs, plan: MemoryPlan, host
     return None
 
 
-def fit_to_budget(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str,
+def fit_to_budget(shape: ModelShape, inputs: RunSpec, budget_bytes: int | str,
                   host_budget: int | None = None,
-                  ladder: tuple[Rung, ...] = LADDER) -> tuple[PlanInputs, list[Suggestion], bool]:
+                  ladder: tuple[Rung, ...] = LADDER) -> tuple[RunSpec, list[Suggestion], bool]:
     """(inputs with all suggestions applied, the suggestions, whether the final plan fits); ``host_budget``
     and ``ladder`` as in :func:`suggest_fixes`."""
     budget = parse_bytes(budget_bytes)
@@ -258,76 +223,7 @@ def fit_to_budget(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str
     return final, steps, plan.peak_bytes <= budget
 
 
-# ----------------------------------------------------------------------------------------------
-# Rendering
-# ----------------------------------------------------------------------------------------------
-def format_gib(n: int) -> str:
-    """Bytes as GiB with two decimals ("0.00" for zero)."""
-    return f"{n / GiB:,.2f}"
-
-
-def headroom_warning(plan: MemoryPlan, budget: int) -> str | None:
-    """On CUDA, a plan that fits ``budget`` with less to spare than the allocator margin
-    (``CUDA_TRACE_MARGIN`` of the tensor peak, which the plan does not add and the trace does): say so."""
-    if plan.inputs.device != "cuda" or plan.peak_bytes > budget:
-        return None
-    margin = CUDA_TRACE_MARGIN * plan.tensor_peak_bytes
-    spare = budget - plan.peak_bytes
-    if spare >= margin:
-        return None
-    return (f"{format_gib(spare)} GiB to spare is less than the CUDA caching allocator's margin the trace assumes "
-            f"({CUDA_TRACE_MARGIN:.0%} of the {format_gib(plan.tensor_peak_bytes)} GiB tensor peak = "
-            f"{format_gib(margin)} GiB): the run may not fit; check with `slimgrpo plan --trace` or leave more room")
-
-
-def render_plan(plan: MemoryPlan, console: Any = None, budget_bytes: int | str | None = None) -> None:
-    """Print the plan as a rich table: component, phase, GiB, formula; phase totals; peak; verdict."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-    from slimgrpo.units import human_count
-
-    console = console or Console()
-    x = plan.inputs
-    mode = "QLoRA" if x.load_in_4bit else "LoRA" if x.lora else "full fine-tuning"
-    table = Table(title=f"Memory plan: {plan.shape.family} {human_count(plan.shape.num_params)} params, "
-                        f"{mode}, {x.device}, rows {x.rows} × (P {x.max_prompt_length} + T {x.max_completion_length})")
-    table.add_column("component")
-    table.add_column("phase")
-    table.add_column("GiB", justify="right")
-    table.add_column("formula", overflow="fold")
-    for c in plan.components:
-        phase = c.phase + (" (host)" if c.location == "host" else "")
-        style = "dim" if c.bytes == 0 or c.location == "host" else None
-        table.add_row(Text(c.name), phase, format_gib(c.bytes), Text(c.formula), style=style)
-    table.add_section()
-    for phase in PHASES:
-        table.add_row(f"total {phase}", phase, format_gib(plan.phase_total(phase)), "", style="bold")
-    table.add_row("peak", plan.peak_phase, format_gib(plan.peak_bytes), f"always + {plan.peak_phase}", style="bold")
-    console.print(table)
-    if plan.host_bytes:
-        console.print(f"host RAM held besides the device peak: {format_gib(plan.host_bytes)} GiB")
-    for note in plan.notes:
-        console.print(Text("note: ", style="yellow") + Text(note))
-    from slimgrpo.plan.tricks import assumed_tricks
-
-    console.print("memory tricks this plan assumes (and what decided each):")
-    for line in assumed_tricks(plan):
-        console.print(Text("  - " + line), soft_wrap=True)
-    if budget_bytes is not None:
-        budget = parse_bytes(budget_bytes)
-        if plan.peak_bytes <= budget:
-            console.print(f"[green]fits[/green] in {format_gib(budget)} GiB "
-                          f"({format_gib(budget - plan.peak_bytes)} GiB to spare)")
-            warning = headroom_warning(plan, budget)
-            if warning:
-                console.print(Text("warning: ", style="yellow") + Text(warning), soft_wrap=True)
-        else:
-            console.print(f"[red]does not fit[/red] in {format_gib(budget)} GiB: "
-                          f"over by {format_gib(plan.peak_bytes - budget)} GiB")
-
-
-def blocked_ways(shape: ModelShape, inputs: PlanInputs, budget_bytes: int | str, host_budget: int | None,
+def blocked_ways(shape: ModelShape, inputs: RunSpec, budget_bytes: int | str, host_budget: int | None,
                  suggestions: list[Suggestion]) -> list[Suggestion]:
     """Ways to fit that the fit did not take because ``host_budget`` is too small: offloading the activation
     checkpoints (CUDA) on top of the suggestions that keep the task, fitted further with the same-task rungs

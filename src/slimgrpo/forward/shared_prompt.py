@@ -30,9 +30,9 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from slimgrpo.causal_lm import unwrap_causal_lm
-from slimgrpo.loss.gather import select_cache_rows, take_rows
-from slimgrpo.loss.logprobs import CompletionRows, HiddenOut, completion_position_ids, hidden_layout, lm_head_spec
-from slimgrpo.loss.packed import row_groups
+from slimgrpo.forward.gather import select_cache_rows, take_rows
+from slimgrpo.forward.packed import row_groups
+from slimgrpo.forward.rows import CompletionRows, HiddenOut, completion_position_ids, hidden_layout, lm_head_spec
 
 
 def shares_work(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion_tokens: int) -> int:

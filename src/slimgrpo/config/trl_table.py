@@ -1,9 +1,13 @@
-"""The table: every key of TRL 1.16's ``trl grpo`` YAML and what slimgrpo does with it (see rules.py)."""
+"""The table: every key of TRL 1.16's ``trl grpo`` YAML (``GRPOConfig`` with the ``TrainingArguments`` it inherits,
+``ModelConfig``, the script arguments) and what slimgrpo does with it (``trl_rules.py``). One table for every way
+a TRL setting reaches slimgrpo: the config parser's hints for a TRL name in a slimgrpo config (``hint_for``),
+``slimgrpo train --trl-config`` (``trl_compat/convert.py``) and docs/trl-migration.md's table
+(``scripts/gen_trl_migration.py``)."""
 
 from __future__ import annotations
 
-from slimgrpo.trl_compat import rules as r
-from slimgrpo.trl_compat.rules import I, M, R
+from slimgrpo.config import trl_rules as r
+from slimgrpo.config.trl_rules import I, M, R
 
 _VLLM_SERVER = "server mode only: slimgrpo's vLLM runs colocated in the training process (no server to reach)"
 _HUB = "slimgrpo never uploads; push the run's final/ folder yourself"
@@ -293,3 +297,17 @@ RULES: list[r.Rule] = [
 
 BY_KEY: dict[str, r.Rule] = {rule.key: rule for rule in RULES}
 assert len(BY_KEY) == len(RULES), "a TRL key has two rules"
+
+
+def hint_for(key: str) -> str | None:
+    """A sentence for a TRL key written in a slimgrpo config (``bf16``, ``gradient_accumulation_steps``): what
+    slimgrpo calls it, or why it has no key. None for a key that is not TRL's."""
+    rule = BY_KEY.get(key)
+    if rule is None:
+        return None
+    if rule.kind == "map" and rule.targets:
+        note = f" ({rule.note})" if rule.note else ""
+        return f"{key!r} is TRL's name: in slimgrpo use {' and '.join(rule.targets)}{note}."
+    if rule.kind == "map":
+        return f"{key!r} is TRL's: {rule.note}."
+    return f"{key!r} is TRL's and has no slimgrpo key: {rule.note}."

@@ -33,17 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from slimgrpo.config.context import position_limit
+from slimgrpo.families import FAMILIES
 from slimgrpo.model_gguf import gguf_config, is_gguf
-
-# Per-family architecture details that change the parameter count.
-#   qkv_bias:  q_proj/k_proj/v_proj carry a bias vector (Qwen2).
-#   qk_norm:   an RMSNorm of size head_dim on queries and on keys in every layer (Qwen3).
-FAMILIES: dict[str, dict[str, bool]] = {
-    "llama": {"qkv_bias": False, "qk_norm": False},
-    "mistral": {"qkv_bias": False, "qk_norm": False},
-    "qwen2": {"qkv_bias": True, "qk_norm": False},
-    "qwen3": {"qkv_bias": False, "qk_norm": True},
-}
 
 # Suffixes dropped when a Hugging Face model id is matched against the presets
 # ("Qwen/Qwen2.5-0.5B-Instruct" -> "qwen2.5-0.5b"): chat tuning does not change the shape.
@@ -180,7 +171,7 @@ class ModelShape:
 
 def preset_shapes() -> dict[str, ModelShape]:
     """The bundled presets of ``shapes.json``, by lower-case name."""
-    text = resources.files("slimgrpo.plan").joinpath("shapes.json").read_text(encoding="utf-8")
+    text = resources.files("slimgrpo.spec").joinpath("shapes.json").read_text(encoding="utf-8")
     raw = json.loads(text)
     return {name.lower(): ModelShape(**fields) for name, fields in raw.items() if not name.startswith("_")}
 

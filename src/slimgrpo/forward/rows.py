@@ -1,8 +1,11 @@
-"""Per-token log-probabilities of completions under a Hugging Face causal LM, memory-lean.
+"""The rows a forward pass takes and what it hands the LM head.
 
-``completion_logprobs`` runs the model's backbone once, keeps the final hidden states of the
-positions that predict the completion, and sends them through the LM head chunk by chunk
-(``chunked_token_logprobs``), so that the ``[rows, tokens, vocab]`` logits never exist.
+``CompletionRows``: padded rows whose last ``T`` columns are the completions (left-padded prompt, right-padded
+completion), the one input of every forward layout. A layout (``hidden_layout``: the padded one here,
+``unpadded.py``, ``packed.py``, ``shared_prompt.py``) runs the decoder and returns ``(hidden [n, H], targets [n],
+mask [rows, T] bool, head)``: the final hidden states that predict the ``n`` scored completion tokens, those
+tokens, where they sit, and the LM head (``lm_head_spec``) the loss's chunked kernels take them through
+(``forward/passes.py``).
 
 The LM head of a causal LM is read by ``lm_head_spec``; besides its weight (and bias) a few model
 families transform the logits, and these config fields are honoured:
@@ -18,32 +21,18 @@ families transform the logits, and these config fields are honoured:
 Any other head-side transform a model family applies in its ``forward`` is not seen here; the
 tests compare the result against ``model(...).logits`` for the families above and for Qwen2.
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor, nn
 
 from slimgrpo.causal_lm import unwrap_causal_lm
-from slimgrpo.config.sections.loss import auto_token_chunk
-from slimgrpo.loss.chunked_head import HeadSpec, chunked_token_logprobs
+from slimgrpo.loss.chunked_head import HeadSpec
 
-__all__ = [
-    "CompletionRows",
-    "HeadSpec",
-    "HiddenOut",
-    "auto_token_chunk",
-    "chunked_token_logprobs",
-    "completion_hidden",
-    "completion_logprobs",
-    "completion_position_ids",
-    "hidden_layout",
-    "layout_hidden",
-    "lm_head_spec",
-]
+__all__ = ["CompletionRows", "HeadSpec", "HiddenOut", "completion_hidden", "completion_position_ids",
+           "hidden_layout", "layout_hidden", "lm_head_spec"]
 
 
 def _text_config(model: nn.Module):
@@ -183,56 +172,3 @@ def layout_hidden(model: nn.Module, rows: CompletionRows, hidden_fn=None) -> Hid
                                             rows.completion_ids, rows.completion_mask)
 
 
-def completion_logprobs(
-    model: nn.Module,
-    rows: CompletionRows,
-    *,
-    temperature: float = 1.0,
-    token_chunk: int | None = None,
-    vocab_chunk: int | None = None,
-    return_entropy: bool = False,
-    entropy_grad: bool = False,
-    hidden_fn=None,
-) -> tuple[Tensor, Tensor | None]:
-    """``log pi(o_t | q, o_<t)`` for every completion token, without full logits.
-
-    Args:
-        model: a Hugging Face causal LM, optionally wrapped in a peft ``PeftModel``.  It must be
-            callable module by module (not a DDP wrapper; FSDP2 ``fully_shard`` needs the caller
-            to unshard the root-held parameters, embeddings and head).
-        rows: the padded rows (checked by ``hidden_layout``):
-            ``input_ids`` ``[rows, P + T]`` left-padded prompt followed by right-padded completion;
-            ``attention_mask`` ``[rows, P + T]`` 1 on real tokens (prompt and completion), 0 on padding;
-            ``T`` the completion length, the last ``T`` columns of ``input_ids``;
-            ``completion_ids`` ``[rows, T]`` the completion tokens (``input_ids[:, -T:]``), the targets;
-            ``completion_mask`` ``[rows, T]`` bool, the tokens to score (None:
-            ``attention_mask[:, -T:]``); other positions get 0 and are never sent through the head.
-        temperature: divides the logits, as during sampling.
-        token_chunk, vocab_chunk: passed to ``chunked_token_logprobs``.
-        return_entropy: also return the per-token entropy (no gradient).
-        entropy_grad: give the entropy a gradient (the entropy bonus, ``loss.entropy_coef``).
-        hidden_fn: replaces ``completion_hidden`` (same signature), e.g.
-            ``loss.shared_prompt.shared_completion_hidden``.
-
-    Returns:
-        ``(logp [rows, T] float32, entropy [rows, T] float32 or None)``.
-
-    The backbone (``get_decoder()``) runs once with ``position_ids = cumsum(mask) - 1`` so left
-    padding does not shift positions; the hidden state at position ``P + t - 1`` predicts
-    completion token ``t``, i.e. columns ``-T-1 .. -2`` predict the last ``T`` tokens.
-    """
-    hidden, targets, mask, head = layout_hidden(model, rows, hidden_fn)
-    logp_flat, entropy_flat = chunked_token_logprobs(
-        hidden,  # [n, H], only the scored tokens
-        head,
-        targets,  # [n]
-        temperature=temperature,
-        token_chunk=token_chunk,
-        vocab_chunk=vocab_chunk,
-        return_entropy=return_entropy,
-        entropy_grad=entropy_grad,
-    )
-    zeros = torch.zeros(mask.shape, device=logp_flat.device, dtype=torch.float32)  # [rows, T]
-    logp = zeros.masked_scatter(mask, logp_flat)
-    entropy = None if entropy_flat is None else zeros.masked_scatter(mask, entropy_flat)
-    return logp, entropy

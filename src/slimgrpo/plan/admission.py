@@ -1,6 +1,14 @@
-"""The plan a run is checked against before any weights load: config to planner inputs, the budget, and
-the refusal (or the applied fit) when the plan does not fit. Library code; ``commands/plan.py`` is the
-``slimgrpo plan`` command on top of it."""
+"""The admission of a run, before any weights load: its plan against ``memory.budget`` (and ``memory.host_budget``),
+the refusal, or the fit applied (``memory.fit``: the planner's changes, or with ``trace`` the changes checked by
+the trace), and what the config leaves to the plan decided for the run:
+
+    admission = admit(cfg, world_size=1, prompt_tokens=153)    # prints the plan's headline (or table)
+    admission.cfg, admission.spec, admission.plan              # the config it runs, the resolved spec
+
+Called from above the run's build (``train/trainer.py``), which reads the verdict (``spec.run.Admission``) and
+applies it: the spec's ``decode_packing`` and ``tiled_mlp``, the pinned-memory cap of offloaded checkpoints, what
+happens when the MLPs cannot be tiled. ``commands/plan.py`` is the ``slimgrpo plan`` command over the same
+functions."""
 
 from __future__ import annotations
 
@@ -10,14 +18,18 @@ from typing import Any
 
 from rich.console import Console
 
-from slimgrpo.config import Config, ConfigError, auto_token_chunk, from_dict, merge_overrides, resolve_path
-from slimgrpo.config.sections.loss import takes_fused_path
-from slimgrpo.config.sections.rollout import resolve_engine
-from slimgrpo.plan.advice import Suggestion, fit_to_budget, format_gib, parse_bytes, render_plan
-from slimgrpo.plan.planner import MemoryPlan, PlanInputs, plan_memory
-from slimgrpo.plan.shapes import ModelShape, load_shape
+from slimgrpo.config import Config, ConfigError, from_dict, merge_overrides, resolve_path
+from slimgrpo.config.errors import MemoryBudgetError
+from slimgrpo.plan.model import plan_memory, resolve
+from slimgrpo.plan.render import render_plan
+from slimgrpo.plan.search import Suggestion, fit_to_budget
+from slimgrpo.plan.types import MemoryPlan
+from slimgrpo.spec.run import Admission, RunSpec, cuda_index, run_spec, spec_device, tiled_mlp_setting
+from slimgrpo.spec.shape import ModelShape, load_shape
+from slimgrpo.trace.step import TraceResult, trace_step
+from slimgrpo.units import format_gib, parse_bytes
 
-# PlanInputs field -> config key, for turning the planner's advice into overrides.
+# RunSpec field -> config key, for turning the planner's advice into overrides.
 CONFIG_KEY = {
     "lora": "lora.enabled",
     "lora_rank": "lora.r",
@@ -37,93 +49,6 @@ CONFIG_KEY = {
 }
 
 
-def plan_device(cfg: Config, override: str | None = None) -> str:
-    if override:
-        return override
-    if cfg.run.device == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cuda" if cfg.run.device.startswith("cuda") else "cpu"
-
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # model.dtype / rollout.vllm_dtype -> bytes per weight
-
-
-def plan_inputs(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_064,
-                prompt_tokens: int | None = None) -> PlanInputs:
-    """What the planner needs, read off the config (per process under torchrun). ``prompt_tokens``: the
-    longest tokenized prompt of the run's data (``train/prompts.py``), which the plan counts every prompt at
-    (at most ``data.max_prompt_length``); None: the bound itself."""
-    dtype_bytes = DTYPE_BYTES.get(cfg.model.dtype, 2 if device == "cuda" else 4)
-    prompts = max(cfg.prompts_per_step // max(world_size, 1), 1)
-    rows = prompts * cfg.rollout.num_generations
-    targets = cfg.lora.target_modules
-    return PlanInputs(
-        device=device, param_dtype_bytes=dtype_bytes, lora=cfg.lora.enabled, lora_rank=cfg.lora.r,
-        lora_target_modules=(targets,) if isinstance(targets, str) else tuple(targets),
-        load_in_4bit=cfg.model.load_in_4bit, optimizer=cfg.memory.optimizer, bf16_update=cfg.memory.bf16_update,
-        num_generations=cfg.rollout.num_generations, prompts_per_step=prompts,
-        micro_batch_rows=min(cfg.memory.micro_batch_size or rows, rows),
-        max_prompt_length=min(prompt_tokens or cfg.data.max_prompt_length, cfg.data.max_prompt_length),
-        max_completion_length=cfg.rollout.max_completion_length,
-        beta=cfg.loss.beta, num_iterations=cfg.loss.num_iterations * cfg.loss.steps_per_generation,  # > 1: old log-probs
-        ppo=cfg.ppo, kl_coef=cfg.loss.kl_coef,
-        gradient_checkpointing=cfg.memory.gradient_checkpointing,
-        offload_activations=cfg.memory.offload_activations,
-        reference_placement=cfg.memory.reference_placement,
-        token_chunk=cfg.loss.token_chunk or auto_token_chunk(vocab),
-        vocab_chunk=cfg.loss.vocab_chunk, chunked_loss=True, fused_loss=fused_loss(cfg),
-        entropy_bonus=cfg.loss.entropy_bonus,
-        generation_batch_rows=cfg.rollout.max_batch_rows,
-        attn_implementation=cfg.model.attn_implementation or "sdpa",
-        micro_batch_tokens=cfg.memory.micro_batch_tokens,
-        share_prompt_forward=cfg.memory.share_prompt_forward,
-        kv_cache_dtype=cfg.rollout.kv_cache_dtype,
-        tiled_mlp=tiled_mlp_setting(cfg),
-        fsdp_shards=world_size if cfg.distributed.strategy == "fsdp" and world_size > 1 else 1,
-        ddp=cfg.distributed.strategy == "ddp" and world_size > 1,
-        fsdp_generation=cfg.distributed.fsdp_generation,
-        **vllm_inputs(cfg, device, dtype_bytes),
-    )
-
-
-def fused_loss(cfg: Config) -> bool:
-    """Whether the update's micro-batches take the fused head + loss (``update.micro_loss``'s rule,
-    ``config.sections.loss.takes_fused_path``). An adaptive entropy bonus switches path with its coefficient:
-    planned fused, whose blocks are at least the separate path's with the bonus."""
-    L = cfg.loss
-    always_bonus = L.entropy_coef != 0.0 and not L.use_adaptive_entropy
-    return takes_fused_path(L.fuse_head_loss, L.top_entropy_quantile, always_bonus, L.importance_sampling_level,
-                            cfg.needs_old_logp, L.vocab_chunk)
-
-
-def vllm_inputs(cfg: Config, device: str, dtype_bytes: int) -> dict[str, Any]:
-    """The planner's vLLM fields (plan/vllm.py) from the ``rollout`` section; none when the run uses the
-    built-in engine. On CUDA the GPU's memory is read where one is visible (vLLM claims a fraction of it)."""
-    r = cfg.rollout
-    if resolve_engine(r.engine, device) != "vllm":
-        return {}
-    total = None
-    if device == "cuda":
-        index = cuda_index(cfg.run.device)
-        if index is not None:
-            import torch
-
-            total = int(torch.cuda.mem_get_info(index)[1])
-    return {"rollout_engine": "vllm", "vllm_sleep": r.vllm_sleep_mode,
-            "vllm_weight_bytes": DTYPE_BYTES.get(r.vllm_dtype, dtype_bytes),
-            "vllm_kv_cache_bytes": int(r.vllm_kv_cache_gb * 2**30) if r.vllm_kv_cache_gb is not None else None,
-            "vllm_gpu_memory_utilization": r.vllm_gpu_memory_utilization, "gpu_total_bytes": total,
-            "vllm_context": cfg.data.max_prompt_length + r.max_completion_length}
-
-
-def tiled_mlp_setting(cfg: Config) -> str:
-    """``memory.tiled_mlp`` as ``auto`` / ``on`` / ``off`` (YAML reads a bare on / off as true / false)."""
-    value = cfg.memory.tiled_mlp
-    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
-
-
 def overrides_for(changes: dict[str, Any]) -> list[str]:
     out = []
     for field, value in changes.items():
@@ -136,18 +61,6 @@ def overrides_for(changes: dict[str, Any]) -> list[str]:
             value = "null"
         out.append(f"{key}={value}")
     return out
-
-
-def cuda_index(run_device: str) -> int | None:
-    """The GPU a run uses: N of ``run.device=cuda:N``, else the current device (under torchrun the rank's
-    own, set from LOCAL_RANK before any plan); None without CUDA."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    if run_device.startswith("cuda:"):
-        return int(run_device.split(":", 1)[1])
-    return torch.cuda.current_device()
 
 
 def budget_bytes(spec: str, device: str, run_device: str = "auto") -> int:
@@ -166,12 +79,6 @@ def budget_bytes(spec: str, device: str, run_device: str = "auto") -> int:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024
     raise ConfigError("memory.budget=auto: cannot read available memory here; give a size such as 16GiB")
-
-
-class MemoryBudgetError(ConfigError):
-    """The run's memory plan exceeds ``memory.budget``: exit code 4 (``slimgrpo.exit_codes``), not 2."""
-
-    exit_code = 4
 
 
 def host_budget_bytes(cfg: Config, device: str, strict: bool = True) -> int | None:
@@ -267,7 +174,7 @@ def not_modelled(cfg: Config, plan: MemoryPlan) -> list[str]:
 @dataclasses.dataclass(frozen=True)
 class PlanScope:
     """What a config is planned for besides itself: the model's shape, the device, the processes of the job
-    (the plan is one rank's) and the data's longest prompt (``plan_inputs``' ``prompt_tokens``; None: the
+    (the plan is one rank's) and the data's longest prompt (``run_spec``'s ``prompt_tokens``; None: the
     bound data.max_prompt_length)."""
 
     shape: ModelShape
@@ -275,23 +182,32 @@ class PlanScope:
     world_size: int = 1
     prompt_tokens: int | None = None
 
-    def inputs(self, cfg: Config) -> PlanInputs:
-        return plan_inputs(cfg, self.device, self.world_size, self.shape.vocab, self.prompt_tokens)
+    def inputs(self, cfg: Config) -> RunSpec:
+        return run_spec(cfg, self.device, self.world_size, self.shape.vocab, self.prompt_tokens)
 
     def plan(self, cfg: Config) -> MemoryPlan:
         return plan_memory(self.shape, self.inputs(cfg))
 
-    def trace(self, cfg: Config, trace_step):
-        """``trace_step`` (``trace/step.py``) of ``cfg`` at this scope's device and prompt length."""
-        return trace_step(cfg, self.shape, self.device, prompt_tokens=self.prompt_tokens)
+    def trace(self, cfg: Config):
+        """The trace of ``cfg``'s step at this scope's device and prompt length (``trace_config``)."""
+        return trace_config(cfg, self.shape, self.device, prompt_tokens=self.prompt_tokens)
+
+
+def trace_config(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens: int | None = None,
+                 generation: bool = True, decode_steps: int = 2) -> TraceResult:
+    """The trace of one step of ``cfg`` for a model of ``shape`` on ``device`` (``trace/step.py``), its spec resolved
+    as a run resolves it (``model.resolve``: the tiled MLP, the decode packing). ``prompt_tokens``: the data's
+    longest prompt, which the traced prompts take (at most data.max_prompt_length); None: data.max_prompt_length."""
+    if prompt_tokens is not None and prompt_tokens < cfg.data.max_prompt_length:  # the trace's own copy
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_prompt_length=prompt_tokens))
+    spec = resolve(shape, run_spec(cfg, device, vocab=shape.vocab))
+    return trace_step(cfg, shape, spec, generation=generation, decode_steps=decode_steps)
 
 
 def settle_reference_placement(cfg: Config, scope: PlanScope) -> Config:
     """``memory.reference_placement=auto`` on a CUDA full fine-tune with a reference: ``device`` when the plan
     with the copy on the GPU fits ``memory.budget`` (or, with none, the GPU's whole memory), else ``stream``;
     returned in the config, which the run builds its policy from (``modeling.reference_placement``)."""
-    import dataclasses
-
     device = scope.device
     if device != "cuda" or cfg.lora.enabled or not cfg.needs_reference or \
             cfg.memory.reference_placement != "auto":
@@ -308,23 +224,27 @@ def settle_reference_placement(cfg: Config, scope: PlanScope) -> Config:
     return dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, reference_placement=placement))
 
 
-def check_before_training(cfg: Config, world_size: int = 1, console: Console | None = None,
-                          show: bool = True, trace_fn=None,
-                          prompt_tokens: int | None = None) -> tuple[Config, MemoryPlan | None]:
-    """Plan the run before any weights load. With ``memory.budget``: refuse a run that cannot fit
-    (with the changes that would make it fit), or apply them when ``memory.fit`` is true.
-    ``trace_fn(cfg, shape, device) -> Trace`` (``train.trace.trace_step``, which the trainer passes) checks
-    the fit by tracing with ``memory.fit=trace``; the planner does not import the trainer's code itself.
-    ``prompt_tokens``: the data's longest prompt (``plan_inputs``), None to plan at data.max_prompt_length."""
+def admit(cfg: Config, world_size: int = 1, console: Console | None = None, show: bool = True,
+          prompt_tokens: int | None = None) -> Admission:
+    """The run's admission before any weights load (module docstring): its plan, printed where ``show``; with
+    ``memory.budget`` a run that cannot fit is refused (``MemoryBudgetError``, with the changes that would make
+    it fit) or, with ``memory.fit``, fitted. ``world_size``: the processes of the job (the plan is one rank's);
+    ``prompt_tokens``: the data's longest prompt (``run_spec``), None to plan at data.max_prompt_length."""
     console = console or Console()
-    device = plan_device(cfg)
     try:
         shape = shape_of(cfg)
     except ConfigError:
         if cfg.memory.budget:
             raise
-        return cfg, None  # an architecture the planner does not model: train without a plan
-    scope = PlanScope(shape, device, world_size, prompt_tokens)
+        return Admission.unplanned(cfg, world_size, prompt_tokens)  # an architecture the planner does not model
+    scope = PlanScope(shape, spec_device(cfg), world_size, prompt_tokens)
+    cfg, plan = _planned(cfg, scope, console, show)
+    return admission_of(cfg, plan)
+
+
+def _planned(cfg: Config, scope: PlanScope, console: Console, show: bool) -> tuple[Config, MemoryPlan]:
+    """The config the run trains (fitted where ``memory.fit`` asks) and its plan; refuses a run over the budget."""
+    shape, device, prompt_tokens = scope.shape, scope.device, scope.prompt_tokens
     cfg = settle_reference_placement(cfg, scope)
     plan = scope.plan(cfg)
     host_budget = host_budget_bytes(cfg, device)
@@ -337,10 +257,7 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
         return cfg, plan
     budget = budget_bytes(cfg.memory.budget, device, cfg.run.device)
     if cfg.memory.fit == "trace":
-        if trace_fn is None:
-            raise ConfigError("memory.fit=trace needs the tracer: pass "
-                              "trace_fn=slimgrpo.trace.step.trace_step (the Trainer does)")
-        return fit_by_trace(cfg, scope, budget, console, trace_fn, show)
+        return fit_by_trace(cfg, scope, budget, console, show)
     if plan.peak_bytes <= budget:
         check_host_memory(cfg, plan, host_budget)
         if show:
@@ -367,6 +284,39 @@ def check_before_training(cfg: Config, world_size: int = 1, console: Console | N
                             f"more than memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB); {advice}")
 
 
+def admission_of(cfg: Config, plan: MemoryPlan) -> Admission:
+    """The verdict a build applies for ``cfg`` and its ``plan``: the resolved spec, the offload cap, what happens to
+    untileable MLPs."""
+    spec = resolve(plan.shape, plan.inputs)
+    offload_cap = None
+    if cfg.memory.offload_activations and spec.device == "cuda":
+        offload_cap = plan.bytes_of("offloaded checkpoints") or None
+    if_untiled, refused = _if_untiled(cfg, plan) if spec.tiled_mlp == "on" else ("", False)
+    return Admission(cfg, spec, planned=True, offload_cap_bytes=offload_cap, if_untiled=if_untiled,
+                     untiled_refused=refused, plan=plan)
+
+
+def _if_untiled(cfg: Config, plan: MemoryPlan) -> tuple[str, bool]:
+    """What happens when the MLPs the plan tiles cannot be tiled (a class the tiler does not know, dropout inside
+    it, distributed training): the run goes on untiled only if the plan without tiling fits ``memory.budget``
+    (all MLPs or none, as the plan counts them). Returns the words said after the reason, and whether they
+    refuse the run."""
+    untiled = plan_memory(plan.shape, dataclasses.replace(plan.inputs, tiled_mlp="off"))
+    if cfg.memory.budget:
+        budget = budget_bytes(cfg.memory.budget, plan.inputs.device, cfg.run.device)
+        if untiled.peak_bytes > budget:
+            return (f". Untiled, the run needs about {format_gib(untiled.peak_bytes)} GiB at its peak "
+                    f"({untiled.peak_phase}), more than memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB); "
+                    f"tiled the plan was {format_gib(plan.peak_bytes)} GiB. Use shorter sequences, smaller "
+                    "micro-batches or more memory (slimgrpo plan CONFIG memory.tiled_mlp=off shows the untiled plan)",
+                    True)
+        fits = f", which fits memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB)"
+    else:
+        fits = ""
+    return (f"; the run goes on untiled: the plan without tiling peaks at {format_gib(untiled.peak_bytes)} GiB{fits}",
+            False)
+
+
 def smallest_plan_found(plan: MemoryPlan, suggestions: list[Suggestion]) -> str:
     """The smallest plan the fit reached and the settings that reach it, for a budget nothing fits."""
     if not suggestions:
@@ -375,18 +325,16 @@ def smallest_plan_found(plan: MemoryPlan, suggestions: list[Suggestion]) -> str:
             f"{' '.join(overrides_for(all_changes(suggestions))) or 'changes that have no config key'}")
 
 
-def fitted_config(cfg: Config, scope: PlanScope, budget: int, console: Console, trace_fn=None,
+def fitted_config(cfg: Config, scope: PlanScope, budget: int, console: Console,
                   show: bool = False) -> tuple[Config, list[str]]:
     """The config ``slimgrpo train`` runs under ``memory.fit`` for ``budget`` on the scope's device, and the
     overrides it applies (empty when it runs the config as written: no fit asked, or the plan fits).
-    ``memory.fit=trace`` needs ``trace_fn`` (as :func:`check_before_training`). Raises MemoryBudgetError where train would refuse.
+    Raises MemoryBudgetError where train would refuse.
     ``slimgrpo plan`` plans and traces what this returns, so that it shows the run train will run."""
     if not cfg.memory.fit:
         return cfg, []
     if cfg.memory.fit == "trace":
-        if trace_fn is None:
-            raise ConfigError("memory.fit=trace needs the tracer (trace_fn)")
-        tried, _ = fit_by_trace(cfg, scope, budget, console, trace_fn, show)
+        tried, _ = fit_by_trace(cfg, scope, budget, console, show)
         before, after = scope.inputs(cfg), scope.inputs(tried)
         changed = {f.name: getattr(after, f.name) for f in dataclasses.fields(after)
                    if getattr(after, f.name) != getattr(before, f.name)}
@@ -406,9 +354,9 @@ def fitted_config(cfg: Config, scope: PlanScope, budget: int, console: Console, 
 FIT_BY_TRACE_ROUNDS = 4  # traces memory.fit=trace may run before it gives up
 
 
-def fit_by_trace(cfg: Config, scope: PlanScope, budget: int, console: Console, trace_step,
+def fit_by_trace(cfg: Config, scope: PlanScope, budget: int, console: Console,
                  show: bool = True) -> tuple[Config, MemoryPlan]:
-    """``memory.fit=trace``: the planner's fit, checked by a trace (``trace_step``: ``trace/step.py``).
+    """``memory.fit=trace``: the planner's fit, checked by a trace (``trace_config``).
     While the traced device peak is over ``budget``, fit the plan again to a budget smaller by the overshoot."""
     target, tried, host_budget = budget, cfg, host_budget_bytes(cfg, scope.device, strict=False)  # train checked it
     for _ in range(FIT_BY_TRACE_ROUNDS):
@@ -418,7 +366,7 @@ def fit_by_trace(cfg: Config, scope: PlanScope, budget: int, console: Console, t
         fix = overrides_for(all_changes(suggestions))
         tried = from_dict(merge_overrides(cfg.to_dict(), fix), base_dir=cfg.base_dir,
                            origins=cfg.path_origins) if fix else cfg
-        traced = scope.trace(tried, trace_step).device_peak_bytes
+        traced = scope.trace(tried).device_peak_bytes
         if show:
             console.print(f"memory.fit=trace: {' '.join(fix) or 'the config as given'}: traced peak "
                           f"{format_gib(traced)} GiB against {format_gib(budget)} GiB", soft_wrap=True)
@@ -434,52 +382,3 @@ def fit_by_trace(cfg: Config, scope: PlanScope, budget: int, console: Console, t
     raise MemoryBudgetError(f"memory.fit=trace: no settings the planner proposes trace below memory.budget="
                       f"{cfg.memory.budget} ({format_gib(budget)} GiB); use a smaller model, shorter "
                       "completions or more memory")
-
-
-def apply_tiled_mlp(cfg: Config, model, plan: MemoryPlan | None, console: Console | None = None,
-                    show: bool = True, distributed: bool = False) -> bool:
-    """Tile the policy's decoder MLPs (``memory/tiled_mlp.py``) when ``memory.tiled_mlp`` and the plan say so;
-    returns whether they run tiled. ``plan``: the run's plan (``check_before_training``), None for an
-    architecture the planner does not model (then only ``on`` tiles). All or nothing, as the plan counts it:
-    when an MLP cannot be tiled (a class the tiler does not know, dropout inside it) none is, and the run
-    goes on untiled only if the plan without tiling fits ``memory.budget``; else ``MemoryBudgetError``
-    (exit 4) with both numbers. ``distributed`` (DDP / FSDP): not tiled, the same way (each shard's backward
-    would hand a parameter its gradient more than once, which their gradient hooks do not expect)."""
-    import dataclasses
-
-    from slimgrpo.plan.planner import tiled_mlp_on
-    from slimgrpo.memory.tiled_mlp import tile_mlps, untile_mlps
-
-    setting = tiled_mlp_setting(cfg)
-    if setting == "off" or not (tiled_mlp_on(plan.shape, plan.inputs) if plan is not None else setting == "on"):
-        return False
-    if distributed:
-        reasons = ["an MLP under distributed training (not supported yet)"]
-    else:
-        report = tile_mlps(model)
-        if report.complete:
-            return True
-        untile_mlps(model)
-        reasons = report.unknown
-    console = console or Console()
-    cannot = f"memory.tiled_mlp={setting}: cannot tile {'; '.join(reasons)}"
-    if plan is None:
-        if show:
-            console.print(f"{cannot}; the run goes on untiled (no plan for this architecture)", soft_wrap=True)
-        return False
-    untiled = plan_memory(plan.shape, dataclasses.replace(plan.inputs, tiled_mlp="off"))
-    if cfg.memory.budget:
-        budget = budget_bytes(cfg.memory.budget, plan.inputs.device, cfg.run.device)
-        if untiled.peak_bytes > budget:
-            raise MemoryBudgetError(
-                f"{cannot}. Untiled, the run needs about {format_gib(untiled.peak_bytes)} GiB at its peak "
-                f"({untiled.peak_phase}), more than memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB); "
-                f"tiled the plan was {format_gib(plan.peak_bytes)} GiB. Use shorter sequences, smaller "
-                "micro-batches or more memory (slimgrpo plan CONFIG memory.tiled_mlp=off shows the untiled plan)")
-        fits = f", which fits memory.budget={cfg.memory.budget} ({format_gib(budget)} GiB)"
-    else:
-        fits = ""
-    if show:
-        console.print(f"{cannot}; the run goes on untiled: the plan without tiling peaks at "
-                      f"{format_gib(untiled.peak_bytes)} GiB{fits}", soft_wrap=True)
-    return False

@@ -23,12 +23,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from slimgrpo.loss.gather import take_rows
 from slimgrpo.causal_lm import unwrap_causal_lm
-from slimgrpo.loss.logprobs import CompletionRows, HiddenOut, hidden_layout, lm_head_spec
+from slimgrpo.families import llama_like
+from slimgrpo.forward.gather import take_rows
+from slimgrpo.forward.rows import CompletionRows, HiddenOut, hidden_layout, lm_head_spec
 
 MAX_TOKENS = 4096  # packed length limit: the [N, N] bool mask is at most 16 MiB
-_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoders known to take a prepared 4D mask as-is
 
 
 def row_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -70,7 +70,7 @@ def cheaper(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, T: int,
     that one's as well."""
     lm = unwrap_causal_lm(model)
     config = lm.config
-    if getattr(config, "model_type", None) not in _MODEL_TYPES or getattr(config, "sliding_window", None):
+    if not llama_like(getattr(config, "model_type", None)) or getattr(config, "sliding_window", None):
         return False
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
         return False  # the block mask is full attention; a sliding-window layer would see too much

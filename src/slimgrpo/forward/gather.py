@@ -6,7 +6,7 @@ values out to its rows. Written as ``x[index]``, the backward of such a gather i
 ``accumulate=True``, which on CPU adds the repeated rows with parallel atomic float adds once the
 gathered tensor has 32,768 elements or more and torch has more than one thread: the order of those adds
 is the order the threads happen to reach them, so the gradient changes in its last bits from call to call
-and run to run, and a GRPO run amplifies that into a different run after a few steps (issue 35).
+and run to run, and a GRPO run amplifies that into a different run after a few steps.
 
 ``take_rows`` gives the same values and gradients through a backward whose order is fixed on every
 device: on CPU ``index_select`` (its backward ``index_add_`` runs the indices in order), elsewhere

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from slimgrpo.loss.chunked_head import chunked_token_logprobs
 from slimgrpo.causal_lm import unwrap_causal_lm
-from slimgrpo.loss.logprobs import lm_head_spec
+from slimgrpo.forward.rows import lm_head_spec
+from slimgrpo.loss.chunked_head import chunked_token_logprobs
 
 
 def unpad_rows(input_ids: Tensor, attention_mask: Tensor, num_completion_tokens: int,
