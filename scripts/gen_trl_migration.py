@@ -46,7 +46,7 @@ def _cell(text: str) -> str:
 
 
 def render() -> str:
-    from slimgrpo.trl_compat import RULES
+    from slimgrpo.trl import RULES
 
     sources = _sources()
     lines = [BEGIN, ""]

@@ -17,7 +17,7 @@ import torch
 from slimgrpo.config import Config, LoraConfig, ModelConfig
 from slimgrpo.causal_lm import is_peft, unwrap_causal_lm
 from slimgrpo.config.context import position_limit
-from slimgrpo.memory.pinned import HostBuffer
+from slimgrpo.memory.pinned import HostBuffer, page_aligned_empty
 from slimgrpo.model_gguf import GGUFError, gguf_config, is_gguf, load_gguf_model, load_gguf_tokenizer
 
 log = logging.getLogger("slimgrpo")
@@ -359,13 +359,34 @@ def build_policy(cfg: Config, tokenizer=None) -> Policy:
     return Policy(model, tokenizer, device, dtype, reference_cpu, placement)
 
 
-def prepare_for_training(model: torch.nn.Module, cfg: Config, reference_device: torch.device | None = None
-                         ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+def policy_of(model: torch.nn.Module, tokenizer, cfg: Config) -> Policy:
+    """The policy of a model the caller loaded (TRL's ``GRPOTrainer(model=...)``): a causal LM, or one already
+    wrapped with LoRA adapters (a ``PeftModel``: its adapters are the ones trained, ``cfg.lora.enabled`` must say
+    so), moved to the run's device in the dtype it was loaded in and prepared as ``build_policy`` prepares one.
+    The caller's model object is the one trained."""
+    device = resolve_device(cfg.run.device)
+    dtype = next(model.parameters()).dtype
+    if is_peft(model) and not cfg.lora.enabled:
+        raise ValueError("the model carries LoRA adapters (a peft model): train it with lora.enabled=true")
+    model.to(device)
+    if tokenizer.pad_token_id is not None:
+        unwrap_causal_lm(model).config.pad_token_id = tokenizer.pad_token_id
+    placement = reference_placement(cfg, device)
+    model, reference_cpu = prepare_for_training(model, cfg, device if placement == "device" else None,
+                                                adapters_attached=is_peft(model))
+    return Policy(model, tokenizer, device, dtype, reference_cpu, placement)
+
+
+def prepare_for_training(model: torch.nn.Module, cfg: Config, reference_device: torch.device | None = None,
+                         adapters_attached: bool = False) -> tuple[torch.nn.Module, torch.nn.Module | None]:
     """LoRA adapters (or, for full fine-tuning with beta > 0, a frozen copy as the reference policy: in host
     memory, or on ``reference_device`` when given), gradient checkpointing, dropout off when asked, train
-    mode: ``(model, reference copy or None)``."""
+    mode: ``(model, reference copy or None)``. ``adapters_attached``: a peft model whose LoRA adapters the
+    caller attached (they are the ones trained; none are added)."""
     reference_cpu = None
-    if cfg.lora.enabled:
+    if adapters_attached:
+        adapters_in_input_dtype(model)
+    elif cfg.lora.enabled:
         model = apply_lora(model, cfg.lora, quantized=cfg.model.load_in_4bit)
     elif cfg.needs_reference:  # beta > 0, or PPO's KL reward (kl_coef > 0)
         reference_cpu = reference_copy(model, reference_device or torch.device("cpu"))
@@ -386,7 +407,7 @@ HOST_ALIGN = 64  # bytes: each tensor of a host copy starts on this boundary (to
 def reference_placement(cfg: Config, device: torch.device) -> str:
     """Where the full-fine-tuning reference lives (``memory.reference_placement``): on a CPU everything is host
     memory ("host", today's path); on CUDA ``auto`` is resolved by the plan before weights load
-    (``plan/check.py`` writes "device" or "stream" into the config); a config that never met the planner
+    (the admission, ``plan/admission.py``, writes "device" or "stream" into the config); a config that never met the planner
     (the Python API, an architecture it does not model) streams, the choice that needs least device memory."""
     value = cfg.memory.reference_placement
     if device.type != "cuda":
@@ -418,7 +439,7 @@ def reference_copy(model: torch.nn.Module, device: torch.device) -> torch.nn.Mod
         for t in tensors:
             offsets.append(total)
             total += -(-t.numel() * t.element_size() // HOST_ALIGN) * HOST_ALIGN
-        flat = torch.empty(total, dtype=torch.uint8)
+        flat = page_aligned_empty(total)  # whole pages: pinned in place later (memory/pinned.py)
         for t, off in zip(tensors, offsets):
             view = flat[off:off + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
             view.copy_(t.detach())

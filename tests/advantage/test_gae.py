@@ -2,7 +2,7 @@
 T = 7, an unscorable row, a row with no tokens, tokens masked inside a row), and the statistics that span
 rows (whitening, explained variance, the value metrics) on two ranks (threads with a fake ``Collectives``)
 against one process that holds both ranks' rows. The step's pieces alone (``gae``, ``token_rewards``,
-``masked_whiten``) are checked against loops in tests/train/test_ppo.py."""
+``masked_whiten``) are checked against loops in tests/update/test_ppo.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Nothing lost, nothing silent (issue 18): one writer per run folder, no destructive defaults, resume
+"""Nothing lost, nothing silent: one writer per run folder, no destructive defaults, resume
 refused on config changes, finished runs left alone, rewards that cannot end the run, divergence as an
 error (exit 3), and every bad input named (exit 2). Each case runs in seconds on the tiny model."""
 

@@ -1,7 +1,7 @@
 """Which GPU a run uses, read without a GPU: CUDA's queries are patched to describe a machine with four
 GPUs whose current device is 2 (as under torchrun, where ``process_group.init_process_group`` sets the current
-device from LOCAL_RANK). Each test fails on the code before issue 42, where ``cuda`` meant "no index", the
-4-bit loader's ``device_map`` then fell back to GPU 0 on every rank, ``memory.budget=auto`` read the
+device from LOCAL_RANK). Each test fails where ``cuda`` means "no index": there
+the 4-bit loader's ``device_map`` then fell back to GPU 0 on every rank, ``memory.budget=auto`` read the
 current GPU whatever ``run.device`` said, and ``memory/peak_mib`` was the allocated bytes alone."""
 
 from __future__ import annotations

@@ -55,6 +55,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ('commands/train.py', "getattr(args, 'from_command_line', False)"): ARGS,
     # config/best.py
     ('config/best.py', "getattr(spec, '__name__', type(spec).__name__)"): USER,
+    ('output/console.py', "getattr(spec, '__name__', type(spec).__name__)"): USER,
+    ('trl/grpo.py', 'getattr(peft_config, name, fine)'): PEFT,
     ('config/best.py', "hasattr(spec, 'config')"): USER,
     ('config/best.py', "hasattr(spec, 'forward')"): USER,
     # config/parse.py

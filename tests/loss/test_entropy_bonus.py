@@ -300,7 +300,7 @@ def test_trl_entropy_keys_map_and_load(tmp_path, tiny_model_dir):
     """A TRL config with the entropy keys converts without refusals into loss.* keys that load and validate."""
     from run_helpers import write_run
     from slimgrpo.config import ConfigError, load_config
-    from slimgrpo.trl_compat import convert
+    from slimgrpo.trl import convert
 
     trl = {"entropy_coef": 0.02, "use_adaptive_entropy": True, "entropy_coef_min": 0.001, "entropy_coef_max": 0.1,
            "entropy_coef_delta": 0.004, "entropy_target": 1.5}

@@ -1,4 +1,4 @@
-"""Pinned host memory equals the plan (issue 42, item 5): activation offload holds exact-size buffers from a
+"""Pinned host memory equals the plan: activation offload holds exact-size buffers from a
 pool (memory/pinned.py), not power-of-two blocks of torch's caching host allocator, and the plan's host
 line is what the pool holds. The driver's pinning is replaced by functions that do nothing (no CUDA here)."""
 
@@ -16,9 +16,14 @@ from slimgrpo.spec.shape import ModelShape
 from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout, update_config
 from slimgrpo.update import gradients
 from slimgrpo.update.offload import AsyncOffload
-from slimgrpo.memory.pinned import PinnedPool
+from slimgrpo.memory import pinned
+from slimgrpo.memory.pinned import PAGE, PinFailed, PinnedPool, page_aligned_empty
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "slimgrpo"
+
+
+def pages(nbytes: int) -> int:
+    return -(-nbytes // PAGE) * PAGE
 
 
 def _pool(pinned: list | None = None) -> PinnedPool:
@@ -33,7 +38,8 @@ def test_pool_holds_exact_sizes_and_reuses_them():
     a, la = pool.acquire((size // 4,), torch.float32)
     b, lb = pool.acquire((size // 2,), torch.bfloat16)
     assert a.shape == (size // 4,) and b.dtype == torch.bfloat16
-    assert pool.bytes_held == 2 * size == sum(pinned)  # exact: no rounding up
+    assert pool.bytes_held == 2 * size  # the bytes asked for (the plan's), no power-of-two rounding
+    assert pinned == [pages(size)] * 2  # each pinned as its own whole pages
     del la, lb  # autograd dropped the saved tensors: the buffers go back
     a, la = pool.acquire((size // 4,), torch.float32)
     b, lb = pool.acquire((size // 8,), torch.float32)  # smaller: served by the other free buffer
@@ -46,10 +52,61 @@ def test_pool_gives_back_buffers_too_small_for_a_larger_step():
     leases = [pool.acquire((1024,), torch.float32)[1] for _ in range(3)]
     del leases
     leases = [pool.acquire((1536,), torch.float32)[1] for _ in range(3)]  # longer rows this step
-    assert pool.bytes_held == 3 * 6144 == sum(pinned)  # not 3·4096 + 3·6144: the small ones were released
+    assert pool.bytes_held == 3 * 6144 and sum(pinned) == 3 * pages(6144)  # the small ones were released
     del leases
     pool.trim()
     assert pool.bytes_held == 0 and pinned == []
+
+
+def test_no_two_buffers_share_a_page():
+    """The driver locks whole pages: a buffer that shared a page with another would make the second registration
+    fail. Every buffer starts on a page and spans whole pages, however small the tensors (the pinning call
+    stubbed: the layout is what is checked)."""
+    regions = []
+    pool = PinnedPool(pin=lambda t: regions.append((t.data_ptr(), t.numel())), unpin=lambda t: None)
+    leases = [pool.acquire((n,), torch.float32)[1] for n in (1, 3, 100, 1000, 1025, 7)]
+    assert all(start % PAGE == 0 and size % PAGE == 0 and size >= PAGE for start, size in regions)
+    pages_of = [set(range(start // PAGE, (start + size) // PAGE)) for start, size in regions]
+    assert all(not (a & b) for i, a in enumerate(pages_of) for b in pages_of[i + 1:])
+    del leases
+    host = page_aligned_empty(10)
+    assert host.data_ptr() % PAGE == 0 and host.numel() == PAGE
+
+
+def test_a_refused_pin_falls_back_to_pageable_memory_once_said(caplog):
+    def refuse(t):
+        raise PinFailed("cudaHostRegister of 4,096 bytes failed (cudaError 712)")
+
+    unpinned = []
+    pool = PinnedPool(pin=refuse, unpin=unpinned.append)
+    pinned._warned_unpinned.clear()
+    with caplog.at_level("WARNING", logger="slimgrpo"):
+        kept = [pool.acquire((100,), torch.float32) for _ in range(3)]
+    assert all(lease is not None for _, lease in kept)  # served, in pageable memory
+    assert sum("pageable memory" in r.message for r in caplog.records) == 1
+    del kept
+    pool.trim()
+    assert unpinned == []  # never registered: nothing to unregister
+
+
+def test_a_failed_registration_clears_the_pending_error(monkeypatch):
+    """``cudaHostRegister`` failing leaves its error pending in the runtime; the next kernel would raise it. The
+    error is read off (cudaGetLastError) before PinFailed is raised (the runtime stubbed)."""
+    calls = []
+
+    class Runtime:
+        def cudaHostRegister(self, ptr, nbytes, flags):
+            calls.append("register")
+            return 712
+
+        def cudaGetLastError(self):
+            calls.append("clear")
+            return 712
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Runtime())
+    with pytest.raises(PinFailed, match="cudaError 712"):
+        pinned.register_host(page_aligned_empty(100))
+    assert calls == ["register", "clear"]
 
 
 def test_pool_cap_overflows_into_unpinned_memory():

@@ -1,4 +1,4 @@
-"""QLoRA in the compute dtype (issue 29, item 1).
+"""QLoRA in the compute dtype.
 
 A 4-bit base keeps its non-quantised tensors (embedding, LM head, norms) in the model's dtype; only the LoRA
 adapters are fp32. peft's ``prepare_model_for_kbit_training`` cast them to fp32, which made the residual

@@ -11,7 +11,7 @@ import pytest
 from run_helpers import cli
 from test_keep_best import _config, _same, _steps, _train, _weights
 
-from slimgrpo.trl_compat import convert
+from slimgrpo.trl import convert
 
 
 def test_the_run_stops_when_the_metric_stops_improving(tmp_path, tiny_model_dir, caplog):

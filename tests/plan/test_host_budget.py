@@ -1,4 +1,4 @@
-"""Host RAM on CUDA (issue 29, item 2 and bad input): the plan and memory.fit know the host RAM a run may use
+"""Host RAM on CUDA (and bad input): the plan and memory.fit know the host RAM a run may use
 (``memory.host_budget``: ``auto`` = the machine's MemAvailable, or a size); a run whose offloaded checkpoints
 or reference copy would not fit is refused before it starts, with both numbers."""
 

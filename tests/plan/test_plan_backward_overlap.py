@@ -1,6 +1,6 @@
 """Without checkpointing, the LM head's loss chunks are freed before backward reaches the decoder layers, where
 each layer's backward holds its workspace: the plan counts only the workspace beyond those chunks, not both
-(issue 43: W-long 8 x 8K planned 1.17x its measured peak when the workspace was added on top of the loss). In a
+(W-long 8 x 8K planned 1.17x its measured peak when the workspace was added on top of the loss). In a
 16-bit compute dtype too, since the trace follows the fused loss's separable path (the matrix's CUDA rows had
 traced above such a plan while the trace also ran the fallback's second chunked pass)."""
 

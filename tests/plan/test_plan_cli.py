@@ -74,7 +74,7 @@ def test_overrides_for_maps_planner_fields_to_config_keys():
 
 def test_the_plan_headline_says_what_it_does_not_model(tmp_path, tiny_model_dir):
     """Packed update rows (the addition recipe: plan 6.21 GiB, measured 2.98 GiB). QLoRA keeps its compute
-    dtype now (issue 29), so there is no fp32-cast caveat any more."""
+    dtype now, so there is no fp32-cast caveat any more."""
     from rich.console import Console
 
     from slimgrpo.plan.admission import not_modelled

@@ -1,4 +1,4 @@
-"""``slimgrpo plan`` of a config with ``memory.fit`` shows the run ``slimgrpo train`` runs (issue 43 item 5); the fit
+"""``slimgrpo plan`` of a config with ``memory.fit`` shows the run ``slimgrpo train`` runs; the fit
 advice lists every way that keeps the task before one that changes it, offloading with the host RAM it needs
 where the host budget blocks it (item 4); the plan says which memory tricks it assumed; bad budgets (bad input)."""
 

@@ -1,5 +1,5 @@
-"""A budget that the plan fits with less to spare than the CUDA allocator margin gets a warning (issue 29:
-the plan said Qwen3-8B QLoRA 2 x 25,600 "fits in 24.00 GiB (0.16 GiB to spare)", with no word of the 10%
+"""A budget that the plan fits with less to spare than the CUDA allocator margin gets a warning
+(without it the plan said Qwen3-8B QLoRA 2 x 25,600 "fits in 24.00 GiB (0.16 GiB to spare)", with no word of the 10%
 the trace adds for the caching allocator)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The planner's loss working set follows the path the update takes (issue 43): the fused head + loss
+"""The planner's loss working set follows the path the update takes: the fused head + loss
 (loss/fused.py) holds two float32 [token_chunk, vocabulary] blocks, the separate path (log-probs, then the loss)
 one, or two with a frozen head or the entropy bonus; and the trace takes the path a run takes.
 

@@ -1,4 +1,4 @@
-"""Every formula path of the planner pinned against the trace (issue 43 item 2): a matrix of scaled-down shapes,
+"""Every formula path of the planner pinned against the trace: a matrix of scaled-down shapes,
 {full, LoRA} x {checkpointing on, off} x {tiled MLP on, off} x {unpadded rows, shared prompt} x {offload on, off
 where it applies: CUDA with checkpointing} x {vocabulary >> hidden, vocabulary ~ hidden} x {cpu, cuda trace
 path}; each phase's traced tensor peak within 10% of the plan's. A new memory trick lands with its row here.
@@ -56,7 +56,7 @@ def _rows():
             ("cpu", "cuda"), ("full", "lora"), (False, True), (False, True), tuple(LAYOUTS), (False, True),
             tuple(SHAPES)):
         if ckpt and layout == "shared":
-            continue  # the shared-prompt layout needs checkpointing off (loss/shared_prompt.py)
+            continue  # the shared-prompt layout needs checkpointing off (forward/shared_prompt.py)
         if offload and not (ckpt and device == "cuda"):
             continue  # offloading applies to checkpoints on CUDA only
         yield (f"{device}-{mode}-{'ckpt' if ckpt else 'nockpt'}-{'tiled' if tiled else 'untiled'}-{layout}-"

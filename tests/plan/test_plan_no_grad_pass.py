@@ -1,5 +1,5 @@
 """Passes without gradients (reference / old-policy log-probs) share each group's prompt only where that holds
-no more than the plain pass at its peak (issue 43): with long completions after a short prompt the completion
+no more than the plain pass at its peak: with long completions after a short prompt the completion
 pass's [rows, 1, T, P + T] mask (and its float copy inside sdpa) made that pass, not the update, the peak of
 W-long 8 x (512 + 8,192): 3.5 GiB measured against a 1.9 GiB plan."""
 

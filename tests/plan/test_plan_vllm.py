@@ -1,4 +1,4 @@
-"""The plan's lines for rollout.engine=vllm (plan/vllm.py): vLLM's own copy of the weights, its KV pool and its
+"""The plan's lines for rollout.engine=vllm (rollout/costs.py): vLLM's own copy of the weights, its KV pool and its
 runtime replace the built-in engine's generation lines (on CUDA a workspace stand-in in place of the runtime,
 all freed before the update with sleep mode; gpu_memory_utilization is a start-up check, a note). The pool is
 the one the engine asks vLLM for (one formula)."""

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from test_trace_device import BASE, SHAPE  # its scaled-down Llama (hidden 256, MLP 688), 37 + 3,001 tokens a row
+from scaled_llama import BASE, SHAPE  # a scaled-down Llama (hidden 256, MLP 688), 37 + 3,001 tokens a row
 
 from slimgrpo.config import from_dict, merge_overrides
 from slimgrpo.plan.search import fit_to_budget
@@ -40,7 +40,7 @@ def test_trace_of_the_tiled_update_agrees_with_the_plan(setting):
     from slimgrpo.plan.render import plan_tensor_bytes
 
     # full: bf16 weights stepped plainly, so the fixed bytes are the ones the 0.85 was set against (the default
-    # float32 master copy adds the same bytes with and without tiling: tests/memory/test_precision.py counts it)
+    # float32 master copy adds the same bytes with and without tiling: tests/update/test_precision.py counts it)
     extra = [] if setting == "lora" else ["lora.enabled=false", "memory.bf16_update=plain"]
     peaks = {}
     for tiled in ("off", "on"):

@@ -94,7 +94,7 @@ def test_graphs_refused_on_cpu():
         StaticCacheStepper(parts, cache, torch.ones_like(ids, dtype=torch.bool), 4, graphs=True)
 
 
-# --------------------------------------------------------------------------- the graph cache (issue 42, item 6)
+# --------------------------------------------------------------------------- the graph cache
 # torch.cuda.CUDAGraph cannot run on CPU: the cache records through a backend, and these tests pass a stand-in
 # that counts what would be recorded and replays by calling the step, so everything around the recording
 # (keys, buckets, padding, rows leaving, reuse across calls, invalidation) runs here.
@@ -406,3 +406,64 @@ def test_real_graphs_kept_across_calls_see_in_place_updates(lora):
     layer.weight = nn.Parameter(layer.weight.detach() * -1.0)
     assert torch.equal(engine.generate(prompts, 2, params).completion_ids, eager())
     assert cache.captures > recorded and cache.invalidations == 1
+
+
+def test_graph_capture_keeps_to_its_own_thread(monkeypatch):
+    """Captures use CUDA's thread-local error mode: a CUDA call from another thread while a step is recorded (a
+    reward model's worker, NCCL's watchdog) must not spoil the capture, as it does in the default global mode.
+    The CUDA runtime is stubbed: what is checked is how the capture is begun."""
+    import contextlib
+
+    from slimgrpo.rollout import graph_cache
+
+    begun = []
+
+    class Graph:
+        def capture_begin(self, pool=None, capture_error_mode="global"):
+            begun.append(capture_error_mode)
+
+        def capture_end(self):
+            pass
+
+    class Stream:
+        def __init__(self, device=None):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    graph_cache.CudaGraphBackend(torch.device("cuda", 0)).capture(lambda: None)
+    assert begun == ["thread_local"]
+
+
+def test_the_plan_holds_the_graphs_kv_arena_through_the_update(monkeypatch):
+    """With CUDA graphs on, the KV arena stays allocated from one generate call to the next, through the update:
+    the plan's KV line is then always held, sized as the arena is (rows and length rounded up to the graphs'
+    buckets), and the update's peak carries it."""
+    from slimgrpo.config import from_dict, merge_overrides
+    from slimgrpo.plan.model import plan_memory
+    from slimgrpo.rollout.graph_cache import LENGTH_BUCKET, batch_bucket
+    from slimgrpo.spec.cost import kv_cache_bytes
+    from slimgrpo.spec.run import run_spec
+    from slimgrpo.spec.shape import load_shape
+
+    shape = load_shape("qwen2.5-0.5b")
+    cfg = from_dict(merge_overrides({}, ["run.device=cuda", "lora.enabled=true", "run.batch_size=6",
+                                         "rollout.num_generations=6", "data.max_prompt_length=100",
+                                         "rollout.max_completion_length=300"]))
+    monkeypatch.delenv("SLIMGRPO_CUDA_GRAPHS", raising=False)
+    plain = plan_memory(shape, run_spec(cfg, "cuda", vocab=shape.vocab))
+    monkeypatch.setenv("SLIMGRPO_CUDA_GRAPHS", "1")
+    spec = run_spec(cfg, "cuda", vocab=shape.vocab)
+    graphs = plan_memory(shape, spec)
+    assert spec.cuda_graphs and not run_spec(cfg, "cpu", vocab=shape.vocab).cuda_graphs
+    line = next(c for c in graphs.components if c.name == "KV cache")
+    arena = kv_cache_bytes(shape.layers, 512, shape.kv_heads, shape.head_dim, batch_bucket(6), 2)
+    assert (line.phase, line.bytes) == ("always", arena) and batch_bucket(6) == 8 and LENGTH_BUCKET == 256
+    assert next(c for c in plain.components if c.name == "KV cache").phase == "generation"
+    assert graphs.phase_total("always") - plain.phase_total("always") == arena

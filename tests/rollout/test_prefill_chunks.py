@@ -1,4 +1,4 @@
-"""Chunked prefill (issue 29, item 4): prompts are prefilled ``prefill_chunk`` positions at a time, so the
+"""Chunked prefill: prompts are prefilled ``prefill_chunk`` positions at a time, so the
 prefill's working set is one chunk's whatever the prompt length; the tokens and log-probs equal those of
 the one-piece prefill (left-padded prompts of three lengths, chunk sizes that divide none of them), and
 the plan counts one chunk."""

@@ -184,7 +184,7 @@ def test_lean_stepper_is_chosen_only_where_it_applies() -> None:
 @pytest.mark.parametrize("kv", [None, "int8"])
 def test_lean_stepper_takes_the_prompt_kv_out_of_the_prefill_cache(kv) -> None:
     """The prompt's keys and values move into the stepper's buffers layer by layer: the prefill cache gives
-    each layer up once copied, so a long prompt's KV cache is never held twice (issue 29's trace)."""
+    each layer up once copied, so a long prompt's KV cache is never held twice (as the trace showed)."""
     from transformers import DynamicCache
 
     from slimgrpo.rollout.kv_quant import dequantize

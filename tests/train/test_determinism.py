@@ -1,4 +1,4 @@
-"""Same seed, same run (issue 35).
+"""Same seed, same run.
 
 The cause found: gathers with repeated indices in the update (every completion of a group starts from its
 prompt's last hidden state; the shared-prompt layout fans each group's keys and values out to its rows).

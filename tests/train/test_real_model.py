@@ -101,7 +101,7 @@ def test_addition_recipe_runs_on_the_real_model(tmp_path, smollm2):
 
 
 def test_packed_rows_equal_the_padded_path_on_the_real_model(smollm2):
-    """Packed rows (loss/packed.py) on 30 real layers: the same hidden states as the padded layout, on chat
+    """Packed rows (forward/packed.py) on 30 real layers: the same hidden states as the padded layout, on chat
     prompts of two lengths and completions that end at different tokens."""
     import torch
     from transformers import AutoModelForCausalLM

@@ -30,7 +30,7 @@ def train_command(args) -> int:
         _help_config()
         return 0
     if args.trl_config:
-        from slimgrpo.trl_compat import load_trl_config
+        from slimgrpo.trl.yaml import load_trl_config
 
         overrides = ([args.config] if args.config else []) + list(args.overrides)
         cfg = load_trl_config(args.trl_config, overrides)

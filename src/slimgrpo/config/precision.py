@@ -9,6 +9,9 @@
   fails on bfloat16 DTensors (``FSDP_BF16_8BIT``).
 - A setting that needs torchao where it is not installed: 8-bit AdamW under FSDP2 (its DTensor parameters
   are not taken by bitsandbytes) and stochastic rounding of bfloat16 weights.
+- A setting that needs bitsandbytes where it is not installed (``bitsandbytes_problem``): a 4-bit base (QLoRA)
+  and 8-bit AdamW on a GPU without FSDP2 or stochastic rounding. Said before the plan and the weights, with the
+  install line, rather than as transformers' ImportError after the model starts loading.
 """
 
 from __future__ import annotations
@@ -60,4 +63,22 @@ def precision_problem(cfg: Config, on_cpu: bool) -> str | None:
         return (f"memory.bf16_update={mem.bf16_update} with memory.optimizer={mem.optimizer} rounds bfloat16 "
                 "weights stochastically in torchao's optimizer, and torchao is not installed: pip install "
                 "'slimgrpo[ao]', or use memory.optimizer=adamw (float32 master weights and moments: 12 B of optimizer state per parameter)")
+    return None
+
+
+BITSANDBYTES = "pip install 'slimgrpo[gpu]' (bitsandbytes >= 0.45, CUDA builds only)"
+
+
+def bitsandbytes_problem(cfg: Config, on_cpu: bool) -> str | None:
+    """What this config asks of bitsandbytes where it is not installed, with the install line, or None."""
+    if importlib.util.find_spec("bitsandbytes") is not None:
+        return None
+    mem = cfg.memory
+    if cfg.model.load_in_4bit and not on_cpu:  # (on a CPU the loader says it needs CUDA)
+        return (f"model.load_in_4bit=true (QLoRA) stores the base in bitsandbytes' 4-bit NF4, and bitsandbytes is "
+                f"not installed: {BITSANDBYTES}; or drop model.load_in_4bit (LoRA on a bfloat16 base)")
+    plain = not trains_bf16(cfg, on_cpu) or bf16_update_rule(mem.bf16_update, mem.optimizer) == "plain"
+    if mem.optimizer == "adamw_8bit" and not on_cpu and cfg.distributed.strategy != "fsdp" and plain:
+        return (f"memory.optimizer=adamw_8bit on a GPU is bitsandbytes' AdamW8bit, and bitsandbytes is not "
+                f"installed: {BITSANDBYTES}; or memory.optimizer=adamw")
     return None

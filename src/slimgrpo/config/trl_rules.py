@@ -269,7 +269,7 @@ TRL_BUILTIN_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_fo
 def _reward_spec(name: str, base_dir: str) -> str:
     """A ``trl grpo`` reward name as a slimgrpo spec: TRL's registry, or ``module.function``."""
     if name == "get_soft_overlong_punishment":
-        return "slimgrpo.trl_compat.rewards:soft_overlong_punishment_reward"  # TRL's CLI values (1280, 256)
+        return "slimgrpo.trl.rewards:soft_overlong_punishment_reward"  # TRL's CLI values (1280, 256)
     if name in TRL_BUILTIN_REWARDS:
         return f"trl.rewards:{name}"
     if "." not in name:

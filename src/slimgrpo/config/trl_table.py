@@ -1,7 +1,7 @@
 """The table: every key of TRL 1.16's ``trl grpo`` YAML (``GRPOConfig`` with the ``TrainingArguments`` it inherits,
 ``ModelConfig``, the script arguments) and what slimgrpo does with it (``trl_rules.py``). One table for every way
 a TRL setting reaches slimgrpo: the config parser's hints for a TRL name in a slimgrpo config (``hint_for``),
-``slimgrpo train --trl-config`` (``trl_compat/convert.py``) and docs/trl-migration.md's table
+``slimgrpo train --trl-config`` (``trl/yaml.py``) and docs/trl-migration.md's table
 (``scripts/gen_trl_migration.py``)."""
 
 from __future__ import annotations

@@ -176,9 +176,10 @@ def validate_config(cfg: Config) -> None:
             "Use distributed.strategy=ddp (every rank holds the 4-bit base, ~0.55 GB per billion parameters) "
             "or LoRA on a bf16 base with distributed.strategy=fsdp"
         )
-    from slimgrpo.config.precision import precision_problem
+    from slimgrpo.config.precision import bitsandbytes_problem, precision_problem
 
-    problem = precision_problem(cfg, _resolves_to_cpu(run.device))
+    problem = precision_problem(cfg, _resolves_to_cpu(run.device)) or bitsandbytes_problem(
+        cfg, _resolves_to_cpu(run.device))
     if problem:
         raise ConfigError(problem)
     from slimgrpo.config.best import validate_best

@@ -135,7 +135,7 @@ HiddenOut = tuple[Tensor, Tensor, Tensor, HeadSpec]  # (hidden [n, H], targets [
 
 def hidden_layout(fn: Callable[[nn.Module, CompletionRows], HiddenOut]) -> Callable[..., HiddenOut]:
     """A forward layout ``fn(model, rows)`` with ``completion_hidden``'s calling convention (``HiddenFn`` in
-    update/layout.py), its arguments checked here once for every layout that takes padded rows."""
+    forward/layout.py), its arguments checked here once for every layout that takes padded rows."""
 
     def hidden_fn(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion_tokens: int,
                   completion_ids: Tensor, completion_mask: Tensor | None = None) -> HiddenOut:

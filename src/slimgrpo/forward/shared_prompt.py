@@ -20,7 +20,7 @@ training mode) nor under FSDP2 (each sharded layer would run forward twice befor
 is untested there): ``shares_work`` says so. Nor where it would keep more memory than the plain update:
 the completion pass attends through a [rows, 1, T, P + T] mask (and sdpa then repeats keys and values to
 query width), which outweighs the saving when completions are long and the prompt short; that verdict is
-the planner's (``plan/prompt_sharing.py``), which the update asks before it picks this layout.
+``layout.PromptSharing``'s (from ``costs.py``), which the update asks before it picks this layout.
 """
 
 from __future__ import annotations

@@ -11,16 +11,24 @@ Here memory is pinned in place instead: a plain host tensor of the exact size, r
 :class:`PinnedPool` hands such buffers out for offloaded activations (``offload.py``) and takes them back
 when backward has used them, so a step reuses the last step's buffers; a request no free buffer can hold
 first releases free buffers too small to serve it, so what the pool holds stays the most that was live at
-once. ``bytes_held`` is what it holds (the number the plan's host line predicts; ``torch.cuda.host_memory_stats``
-does not see these bytes: they are not the caching allocator's).
+once. ``bytes_held`` is the bytes its buffers were made for (the number the plan's host line predicts; each
+buffer is rounded up to whole pages, at most a page more; ``torch.cuda.host_memory_stats`` does not see these
+bytes: they are not the caching allocator's).
+
+Every pinned buffer starts on a page boundary and spans whole pages (``page_aligned_empty``): the driver
+page-locks whole pages, so two buffers that shared one (small tensors from malloc lie next to each other)
+would make the second registration fail (``cudaErrorHostMemoryAlreadyRegistered``). A registration that fails
+anyway (locked-memory limits, a driver refusal) clears the error it left pending, so that no later, unrelated
+CUDA call raises it, and the buffer is used unpinned: copies from it are synchronous, said once in the log.
 
 The driver calls sit behind ``pin`` / ``unpin``: on a machine without CUDA (tests) they may be replaced by
-functions that do nothing, and the pool's bookkeeping runs unchanged.
+functions that do nothing, and the pool's bookkeeping and the buffers' layout run unchanged.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -28,7 +36,34 @@ import torch
 
 log = logging.getLogger("slimgrpo")
 
-ALIGN = 64  # bytes: buffers are handed out from offset 0, so any dtype's alignment holds
+PAGE = mmap.PAGESIZE  # bytes: what the driver page-locks at a time (4 KiB on x86-64 and most aarch64 kernels)
+_warned_unpinned: list[bool] = []  # a failed registration is said once per process
+
+
+class PinFailed(RuntimeError):
+    """``cudaHostRegister`` refused a buffer; the error it left pending was cleared."""
+
+
+def page_aligned_empty(nbytes: int) -> torch.Tensor:
+    """An uninitialised uint8 host tensor of ``nbytes`` rounded up to whole pages, starting on a page boundary:
+    a view into a slightly larger allocation, which the view keeps alive. Pinning it locks its own pages only."""
+    size = max(PAGE, -(-nbytes // PAGE) * PAGE)
+    raw = torch.empty(size + PAGE, dtype=torch.uint8)
+    start = -raw.data_ptr() % PAGE
+    return raw[start:start + size]
+
+
+def pin_or_warn(t: torch.Tensor, pin: Callable[[torch.Tensor], None] | None = None) -> bool:
+    """Page-lock ``t`` (``pin``: default :func:`register_host`); where the driver refuses, say so once and return
+    False: the caller uses ``t`` unpinned (its copies are synchronous)."""
+    try:
+        (pin or register_host)(t)
+        return True
+    except PinFailed as e:
+        if not _warned_unpinned:
+            _warned_unpinned.append(True)
+            log.warning("%s: host buffers stay in pageable memory (copies to and from the GPU are synchronous)", e)
+        return False
 
 
 _registered = {"current": 0, "peak": 0}  # bytes pinned by register_host, now and at most (output/metrics.py)
@@ -40,13 +75,17 @@ def registered_bytes() -> tuple[int, int]:
 
 
 def register_host(t: torch.Tensor) -> None:
-    """Page-lock ``t``'s memory in place (``cudaHostRegister``, portable): async copies from / to it overlap."""
+    """Page-lock ``t``'s memory in place (``cudaHostRegister``, portable): async copies from / to it overlap.
+    ``t`` should be page-aligned and span whole pages (``page_aligned_empty``). Raises ``PinFailed``, with the
+    driver's pending error cleared, where the driver refuses."""
     if t.numel() == 0:
         return
     nbytes = t.numel() * t.element_size()
-    err = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 1))
+    cudart = torch.cuda.cudart()
+    err = int(cudart.cudaHostRegister(t.data_ptr(), nbytes, 1))
     if err != 0:
-        raise RuntimeError(f"cudaHostRegister of {nbytes:,} bytes failed (cudaError {err})")
+        cudart.cudaGetLastError()  # the failed call leaves its error pending: clear it, or the next kernel raises it
+        raise PinFailed(f"cudaHostRegister of {nbytes:,} bytes at {t.data_ptr():#x} failed (cudaError {err})")
     _registered["current"] += nbytes
     _registered["peak"] = max(_registered["peak"], _registered["current"])
 
@@ -58,11 +97,13 @@ class HostBuffer:
 
     tensor: torch.Tensor
     pinned: bool = False
+    tried: bool = False
 
     def pin_once(self) -> None:
-        if not self.pinned:
-            register_host(self.tensor)
-            self.pinned = True
+        """Page-lock the buffer the first time it is asked (where the driver refuses: unpinned, said once)."""
+        if not self.tried:
+            self.tried = True
+            self.pinned = pin_or_warn(self.tensor)
 
 
 def unregister_host(t: torch.Tensor) -> None:
@@ -77,8 +118,10 @@ def unregister_host(t: torch.Tensor) -> None:
 
 @dataclass(eq=False)  # compared by identity (list.remove), not by the bytes in it
 class _Buffer:
-    data: torch.Tensor  # uint8, exact size
+    data: torch.Tensor  # uint8, whole pages from a page boundary (page_aligned_empty)
     ready: Any = None  # a CUDA event: the last copy out of it is done (None: nothing pending)
+    pinned: bool = True  # False: the driver refused it (pin_or_warn); unpinned when dropped only if pinned
+    nbytes: int = 0  # the request it was made for (counted in bytes_held; ``data`` is that rounded to pages)
 
 
 @dataclass(eq=False)
@@ -136,25 +179,25 @@ class PinnedPool:
             best = min(fitting, key=lambda b: b.data.numel())
             self._free.remove(best)
             return best
-        size = -(-nbytes // ALIGN) * ALIGN
         # Free buffers are all too small for this request: they go before a new one is made, so what the pool
         # holds stays what was live at once, however the sizes move from step to step.
         for b in list(self._free):
             self._drop(b)
-        if self.cap_bytes is not None and self.bytes_held + size > self.cap_bytes:
+        if self.cap_bytes is not None and self.bytes_held + nbytes > self.cap_bytes:
             return None
-        data = torch.empty(size, dtype=torch.uint8)
-        self.pin(data)
-        self.bytes_held += size
+        data = page_aligned_empty(nbytes)
+        pinned = pin_or_warn(data, self.pin)
+        self.bytes_held += nbytes
         self.peak_bytes_held = max(self.peak_bytes_held, self.bytes_held)
-        return _Buffer(data)
+        return _Buffer(data, pinned=pinned, nbytes=nbytes)
 
     def _drop(self, b: _Buffer) -> None:
         self._free.remove(b)
         if b.ready is not None:
             b.ready.synchronize()  # no copy may still read it when the memory goes
-        self.unpin(b.data)
-        self.bytes_held -= b.data.numel()
+        if b.pinned:
+            self.unpin(b.data)
+        self.bytes_held -= b.nbytes
 
     def _overflow(self, shape, dtype, nbytes: int) -> torch.Tensor:
         self.overflow_bytes += nbytes

@@ -49,7 +49,7 @@ def shard_bounds(tokens: int, shards: int) -> list[tuple[int, int]]:
     return [(s, min(s + size, tokens)) for s in range(0, tokens, size)]
 
 
-# The planner reads the same function (plan/formulas.py), so the plan and the tiler cannot disagree.
+# The planner reads the same function (update/costs.py), so the plan and the tiler cannot disagree.
 def tiled_shard_tokens(tokens: int, hidden: int) -> int:
     """Tokens of the largest shard when ``tokens`` are cut into ceil(tokens / hidden) shards (<= hidden)."""
     if tokens <= 0:

@@ -225,14 +225,16 @@ def settle_reference_placement(cfg: Config, scope: PlanScope) -> Config:
 
 
 def admit(cfg: Config, world_size: int = 1, console: Console | None = None, show: bool = True,
-          prompt_tokens: int | None = None) -> Admission:
+          prompt_tokens: int | None = None, shape: ModelShape | None = None) -> Admission:
     """The run's admission before any weights load (module docstring): its plan, printed where ``show``; with
     ``memory.budget`` a run that cannot fit is refused (``MemoryBudgetError``, with the changes that would make
     it fit) or, with ``memory.fit``, fitted. ``world_size``: the processes of the job (the plan is one rank's);
-    ``prompt_tokens``: the data's longest prompt (``run_spec``), None to plan at data.max_prompt_length."""
+    ``prompt_tokens``: the data's longest prompt (``run_spec``), None to plan at data.max_prompt_length;
+    ``shape``: the model's, when the caller has read it (a model object it loaded), else read from
+    ``model.path``."""
     console = console or Console()
     try:
-        shape = shape_of(cfg)
+        shape = shape or shape_of(cfg)
     except ConfigError:
         if cfg.memory.budget:
             raise

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 
 from slimgrpo.forward.costs import attention_mask_bytes, inference_bytes_per_token_layer
+from slimgrpo.rollout.graph_cache import LENGTH_BUCKET, batch_bucket
 from slimgrpo.spec.cost import LORA_ADAPTER_BYTES, Component, KiB, MiB, kv_cache_bytes, lora_targets, num
 from slimgrpo.spec.run import RunSpec
 from slimgrpo.spec.shape import ModelShape
@@ -55,6 +56,16 @@ def generation_components(shape: ModelShape, x: RunSpec) -> list[Component]:
         kv_what = (f"{x.kv_cache_dtype}: 2·(1 + 4/head_dim)·L·S·kv_heads·head_dim·rows + one layer dequantised "
                    f"2·B·S·kv_heads·head_dim·rows; L {shape.layers}, S {num(S)}, kv_heads {shape.kv_heads}, "
                    f"head_dim {shape.head_dim}")
+    kv_phase = "generation"
+    if x.cuda_graphs and x.kv_cache_dtype == "auto":  # the graphs' arena, kept across calls (graph_cache.py)
+        rows, length = batch_bucket(gen_rows), -(-S // LENGTH_BUCKET) * LENGTH_BUCKET
+        kv = kv_cache_bytes(shape.layers, length, shape.kv_heads, shape.head_dim, rows, B)
+        kv_what = (f"the CUDA graphs' KV arena, kept from call to call (held through the update too): 2·B·L·"
+                   f"(S up to {LENGTH_BUCKET}s)·kv_heads·head_dim·(rows bucketed) = 2·{B}·{shape.layers}·{num(length)}"
+                   f"·{shape.kv_heads}·{shape.head_dim}")
+        gen_rows_shown, kv_phase = rows, "always"
+    else:
+        gen_rows_shown = gen_rows
     head_out = 0 if B == 4 else B  # a 16-bit head's output, widened to fp32 for sampling
     head_note = " (the head's 16-bit output beside them)" if head_out else ""
     groups = min(x.prompts_per_step, math.ceil(gen_rows / x.num_generations))
@@ -64,7 +75,7 @@ def generation_components(shape: ModelShape, x: RunSpec) -> list[Component]:
     prefill += mask_shared + mask_layer
     return [
         *decode_weight_components(shape, x),
-        Component("KV cache", kv, "generation", f"{kv_what}·{gen_rows}"),
+        Component("KV cache", kv, kv_phase, f"{kv_what}·{gen_rows_shown}"),
         Component("generation logits", gen_rows * V * (4 * GEN_LOGITS_COPIES + head_out), "generation",
                   f"rows·V·({GEN_LOGITS_COPIES}·4{f' + {head_out}' if head_out else ''}) = {num(gen_rows)}·{num(V)}·"
                   f"{4 * GEN_LOGITS_COPIES + head_out}{head_note}"),

@@ -32,21 +32,23 @@ capturing cache for CUDA models (see :func:`enabled`).
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
+
+from slimgrpo.spec.run import CUDA_GRAPHS_ENV, cuda_graphs_asked
 
 from .graph_cache import CudaGraphBackend, GraphCache, Slot, reads_call_tensors
 from .llama_stepper import LlamaStepper, release_prefill_layer
 from .model_parts import CausalLMParts
 
-ENV = "SLIMGRPO_CUDA_GRAPHS"
+ENV = CUDA_GRAPHS_ENV
 
 
 def enabled(device: torch.device) -> bool:
-    """Use :class:`StaticCacheStepper` with graphs for this device? CUDA and ``SLIMGRPO_CUDA_GRAPHS=1``."""
-    return device.type == "cuda" and os.environ.get(ENV, "0") not in ("", "0", "false", "no")
+    """Use :class:`StaticCacheStepper` with graphs for this device? CUDA and ``SLIMGRPO_CUDA_GRAPHS=1`` (the rule
+    the run spec reads too, so the plan holds the arena these graphs keep)."""
+    return device.type == "cuda" and cuda_graphs_asked()
 
 
 def cuda_graph_cache(device: torch.device, max_graphs: int | None = None) -> GraphCache:

@@ -104,7 +104,9 @@ class CudaGraphBackend:
         graph = torch.cuda.CUDAGraph()
 
         def record() -> None:
-            graph.capture_begin(pool=self.pool)
+            # thread_local: a CUDA call another thread makes meanwhile (a reward model's thread, NCCL's watchdog)
+            # neither joins nor spoils this capture, as it would under the default global mode
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
             try:
                 fn()
             finally:

@@ -14,6 +14,7 @@ the choice the run makes. Rules that both the planner and the run follow are dec
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +95,7 @@ class RunSpec:
     padding_mask: bool = True
     """Prompts of a step differ in length, so the generation prefill carries a [g, 1, P, P] padding
     mask (and SDPA repeats keys/values to query width there). The plain update never has one (its rows
-    run unpadded with no mask, loss/unpadded.py); a shared-prompt update's prompt pass has one when
+    run unpadded with no mask, forward/unpadded.py); a shared-prompt update's prompt pass has one when
     prompts_per_step > 1."""
     attn_implementation: str = "sdpa"
     """Attention kernel (model.attn_implementation): "sdpa", "flash_attention_2" or "eager" are
@@ -102,12 +103,16 @@ class RunSpec:
     kv_cache_dtype: str = "auto"
     """KV cache storage while decoding (rollout.kv_cache_dtype): "auto" = B bytes per value,
     "fp8_e4m3" / "int8" = 1 byte plus an fp32 scale per token and head (rollout/kv_quant.py)."""
+    cuda_graphs: bool = False
+    """CUDA decoding replays CUDA graphs of a static-cache step (``SLIMGRPO_CUDA_GRAPHS=1``, rollout/cuda_graph.py):
+    its KV arena, sized for the largest call rounded up to the graphs' buckets, is kept from call to call, so
+    it is held through the update too."""
     micro_batch_tokens: int | None = None
     """Token budget per update micro-batch (memory.micro_batch_tokens): rows per micro-batch =
     max(1, budget // S) in the worst case where every row is S tokens long; None = micro_batch_rows."""
     share_prompt_forward: bool = True
     """memory.share_prompt_forward: the update runs each group's prompt once when a micro-batch holds
-    several rows of one prompt and checkpointing is off (loss/shared_prompt.py)."""
+    several rows of one prompt and checkpointing is off (forward/shared_prompt.py)."""
     generation_batch_rows: int | None = None
     """Rows decoded together; None = all rows of the step at once."""
     decode_packing: str = "auto"
@@ -276,6 +281,7 @@ def run_spec(cfg: Config, device: str, world_size: int = 1, vocab: int = 152_064
         fsdp_shards=world_size if cfg.distributed.strategy == "fsdp" and world_size > 1 else 1,
         ddp=cfg.distributed.strategy == "ddp" and world_size > 1,
         fsdp_generation=cfg.distributed.fsdp_generation,
+        cuda_graphs=device == "cuda" and cuda_graphs_asked(),
         **vllm_inputs(cfg, device, dtype_bytes),
     )
 
@@ -316,6 +322,14 @@ def tiled_mlp_setting(cfg: Config) -> str:
     """``memory.tiled_mlp`` as ``auto`` / ``on`` / ``off`` (YAML reads a bare on / off as true / false)."""
     value = cfg.memory.tiled_mlp
     return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
+CUDA_GRAPHS_ENV = "SLIMGRPO_CUDA_GRAPHS"
+
+
+def cuda_graphs_asked() -> bool:
+    """Whether CUDA decoding replays CUDA graphs (``SLIMGRPO_CUDA_GRAPHS=1``: opt-in until measured on a GPU)."""
+    return os.environ.get(CUDA_GRAPHS_ENV, "0") not in ("", "0", "false", "no")
 
 
 def spec_device(cfg: Config, override: str | None = None) -> str:

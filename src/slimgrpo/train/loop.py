@@ -29,6 +29,7 @@ from slimgrpo.memory.attention import cpu_gqa
 from slimgrpo.monitor.watch import NonFiniteError, PolicyCollapsedError
 from slimgrpo.output.metrics import console_line
 from slimgrpo.train.build import RunParts
+from slimgrpo.train.events import RunEvents, StepFunctions
 from slimgrpo.train.step_metrics import completion_samples, step_metrics
 
 log = logging.getLogger("slimgrpo")
@@ -51,9 +52,10 @@ class StepResult:
 
 class TrainLoop:
     """One run's loop over its built ``parts`` (``train/build.py``). ``callbacks``: ``fn(loop, step, metrics)``
-    after every step; True stops the run."""
+    after every step; True stops the run. ``events``: listeners told of the run's moments (``train/events.py``:
+    the start, each step, evaluations, checkpoints, the end)."""
 
-    def __init__(self, parts: RunParts, callbacks: list[Callback] | None = None):
+    def __init__(self, parts: RunParts, callbacks: list[Callback] | None = None, events: list[RunEvents] = ()):
         self.cfg, self.dist, self.output_dir = parts.cfg, parts.dist, parts.output_dir
         self.checkpoints = parts.checkpoints  # the run folder (its lock, held by rank 0 until train() ends)
         self.policy, self.model, self.critic = parts.policy, parts.model, parts.critic
@@ -67,7 +69,8 @@ class TrainLoop:
         self.updater, self.watch = parts.updater, parts.watch  # the update stage; non-finite, collapse, stall
         self.writer, self.evaluator = parts.writer, parts.evaluator
         self.tiled_mlp, self.thread_info, self.spec = parts.tiled_mlp, parts.thread_info, parts.spec
-        self.callbacks = list(callbacks or [])
+        self.callbacks = list(callbacks or [])  # the Python API's step functions (``events`` holds them too)
+        self.events: list[RunEvents] = [StepFunctions(self.callbacks), *events]
         self.step_idx = parts.start_step
         self.stop = parts.stop  # stop before the next step (a signal, a callback, a stall, early stopping)
 
@@ -167,16 +170,19 @@ class TrainLoop:
             judged = self.watch.judge(0, before)  # run.keep_best: the model it starts from is a candidate too
             self.writer.log(0, before)
             print_eval(self.dist.is_main, ev.num_prompts, "before training", before)
+            self._tell("evaluated", 0, before)
             if judged is not None and judged.improved:
-                self.checkpoints.save(0)
+                self._tell("saved", 0, self.checkpoints.save(0))
                 saved_at = 0
+        self._tell("train_begin")
         with Progress(cfg.run.max_steps, start=self.step_idx, enabled=self.dist.is_main,
                       bar=cfg.log.progress) as bar:
             while self.step_idx < cfg.run.max_steps and not self.should_stop():
+                self._tell("step_begin", self.step_idx + 1)
                 result = self.step()
                 self.step_idx += 1
-                if ev:  # every eval.steps steps and after the last one
-                    result.metrics.update(ev.after_step(self.step_idx))
+                evaluated = ev.after_step(self.step_idx) if ev else {}  # every eval.steps steps and after the last
+                result.metrics.update(evaluated)
                 if self.watch.observe(self.step_idx, result.metrics):  # stall/* into the record; a stall may stop
                     self.stop.requested = True
                 judged = self.watch.judge(self.step_idx, result.metrics)  # run.keep_best, early stopping: best/*
@@ -187,16 +193,27 @@ class TrainLoop:
                 self.maybe_log_completions(result)
                 bar.advance(console_line(self.step_idx, result.metrics) if self.step_idx % cfg.log.logging_steps == 0
                             else None)
-                if any(cb(self, self.step_idx, result.metrics) for cb in self.callbacks):
+                if any([e.step_end(self, self.step_idx, result.metrics) for e in self.events]):
                     self.stop.requested = True
+                if evaluated:
+                    self._tell("evaluated", self.step_idx, evaluated)
                 periodic = cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0
                 if (periodic and self.watch.healthy) or (judged is not None and judged.improved):
-                    self.checkpoints.save(self.step_idx)  # not while skipped or collapsed: keep the last good one
-                    saved_at = self.step_idx  # (a new best is saved whatever save_steps says: final/ comes from it)
+                    # not while skipped or collapsed: keep the last good one (a new best is saved whatever
+                    # save_steps says: final/ comes from it)
+                    self._tell("saved", self.step_idx, self.checkpoints.save(self.step_idx))
+                    saved_at = self.step_idx
         self.watch.check_at_end(self.step_idx, self.stop.requested)  # last updates non-finite: not a success
         if not (cfg.run.save_steps and self.step_idx % cfg.run.save_steps == 0) and saved_at != self.step_idx:
-            self.checkpoints.save(self.step_idx)
-        return self.finish(t_start)
+            self._tell("saved", self.step_idx, self.checkpoints.save(self.step_idx))
+        summary = self.finish(t_start)
+        self._tell("train_end", summary)
+        return summary
+
+    def _tell(self, moment: str, *args) -> None:
+        """Every listener's ``moment`` (``RunEvents``), with this loop first."""
+        for listener in self.events:
+            getattr(listener, moment)(self, *args)
 
     def should_stop(self) -> bool:
         """Stop before the next step? Under torchrun every rank gets the same answer: a signal or a callback

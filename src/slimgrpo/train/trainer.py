@@ -14,7 +14,8 @@ its config, in the order that matters (``prepare_run``):
 3. the build (``train/build.py``'s ``build_run``), which applies the admission's verdict.
 
 ``Trainer(parts)`` takes parts built already (``build_run(cfg, RunInputs(...))``: a lock already held, a stop
-request made before the build). A ``policy`` loaded by the caller is trained without a plan.
+request made before the build). A ``policy`` loaded by the caller is planned from its own config and checked
+against ``memory.budget``, never fitted (it exists already).
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from slimgrpo.causal_lm import unwrap_causal_lm
 from slimgrpo.config import Config
 from slimgrpo.distributed.context import DistContext, from_environment
 from slimgrpo.modeling import Policy
 from slimgrpo.plan.admission import admit
+from slimgrpo.spec.shape import ModelShape
 from slimgrpo.train.build import RunInputs, RunParts, build_run
 from slimgrpo.train.loop import Callback, NonFiniteError, PolicyCollapsedError, StepResult, TrainLoop
 from slimgrpo.train.prompts import planned_prompt_tokens, read_prompts, run_tokenizer
@@ -35,18 +38,29 @@ __all__ = ["Callback", "NonFiniteError", "PolicyCollapsedError", "StepResult", "
 
 def prepare_run(cfg: Config, inputs: RunInputs) -> RunParts:
     """The run of ``cfg`` read, admitted and built (module docstring): ``RunInputs`` as ``build_run`` takes it,
-    without the tokenizer, prompts and admission, which are made here."""
+    without the prompts and admission, which are made here (and the tokenizer, unless the caller loaded it:
+    TRL's ``processing_class``)."""
     if inputs.train_dataset is not None:  # TRL's name: a list of row dicts or a datasets.Dataset, not a file
         cfg.data.path = inputs.train_dataset
-    if inputs.policy is not None:  # loaded by the caller: no plan for it
-        return build_run(cfg, inputs)
-    dist = inputs.dist
-    tokenizer = run_tokenizer(cfg)
+    dist, policy = inputs.dist, inputs.policy
+    tokenizer = policy.tokenizer if policy is not None else inputs.tokenizer or run_tokenizer(cfg)
     prompts = read_prompts(cfg, tokenizer)  # before the weights: the plan counts prompts at the longest
-    admission = admit(cfg, dist.world_size, show=dist.is_main,
-                      prompt_tokens=planned_prompt_tokens(cfg, prompts, inputs.agent))
+    prompt_tokens = planned_prompt_tokens(cfg, prompts, inputs.agent)
+    if policy is None:
+        admission = admit(cfg, dist.world_size, show=dist.is_main, prompt_tokens=prompt_tokens)
+    else:  # loaded by the caller: planned and checked from its own config, never fitted (it exists already)
+        admission = admit(dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, fit=False)),
+                          dist.world_size, show=dist.is_main, prompt_tokens=prompt_tokens, shape=_shape(policy))
     return build_run(admission.cfg, dataclasses.replace(inputs, tokenizer=tokenizer, prompts=prompts,
                                                         admission=admission))
+
+
+def _shape(policy: Policy) -> ModelShape | None:
+    """The shape of a policy the caller loaded, or None for an architecture the planner does not model."""
+    try:
+        return ModelShape.from_hf_config(unwrap_causal_lm(policy.model).config.to_dict())
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 class Trainer(TrainLoop):

@@ -125,7 +125,7 @@ class MicroBatch:
 
     @property
     def completion_rows(self) -> CompletionRows:
-        """The padded rows the forward layouts take (``loss/logprobs.py``), scored on their whole completions."""
+        """The padded rows the forward layouts take (``forward/rows.py``), scored on their whole completions."""
         return CompletionRows(self.input_ids, self.attention_mask, self.T, self.completion_ids)
 
     def part(self, t: torch.Tensor | None) -> torch.Tensor | None:

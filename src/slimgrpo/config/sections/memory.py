@@ -73,7 +73,7 @@ BF16_RULES = ("fp32_master", "stochastic_round", "plain")
 
 def bf16_update_rule(bf16_update: str, optimizer: str) -> str:
     """What ``memory.bf16_update`` means for bfloat16 trainable weights under ``memory.optimizer``: one of
-    ``BF16_RULES``. One place, read by the optimizer (update/optim.py) and the planner (plan/planner.py),
+    ``BF16_RULES``. One place, read by the optimizer (update/optim.py) and the run spec (spec/run.py, ``RunSpec.fp32_master``),
     so that the plan counts the bytes the run holds. ``auto`` depends on the config alone (not on what is
     installed), so a plan made on one machine holds on another."""
     if bf16_update != "auto":

@@ -1,4 +1,4 @@
-"""The packed update layout (loss/packed.py): hidden states and gradients equal to the plain padded path."""
+"""The packed update layout (forward/packed.py): hidden states and gradients equal to the plain padded path."""
 
 from __future__ import annotations
 

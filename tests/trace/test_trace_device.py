@@ -23,21 +23,13 @@ from slimgrpo.config import from_dict, merge_overrides
 from slimgrpo.spec.run import run_spec
 from slimgrpo.plan.model import plan_memory
 from slimgrpo.spec.shape import ModelShape
+from scaled_llama import BASE, SHAPE
 from slimgrpo.target import DeviceTarget
 from slimgrpo.plan.admission import trace_config
 from slimgrpo.plan.render import category_rows, plan_tensor_bytes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# Hidden 256, MLP 688 (no power of two), 8 query / 4 KV heads of 32, 4 layers, untied 1,000-token head.
-SHAPE = ModelShape("llama", hidden=256, intermediate=688, layers=4, heads=8, kv_heads=4, vocab=1000, tie=False,
-                   max_positions=1 << 20)
-# Unsloth's anchor (benchmarks/trace_anchors.py UNSLOTH), scaled down: checkpointing, one row per
-# micro-batch, a long pinned completion, beta 0.
-BASE = ["model.dtype=bfloat16", "run.device=cuda", "lora.enabled=true", "memory.gradient_checkpointing=true",
-        "memory.micro_batch_size=1", "rollout.num_generations=2", "run.batch_size=2", "data.max_prompt_length=37",
-        "rollout.max_completion_length=3001", "rollout.min_completion_length=3001", "loss.beta=0",
-        "loss.token_chunk=256"]
 SETTINGS = {"lora": [], "qlora": ["model.load_in_4bit=true"], "full": ["lora.enabled=false"]}
 
 
@@ -67,7 +59,7 @@ def test_cuda_trace_agrees_with_the_plan_phase_by_phase(setting):
     for name in ("weights + adapters", "optimizer state"):
         planned_bytes, traced = _category(plan, trace, name, "update")
         assert abs(traced / planned_bytes - 1) < 0.02, f"{setting} {name}: {traced:,} vs plan {planned_bytes:,}"
-    if setting == "qlora":  # embedding, head and norms of the 4-bit base stay bf16 (issue 29 item 1): the
+    if setting == "qlora":  # embedding, head and norms of the 4-bit base stay bf16: the
         # plan's NF4 + bf16 line within 2% (the quantisation constants); peft's fp32 cast would make it ~1.4x
         planned_bytes = sum(c.bytes for c in plan.components if c.name == "weights")
         traced = trace.phases["update"].by_tag["weights"]

@@ -1,4 +1,4 @@
-"""Weight precision and the optimizer (issue 42, items 2 and 3): bfloat16 full fine-tuning keeps updates far
+"""Weight precision and the optimizer: bfloat16 full fine-tuning keeps updates far
 below a bfloat16 step (float32 master weights, torchao's stochastic rounding), 8-bit AdamW under FSDP2 is
 torchao's (bitsandbytes' does not take DTensors), float16 full fine-tuning is refused, and the planner counts
 what the master copy costs."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slimgrpo.config import Config, ConfigError, from_dict, validate_config
+from slimgrpo.config import Config, ConfigError, from_dict, merge_overrides, validate_config
 from slimgrpo.config.sections.memory import bf16_update_rule
 from slimgrpo.update.optim import (MasterWeightAdamW, OptimizerUnavailable, apply_config_after_resume,
                                   build_optimizer, build_scheduler, lr_lambda)
@@ -244,7 +244,7 @@ def test_float16_full_finetuning_is_refused_at_validation():
 
 
 def test_trl_fp16_maps_only_with_peft():
-    from slimgrpo.trl_compat import BY_KEY
+    from slimgrpo.trl import BY_KEY
     from slimgrpo.config.trl_rules import Refused
 
     with pytest.raises(Refused, match="master copy"):
@@ -301,3 +301,26 @@ def test_cuda_bf16_rules_keep_small_updates():
     assert rows["bf16 fp32_master"]["master_rel_dist"] < 1e-3
     if HAS_TORCHAO:
         assert rows["bf16 stochastic_round"]["changed"] > rows["bf16 plain"]["changed"]
+
+
+@pytest.mark.parametrize("overrides,what", [
+    (["lora.enabled=true", "model.load_in_4bit=true"], "model.load_in_4bit=true"),
+    (["memory.optimizer=adamw_8bit", "lora.enabled=true"], "memory.optimizer=adamw_8bit"),
+    (["memory.optimizer=adamw_8bit", "model.dtype=float32"], "memory.optimizer=adamw_8bit"),
+])
+def test_a_missing_bitsandbytes_is_said_at_validation_with_the_install_line(overrides, what, monkeypatch):
+    """On a GPU, a 4-bit base and bitsandbytes' 8-bit AdamW need bitsandbytes: refused before the plan and the
+    weights, naming the key and the install line, where it is not installed (find_spec patched)."""
+    import importlib.util
+
+    from slimgrpo.config.precision import bitsandbytes_problem
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    cfg = from_dict(merge_overrides({}, ["run.device=cuda", *overrides]))
+    problem = bitsandbytes_problem(cfg, on_cpu=False)
+    assert problem and what in problem and "pip install 'slimgrpo[gpu]'" in problem
+    assert bitsandbytes_problem(cfg, on_cpu=True) is None  # CPU: no bitsandbytes involved (8-bit AdamW: torchao)
+    stochastic = from_dict(merge_overrides({}, ["run.device=cuda", "memory.optimizer=adamw_8bit",
+                                                "model.dtype=bfloat16"]))
+    assert bitsandbytes_problem(stochastic, on_cpu=False) is None  # torchao's, with stochastic rounding

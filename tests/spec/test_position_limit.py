@@ -1,5 +1,5 @@
 """A context past the model's position limit, after its rope scaling, is refused before any weight loads,
-naming the limit, by ``slimgrpo train`` and ``slimgrpo plan`` (issue 29, bad input)."""
+naming the limit, by ``slimgrpo train`` and ``slimgrpo plan``."""
 
 from __future__ import annotations
 

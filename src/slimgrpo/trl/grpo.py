@@ -1,0 +1,242 @@
+"""``GRPOTrainer``: TRL 1.16's trainer class, as a script calls it, training with slimgrpo.
+
+    from slimgrpo.trl import GRPOConfig, GRPOTrainer          # was: from trl import GRPOConfig, GRPOTrainer
+    trainer = GRPOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", reward_funcs=[accuracy], args=GRPOConfig(...),
+                          train_dataset=dataset)
+    trainer.train()
+    trainer.save_model(trainer.args.output_dir)
+
+What a script gives becomes one slimgrpo run: ``args`` through the rules table (``config/trl_table.py``, the one
+``slimgrpo train --trl-config`` follows, so the script and the YAML are the same run), ``model`` as a name or
+folder (``model.path``) or as a loaded model (a ``PreTrainedModel``, or a ``PeftModel`` whose adapters are the
+ones trained), ``reward_funcs`` as callables, reward-model folders or loaded reward models, ``peft_config`` as
+``lora.*``, the datasets as they are. The run is read, admitted against its memory plan and built when the
+trainer is made (``train/trainer.py``'s ``prepare_run``), so ``trainer.model`` is the live policy from then on.
+What TRL does that slimgrpo does not is refused where the script asks for it, naming it (the rules table, a
+custom optimizer, the hub).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from slimgrpo.causal_lm import is_peft, unwrap_causal_lm
+from slimgrpo.config import ConfigError, from_dict, validate_config
+from slimgrpo.distributed.context import from_environment
+from slimgrpo.train.build import RunInputs
+from slimgrpo.train.loop import TrainLoop
+from slimgrpo.train.trainer import prepare_run
+from slimgrpo.trl.callbacks import TrainerEvents
+from slimgrpo.trl.configs import GRPOConfig, given_fields
+from slimgrpo.trl.yaml import convert, fit_prompt_length, nest
+
+__all__ = ["GRPOTrainer"]
+
+log = logging.getLogger("slimgrpo.trl")
+
+NO_HUB = ("slimgrpo never uploads (no model or dataset hub at run time): push the folder save_model wrote "
+          "yourself, e.g. `huggingface-cli upload REPO {folder}`")
+
+
+class GRPOTrainer:
+    """TRL 1.16's ``GRPOTrainer`` (module docstring). Arguments as TRL's; the ones slimgrpo cannot honour are
+    refused with the reason (``optimizers`` other than ``(None, None)``: slimgrpo builds its own AdamW from
+    ``args``)."""
+
+    def __init__(self, model: Any, reward_funcs: Any, args: GRPOConfig | None = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
+                 callbacks: list | None = None, optimizers: tuple = (None, None), peft_config: Any = None,
+                 tools: list[Callable] | None = None, environment_factory: Any = None,
+                 rollout_func: Callable | None = None):
+        if args is None:
+            name = model if isinstance(model, str) else unwrap_causal_lm(model).config._name_or_path
+            args = GRPOConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-GRPO")
+        if tuple(optimizers) != (None, None):
+            raise ValueError("GRPOTrainer(optimizers=...): slimgrpo builds its optimizer and schedule from args "
+                             "(optim, learning_rate, lr_scheduler_type, warmup_*); leave optimizers=(None, None)")
+        if train_dataset is None and rollout_func is None:
+            raise ValueError("GRPOTrainer needs train_dataset: a datasets.Dataset or a list of rows with a "
+                             "'prompt' column")
+        self.args = args
+        self.reward_funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+        self.reward_processing_classes = reward_processing_classes
+        self.eval_dataset, self.tools, self.rollout_func = eval_dataset, tools, rollout_func
+        cfg = run_config(args, model, self.reward_funcs, peft_config, reward_processing_classes,
+                         (train_dataset, eval_dataset))
+        policy = None
+        if not isinstance(model, (str, os.PathLike)):
+            from slimgrpo.modeling import load_run_tokenizer, policy_of
+
+            policy = policy_of(model, processing_class or load_run_tokenizer(cfg), cfg)
+        parts = prepare_run(cfg, RunInputs(from_environment(), policy, train_dataset, tools, environment_factory,
+                                           rollout_func, tokenizer=processing_class))
+        from transformers import DefaultFlowCallback, TrainerControl
+        from transformers.trainer_callback import CallbackHandler
+
+        self.state = parts.trainer_state  # what reward functions receive as trainer_state, as in TRL
+        # transformers' default flow first, as its Trainer has it (slimgrpo's own progress replaces the bar)
+        self.callback_handler = CallbackHandler([DefaultFlowCallback, *(callbacks or [])], parts.policy.model,
+                                                parts.policy.tokenizer, parts.optimizer, parts.scheduler)
+        self._events = TrainerEvents(self.callback_handler, args, self.state, TrainerControl(),
+                                     _logging_steps(args, cfg))
+        self._loop = TrainLoop(parts, events=[self._events])
+        self.model = parts.policy.model
+        self.processing_class = parts.policy.tokenizer
+        self.reward_func_names = list(parts.reward_runner.names)
+
+    # ------------------------------------------------------------------ what scripts call
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs) -> Any:
+        """Train; ``resume_from_checkpoint``: True (the newest checkpoint of ``output_dir``) or a checkpoint
+        folder, as TRL takes it (slimgrpo's ``run.resume``). Returns transformers' ``TrainOutput``."""
+        if kwargs:
+            raise TypeError(f"train() got unexpected keyword arguments {sorted(kwargs)}")
+        if resume_from_checkpoint:
+            raise ValueError("train(resume_from_checkpoint=...): give it to the trainer's run instead: GRPOConfig("
+                             "output_dir=...) resumes from the newest complete checkpoint there by itself "
+                             "(run.resume=auto); to start from a given checkpoint folder, pass its run folder")
+        from transformers.trainer_utils import TrainOutput
+
+        summary = self._loop.train()
+        last = self.state.log_history[-1] if self.state.log_history else {}
+        return TrainOutput(self.state.global_step, last.get("train_loss", summary.get("loss")), last)
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"
+                 ) -> dict[str, float]:
+        """Run the evaluation on ``eval_dataset`` (the trainer's ``eval.data``): its metrics with
+        ``metric_key_prefix``, logged and said to the callbacks' ``on_evaluate``."""
+        if eval_dataset is not None:
+            raise ValueError("evaluate(eval_dataset=...): give the evaluation set to GRPOTrainer(eval_dataset=...)")
+        evaluator = self._loop.evaluator
+        if evaluator is None:
+            raise ValueError("evaluate() needs an evaluation set: GRPOTrainer(eval_dataset=...)")
+        metrics = evaluator.run()
+        logs = {f"{metric_key_prefix}_" + k.removeprefix("eval/").replace("/", "_"): v for k, v in metrics.items()}
+        self._events.log(logs)
+        self._events.control = self.callback_handler.on_evaluate(self.args, self.state, self._events.control,
+                                                                 metrics=logs)
+        return logs
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The policy (a peft model: its adapters) and the tokenizer into ``output_dir`` (default
+        ``args.output_dir``), as safetensors."""
+        folder = Path(output_dir or self.args.output_dir or "trainer_output")
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(folder), safe_serialization=True)
+        self.processing_class.save_pretrained(str(folder))
+
+    def add_callback(self, callback) -> None:
+        self.callback_handler.add_callback(callback)
+
+    def remove_callback(self, callback) -> None:
+        self.callback_handler.remove_callback(callback)
+
+    def pop_callback(self, callback):
+        return self.callback_handler.pop_callback(callback)
+
+    def push_to_hub(self, *args, **kwargs):
+        raise RuntimeError("GRPOTrainer.push_to_hub: " + NO_HUB.format(folder=self.args.output_dir))
+
+    def create_model_card(self, *args, **kwargs):
+        raise RuntimeError("GRPOTrainer.create_model_card: slimgrpo writes no model card (no hub)")
+
+    @property
+    def ref_model(self):
+        """The reference policy's copy (full fine-tuning with a KL term), else None (LoRA: the base with the
+        adapters off, no copy), as TRL's attribute reads."""
+        return self._loop.policy.reference_cpu
+
+    @property
+    def accelerator(self):
+        raise AttributeError("GRPOTrainer.accelerator: slimgrpo runs without Accelerate (torchrun for several "
+                             "processes)")
+
+
+def _logging_steps(args, cfg) -> int:
+    """How often ``on_log`` runs: TRL's ``logging_strategy`` and ``logging_steps`` (a fraction of the run's
+    steps where below 1); 0 with ``no``; ``epoch``: the steps of one pass over the prompts."""
+    strategy = str(args.logging_strategy).removeprefix("IntervalStrategy.").lower()
+    if strategy == "no":
+        return 0
+    if strategy == "epoch":
+        return max(1, cfg.run.max_steps // max(1, int(cfg.run.num_train_epochs or 1)))
+    steps = float(args.logging_steps)
+    return max(1, int(steps * cfg.run.max_steps) if steps < 1 else int(steps))
+
+
+def run_config(args: GRPOConfig, model: Any, reward_funcs: list, peft_config: Any = None,
+               reward_processing_classes: Any = None, datasets: tuple = (None, None)):
+    """The slimgrpo ``Config`` of a script's trainer: ``args``'s set fields through the rules table (what
+    ``--trl-config`` does with a YAML), the model, LoRA from ``peft_config`` or a peft model's own adapters, the
+    reward functions (a reward model with its tokenizer from ``reward_processing_classes``) and the datasets
+    (``(train_dataset, eval_dataset)``, either None)."""
+    values = convert(given_fields(args), os.getcwd()).values
+    if isinstance(model, (str, os.PathLike)):
+        values["model.path"] = os.path.abspath(os.fspath(model)) if os.path.exists(model) else os.fspath(model)
+    else:
+        values["model.path"] = unwrap_causal_lm(model).config._name_or_path or ""
+        if is_peft(model):
+            values.update(lora_values(model.peft_config[model.active_adapter]))
+    if peft_config is not None:
+        if not isinstance(model, (str, os.PathLike)) and is_peft(model):
+            raise ValueError("GRPOTrainer(peft_config=...) with a model that carries LoRA adapters already: "
+                             "give one or the other")
+        values.update(lora_values(peft_config))
+    cfg = from_dict(nest(values), base_dir=os.getcwd())
+    if "max_prompt_length" not in given_fields(args):  # as --trl-config: TRL 1.16 does not cut prompts
+        fit_prompt_length(cfg, log.info)
+    cfg.rewards.functions = _rewards(reward_funcs, reward_processing_classes, cfg.run.device)
+    train_dataset, eval_dataset = datasets
+    if train_dataset is not None:
+        cfg.data.path = train_dataset
+    if eval_dataset is not None:
+        cfg.eval.data = eval_dataset
+    try:
+        validate_config(cfg)
+    except ConfigError as e:
+        raise ValueError(f"GRPOTrainer: {e}") from None
+    return cfg
+
+
+def lora_values(peft_config: Any) -> dict[str, Any]:
+    """``lora.*`` of a peft ``LoraConfig``; what slimgrpo does not train (DoRA, rsLoRA, modules to save, LoRA on
+    parameters) is refused, naming it."""
+    refused = [("use_dora", False), ("use_rslora", False), ("modules_to_save", None),
+               ("target_parameters", None)]
+    for name, fine in refused:
+        value = getattr(peft_config, name, fine)
+        if value not in (fine, [], ()):
+            raise ValueError(f"peft_config.{name}={value!r}: slimgrpo trains plain LoRA adapters only")
+    targets = peft_config.target_modules
+    if targets is None:
+        targets = "all-linear"
+    elif not isinstance(targets, str):
+        targets = sorted(targets)
+    return {"lora.enabled": True, "lora.r": int(peft_config.r), "lora.alpha": float(peft_config.lora_alpha),
+            "lora.dropout": float(peft_config.lora_dropout), "lora.target_modules": targets}
+
+
+def _rewards(reward_funcs: list, processing_classes: Any, device: str) -> list:
+    """TRL's ``reward_funcs`` as slimgrpo's loader takes them (callables, reward-model folders or loaded reward
+    models: ``rewards/loading.py``), a reward model with the tokenizer ``reward_processing_classes`` gives at its
+    position made here."""
+    from slimgrpo.rewards.reward_model import RewardModel
+
+    if processing_classes is not None and not isinstance(processing_classes, list):
+        processing_classes = [processing_classes]
+    tokenizers = list(processing_classes or []) + [None] * len(reward_funcs)
+    return [RewardModel(fn, tokenizer=tok, device=device) if tok is not None and _is_model(fn) else fn
+            for fn, tok in zip(reward_funcs, tokenizers)]
+
+
+def _is_model(spec: Any) -> bool:
+    """A ``torch.nn.Module`` (a reward model TRL's script loaded) or a folder holding one."""
+    import torch
+
+    from slimgrpo.rewards.reward_model import is_model_folder
+
+    return isinstance(spec, torch.nn.Module) or (isinstance(spec, (str, os.PathLike)) and is_model_folder(spec))
+

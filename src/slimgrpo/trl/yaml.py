@@ -1,0 +1,213 @@
+"""From a ``trl grpo`` YAML to a slimgrpo :class:`Config`, with a report of what happened to every key."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slimgrpo.config.trl_rules import TRL_DEFAULTS, Refused
+from slimgrpo.config.trl_table import BY_KEY
+
+
+@dataclass
+class Row:
+    key: str  # TRL key (or "(default)")
+    status: str  # mapped | ignored | refused | default
+    detail: str
+
+
+@dataclass
+class Conversion:
+    values: dict[str, Any] = field(default_factory=dict)  # slimgrpo dotted key -> value
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def refused(self) -> list[Row]:
+        return [row for row in self.rows if row.status == "refused"]
+
+
+def _trl_default(key: str) -> Any:
+    """TRL's own default for ``key`` (needs trl installed; a sentinel otherwise)."""
+    try:
+        import dataclasses
+
+        import trl
+
+        for cls in (trl.GRPOConfig, trl.ModelConfig, trl.ScriptArguments):
+            for f in dataclasses.fields(cls):
+                if f.name == key and f.default is not dataclasses.MISSING:
+                    return f.default
+    except ImportError:
+        pass
+    return _NO_DEFAULT
+
+
+_NO_DEFAULT = object()
+
+
+def _fmt(value: Any) -> str:
+    text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def convert(trl: dict[str, Any], base_dir: str = ".") -> Conversion:
+    """Map every key of a ``trl grpo`` YAML; unknown keys and values slimgrpo cannot honour are refused."""
+    from slimgrpo.config import all_keys
+
+    from slimgrpo.config import iter_fields
+
+    known = set(all_keys())
+    nullable = {k for k, tp, default, _ in iter_fields() if default is None or "None" in str(tp)}
+    out = Conversion()
+    context = {**trl, "__base_dir__": base_dir}
+    for key, value in trl.items():
+        rule = BY_KEY.get(key)
+        if rule is None:
+            out.rows.append(Row(key, "refused", "not a key of TRL 1.16's GRPOConfig / ModelConfig / ScriptArguments"))
+            continue
+        if rule.kind == "ignore":
+            out.rows.append(Row(key, "ignored", rule.note))
+            continue
+        try:
+            mapped = rule.apply(value, context)
+        except Refused as e:
+            out.rows.append(Row(key, "refused", f"{_fmt(value)}: {e}"))
+            continue
+        if rule.kind == "refuse":
+            out.rows.append(Row(key, "ignored", f"{_fmt(value)} changes nothing"))
+            continue
+        mapped = {k: v for k, v in mapped.items() if v is not None or k in nullable or k not in known}
+        missing = [k for k in mapped if k not in known]
+        if missing:  # a slimgrpo key this build does not have yet (e.g. a newer loss option)
+            if value == _trl_default(key):
+                out.rows.append(Row(key, "ignored", f"TRL's default; {', '.join(missing)} is not in this build"))
+            else:
+                out.rows.append(Row(key, "refused", f"{_fmt(value)}: {', '.join(missing)} is not in this build"))
+            continue
+        out.values.update(mapped)
+        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in mapped.items()) or "accepted (no change needed)"
+        out.rows.append(Row(key, "mapped", shown))
+    _apply_trl_run_defaults(trl, out)
+    return out
+
+
+def _apply_trl_run_defaults(trl: dict[str, Any], out: Conversion) -> None:
+    """TRL defaults that decide what a run *is* (its length, batch, folder) apply when the YAML is silent;
+    other defaults stay slimgrpo's (docs/trl-migration.md lists those that differ)."""
+    gives_steps = (trl.get("max_steps") or -1) > 0
+    if not gives_steps and "num_train_epochs" not in trl:
+        out.values["run.num_train_epochs"] = TRL_DEFAULTS["num_train_epochs"]
+        out.rows.append(Row("num_train_epochs", "default", "TRL's 3 epochs (the YAML sets neither max_steps nor "
+                                                           "num_train_epochs)"))
+    if "per_device_train_batch_size" not in trl and "gradient_accumulation_steps" not in trl:
+        size = TRL_DEFAULTS["per_device_train_batch_size"]
+        out.values.update({"run.batch_size": size, "memory.micro_batch_size": size})
+        out.rows.append(Row("per_device_train_batch_size", "default", f"TRL's {size} completions per step"))
+    if "output_dir" not in trl:
+        out.values["run.output_dir"] = "trainer_output"
+        out.rows.append(Row("output_dir", "default", "TRL's trainer_output"))
+
+
+def nest(values: dict[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in values.items():
+        node = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return data
+
+
+def render(conversion: Conversion) -> str:
+    """The report: one line per key, grouped mapped / defaults / ignored / refused."""
+    lines = []
+    for status, title in (("mapped", "mapped"), ("default", "TRL defaults applied"), ("ignored", "ignored"),
+                          ("refused", "REFUSED")):
+        rows = [r for r in conversion.rows if r.status == status]
+        if not rows:
+            continue
+        lines.append(f"{title} ({len(rows)}):")
+        width = max(len(r.key) for r in rows)
+        lines += [f"  {r.key:<{width}}  {r.detail}" for r in rows]
+    return "\n".join(lines)
+
+
+def read_trl_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    from slimgrpo.config import ConfigError, read_yaml
+
+    data = read_yaml(path)
+    nested = [k for k, v in data.items() if isinstance(v, dict) and k not in BY_KEY]
+    if nested:
+        raise ConfigError(
+            f"{path}: {nested[0]!r} is a section; a TRL grpo YAML is flat (GRPOConfig and model/script fields). "
+            "For a slimgrpo config drop --trl-config: slimgrpo train CONFIG"
+        )
+    return data
+
+
+# TRL keys naming a path, and the slimgrpo key that says how (config/paths.py's rule).
+_TRL_PATH_KEYS = {"output_dir": "run.output_dir", "model_name_or_path": "model.path", "dataset_name": "data.path"}
+
+
+def _from_working_dir(key: str, value):
+    """A TRL key=value override naming a path is taken from the working directory, as slimgrpo's own."""
+    from slimgrpo.config.paths import resolve_paths
+
+    if key not in _TRL_PATH_KEYS or not isinstance(value, str):
+        return value
+    section, leaf = _TRL_PATH_KEYS[key].split(".")
+    return resolve_paths({section: {leaf: value}}, os.getcwd(), "command line")[section][leaf]
+
+
+def load_trl_config(path: str | os.PathLike, overrides: list[str] = (), show=print):
+    """Read a ``trl grpo`` YAML, print what happened to each key, and return the slimgrpo Config.
+
+    Overrides without a dot are TRL keys (``max_steps=2``), with a dot slimgrpo keys (``run.seed=1``);
+    TRL ones are applied before the mapping, slimgrpo ones after. Refused keys raise ConfigError (exit 2).
+    """
+    from slimgrpo.config import ConfigError, from_dict, merge_overrides, parse_override, validate_config
+
+    trl = read_trl_yaml(path)
+    slim_overrides = []
+    for text in overrides:
+        parts, value = parse_override(text)
+        if len(parts) == 1:
+            trl[parts[0]] = _from_working_dir(parts[0], value)
+        else:
+            slim_overrides.append(text)
+    base_dir = str(Path(path).resolve().parent)
+    conversion = convert(trl, base_dir)
+    show(f"{path}: TRL grpo config -> slimgrpo\n{render(conversion)}")
+    if conversion.refused:
+        keys = ", ".join(r.key for r in conversion.refused)
+        raise ConfigError(f"{path}: slimgrpo cannot honour {keys} (see REFUSED above): remove them or set them "
+                          "to TRL's default, then use slimgrpo keys as key=value overrides")
+    data = merge_overrides(nest(conversion.values), slim_overrides)
+    cfg = from_dict(data, base_dir=base_dir)
+    if "max_prompt_length" not in trl and not any(o.startswith("data.max_prompt_length=") for o in slim_overrides):
+        fit_prompt_length(cfg, show)
+    validate_config(cfg)
+    return cfg
+
+
+def fit_prompt_length(cfg, show=print) -> None:
+    """TRL 1.16 does not cut prompts; slimgrpo keeps the last data.max_prompt_length tokens. Without the key,
+    keep slimgrpo's default unless the model's context is shorter: then use what the completion leaves."""
+    from slimgrpo.config import resolve_path
+    from slimgrpo.modeling import looks_like_hub_name, max_positions, read_model_config
+
+    path = resolve_path(cfg, cfg.model.path)
+    if not path or looks_like_hub_name(path):
+        return
+    try:
+        context = max_positions(read_model_config(path))
+    except Exception:  # a missing model is reported later, where it is loaded
+        return
+    room = (context or 0) - cfg.rollout.max_completion_length
+    if context and 0 < room < cfg.data.max_prompt_length:
+        cfg.data.max_prompt_length = room
+        show(f"data.max_prompt_length={room}: the model's {context} positions minus max_completion_length "
+             "(TRL 1.16 does not cut prompts; slimgrpo keeps their last tokens)")
