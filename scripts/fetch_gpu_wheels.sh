@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Download the wheels benchmarks/gpu_suite.py needs on the GPU machine, which has no package index:
+# Download the wheels benchmarks/gpu/suite.py needs on the GPU machine, which has no package index:
 # TRL 1.16 and what its image lacks (datasets, dill, multiprocess), and bitsandbytes (QLoRA, 8-bit AdamW).
 # Everything else TRL and slimgrpo import (torch, transformers, peft, accelerate, pyarrow, pandas, xxhash,
 # fsspec, huggingface-hub, rich, pyyaml, safetensors) is in that image (docs/benchmarks.md, "GPU suite").

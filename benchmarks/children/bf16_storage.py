@@ -1,9 +1,9 @@
 """One ``slimgrpo train`` run whose trained weights are stored as bfloat16 values while the model computes in
 float32: bfloat16 full fine-tuning's update rules on a CPU without bfloat16 matrix kernels.
 
-    python benchmarks/_bf16_child.py {plain,fp32_master} train RECIPE key=value ...
+    python -m benchmarks.children.bf16_storage {plain,fp32_master} train RECIPE key=value ...
 
-bf16_learn.py starts it. This machine's CPU (AVX2, no AVX512-BF16 / AMX) multiplies bfloat16 matrices 20-30x
+learning/bf16_learn.py starts it. This machine's CPU (AVX2, no AVX512-BF16 / AMX) multiplies bfloat16 matrices 20-30x
 slower than float32 (a 64 x 576 x 1536 product: 404 ms against 12 ms), so a real bfloat16 run of the addition
 recipe takes hours here. What issue 42 is about is the update, not the forward: the trained weights start
 rounded to bfloat16 and, after every optimizer step, hold bfloat16 values:
@@ -63,10 +63,9 @@ class MasterBf16AdamW(torch.optim.AdamW):
 
 def main() -> int:
     mode, argv = sys.argv[1], sys.argv[2:]
-    import slimgrpo.train.trainer as trainer_module
-    from slimgrpo.commands.cli import main as cli_main
+    from benchmarks.surface import cli_main, train_build
 
-    real = trainer_module.build_optimizer
+    real = train_build.build_optimizer  # where the run's build looks it up (train/build.py)
 
     def build(params, cfg, device):
         assert all(p.dtype == torch.float32 for p in params), "emulation runs with model.dtype=float32"
@@ -81,7 +80,7 @@ def main() -> int:
               flush=True)
         return opt
 
-    trainer_module.build_optimizer = build
+    train_build.build_optimizer = build
     return cli_main(argv)
 
 

@@ -1,7 +1,7 @@
-"""One task of benchmarks/gpu_suite.py in its own process:
+"""One task of the GPU suite (benchmarks/gpu/suite.py) in its own process:
 
-    python benchmarks/_gpu_child.py TASK CTX.json RESULT.json
-    python benchmarks/_gpu_child.py --batch BATCH.json      (--dry-run: [{task, ctx, result, env}, ...])
+    python -m benchmarks.children.gpu_task TASK CTX.json RESULT.json
+    python -m benchmarks.children.gpu_task --batch BATCH.json      (--dry-run: [{task, ctx, result, env}, ...])
 
 The driver starts one child per task with a wall-clock limit and kills its process group at that limit,
 so a hung kernel, a crash or a CUDA error that poisons the context ends this task and nothing else. The
@@ -9,8 +9,8 @@ child writes RESULT.json at start ("running"), after every finished row and at i
 midway still leaves its finished rows. It stops itself a few seconds before the driver's limit
 (``ctx["seconds"]`` less MARGIN_S), so it normally ends with its rows saved.
 
-TASK is a later section (``loss``, ``planner``, ... in ``_gpu_legacy.py``) or a first-call task
-(``train``, ``resume``, ``oxen``, ``qlora_8b``, ``trl_pair`` in ``_gpu_first.py``).
+TASK is a first-call task (``train``, ``resume``, ``oxen``, ``qlora_8b``, ``trl_pair``) or a later section
+(``loss``, ``planner``, ...): every one is in ``benchmarks/gpu/tasks.py``'s ``TASKS``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "src")]
 
 MARGIN_S = 6.0  # the child's own deadline comes this much before the driver's kill
 
@@ -62,15 +59,16 @@ def run_task(task: str, ctx_path: Path, out_path: Path) -> int:
     try:
         import torch
 
-        from _gpu_legacy import RUNNERS, run_guarded, settings
-        from _gpu_first import TASKS
+        from benchmarks.gpu.guard import run_guarded
+        from benchmarks.gpu.tasks import TASKS
+        from benchmarks.gpu.workloads import settings
 
         torch.set_num_threads(min(torch.get_num_threads(), 8))
         ctx.update(task=task, work=Path(ctx["work"]), dev=torch.device(ctx["device"]), cfg=settings(ctx["smoke"]),
                    remaining=lambda: deadline - time.monotonic(), on_row=on_row)
         ctx["run"] = lambda label, fn: run_guarded(label, fn, ctx)
         ctx["work"].mkdir(parents=True, exist_ok=True)
-        runner = TASKS.get(task) or RUNNERS.get(task)
+        runner = TASKS.get(task)
         if runner is None:
             raise ValueError(f"unknown task {task!r}")
         result = runner(ctx)

@@ -1,6 +1,9 @@
-"""One measured run of benchmarks/bench_vllm.py (a process of its own, so its peak RSS is its own).
+"""One measured run of rollout/vs_vllm.py (a process of its own, so its peak RSS is its own).
 
-    python benchmarks/_vllm_child.py SPEC.json
+    python -m benchmarks.children.rollout_engine SPEC.json
+
+It runs under the interpreter of an environment with vLLM (``vs_vllm.py --python``), which has the benchmarks
+package and slimgrpo on its ``PYTHONPATH`` only (harness/processes.py).
 
 ``decode``: load the model, build the engine (``slimgrpo`` or ``vllm``), one warm-up call, then ``calls`` timed
 calls of ``prompts x generations`` completions; records start-up (process start to engine ready) and
@@ -20,11 +23,11 @@ T_START = time.perf_counter()
 import slimgrpo  # noqa: E402,F401  (before torch: the OpenMP wait policy)
 import torch  # noqa: E402
 
-from common import emit  # noqa: E402
+from benchmarks.harness.records import emit, read_jsonl  # noqa: E402
 
 
 def _prompts(spec: dict, tok) -> list[list[int]]:
-    rows = [json.loads(line) for line in Path(spec["prompts_path"]).read_text().splitlines() if line.strip()]
+    rows = read_jsonl(Path(spec["prompts_path"]))
     return [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
             for r in rows[: spec["prompts"]]]
 
@@ -32,7 +35,7 @@ def _prompts(spec: dict, tok) -> list[list[int]]:
 def decode(spec: dict) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from slimgrpo.rollout.sampling import SamplingParams
+    from benchmarks.surface import SamplingParams
 
     torch.set_num_threads(spec["num_threads"])
     dtype = getattr(torch, spec["dtype"])
@@ -41,7 +44,7 @@ def decode(spec: dict) -> None:
     prompts = _prompts(spec, tok)
     n_tokens = spec["completion_length"]
     if spec["engine"] == "vllm":
-        from slimgrpo.rollout.vllm_engine import VllmRolloutEngine, VllmSettings, kv_cache_bytes
+        from benchmarks.surface import VllmRolloutEngine, VllmSettings, kv_cache_bytes
 
         rows = spec["prompts"] * spec["generations"]
         longest = max(map(len, prompts)) + n_tokens
@@ -50,7 +53,7 @@ def decode(spec: dict) -> None:
                                 kv_cache_bytes=kv_cache_bytes(model.config, rows * longest, dtype.itemsize))
         engine = VllmRolloutEngine(model, settings)
     else:
-        from slimgrpo.rollout.engine import TorchRolloutEngine
+        from benchmarks.surface import TorchRolloutEngine
 
         engine = TorchRolloutEngine(model)
     emit({"kind": "start", "start_s": time.perf_counter() - T_START})
@@ -69,8 +72,7 @@ def decode(spec: dict) -> None:
 
 
 def step(spec: dict) -> None:
-    from slimgrpo.config import from_dict, validate_config
-    from slimgrpo.train.trainer import Trainer
+    from benchmarks.surface import Trainer, from_dict, validate_config
 
     L = spec["completion_length"]
     cfg = from_dict({
@@ -91,8 +93,7 @@ def step(spec: dict) -> None:
     trainer = Trainer(cfg)  # built whole
     emit({"kind": "start", "start_s": time.perf_counter() - T_START})
     trainer.train()
-    for line in (Path(spec["output_dir"]) / "metrics.jsonl").read_text().splitlines():
-        m = json.loads(line)
+    for m in read_jsonl(Path(spec["output_dir"]) / "metrics.jsonl"):
         if "time/step_s" in m:
             emit({"kind": "step", "step": m.get("step"), "step_s": m["time/step_s"], "gen_s": m["time/generate_s"],
                   "tokens_per_s": m["gen/tokens_per_s"], "sync_s": m.get("rollout/weight_sync_s", 0.0),

@@ -1,8 +1,8 @@
-"""One slimgrpo run for the benchmark harness (launched by vs_trl.py, one process per run).
+"""One slimgrpo run, a process of its own (started by speed/vs_trl.py and the planner lab).
 
-    python benchmarks/_slimgrpo_child.py SPEC.json
+    python -m benchmarks.children.slimgrpo_grpo SPEC.json
 
-Same SPEC and the same ``@@bench {json}`` records as _trl_child.py. Step time is the wall time between
+Same SPEC and the same ``@@bench {json}`` records as trl_grpo.py. Step time is the wall time between
 consecutive step callbacks (the first step uses the trainer's own ``time/step_s``); generation
 throughput and memory come from the trainer's metrics (also written to ``metrics.jsonl``).
 """
@@ -19,7 +19,7 @@ T_START = time.perf_counter()
 import slimgrpo  # noqa: E402,F401  (before torch, as the slimgrpo command: sets the OpenMP wait policy)
 import torch  # noqa: E402
 
-from common import emit, peak_cuda_mib, peak_cuda_reserved_mib  # noqa: E402
+from benchmarks.harness.records import emit, emit_end, peak_cuda_mib  # noqa: E402
 
 
 def config_dict(spec: dict) -> dict:
@@ -53,9 +53,7 @@ def config_dict(spec: dict) -> dict:
 
 def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
-    from slimgrpo.config import from_dict, validate_config
-    from slimgrpo.checkpoint import manager as checkpointing
-    from slimgrpo.train.runner import run_training
+    from benchmarks.surface import Checkpointer, from_dict, run_training, validate_config
 
     cfg = from_dict(config_dict(spec), base_dir=str(Path.cwd()))
     validate_config(cfg)
@@ -63,7 +61,7 @@ def main() -> int:
     # TRL runs with save_strategy="no" and writes nothing; slimgrpo always writes a final checkpoint
     # (weights + optimizer state). Skip it here so both runs do the same work and the GPU workloads
     # do not write tens of GB to disk.
-    checkpointing.Checkpointer.save = lambda self, step: None
+    Checkpointer.save = lambda self, step: None
 
     state = {"last": None, "setup_emitted": False}
 
@@ -88,8 +86,7 @@ def main() -> int:
 
     t = time.perf_counter()
     run_training(cfg, callbacks=[on_step])
-    emit({"event": "end", "train_s": time.perf_counter() - t, "peak_cuda_mib": peak_cuda_mib(),
-          "peak_cuda_reserved_mib": peak_cuda_reserved_mib()})
+    emit_end(time.perf_counter() - t)
     return 0
 
 

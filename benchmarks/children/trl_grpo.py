@@ -1,11 +1,12 @@
-"""One TRL GRPOTrainer run for the benchmark harness (launched by vs_trl.py, one process per run).
+"""One TRL GRPOTrainer run, a process of its own (started by speed/vs_trl.py and the learning benchmarks).
 
-    python benchmarks/_trl_child.py SPEC.json
+    python -m benchmarks.children.trl_grpo SPEC.json
 
-SPEC holds the settings shared with the slimgrpo run (see vs_trl.py: ``run_spec``). Progress goes to
-stdout as ``@@bench {json}`` lines: one ``setup`` record, one ``step`` record per optimizer step, one
-``end`` record. Step time is the wall time between consecutive ``on_step_end`` callbacks (the first
-step counts from ``on_train_begin``), measured the same way as in _slimgrpo_child.py.
+SPEC holds the settings shared with the slimgrpo run (speed/vs_trl.py's ``Settings.spec``), or a recipe's
+GRPOConfig keys (``grpo_config``, learning/trl_config.py). Progress goes to stdout as ``@@bench {json}`` lines:
+one ``setup`` record, one ``step`` record per optimizer step, one ``end`` record. Step time is the wall time
+between consecutive ``on_step_end`` callbacks (the first step counts from ``on_train_begin``), measured the same
+way as in slimgrpo_grpo.py. No slimgrpo is loaded here: the process's peak RSS is TRL's alone.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ T_START = time.perf_counter()
 
 import torch  # noqa: E402
 
-from common import emit, peak_cuda_mib, peak_cuda_reserved_mib  # noqa: E402
+from benchmarks.harness.records import emit, emit_end, peak_cuda_mib  # noqa: E402
 
 
 # TRL times `generate` in a ProfilingContext but only reports the duration to wandb/mlflow/trackio.
@@ -43,7 +44,7 @@ def patch_profiling() -> None:
 def build_config(spec: dict):
     from trl import GRPOConfig
 
-    if "grpo_config" in spec:  # learn_suite.py: the recipe's keys only, GRPOConfig's defaults for the rest
+    if "grpo_config" in spec:  # learn_suite: the recipe's keys only, GRPOConfig's defaults for the rest
         return GRPOConfig(**harness_settings(spec), **spec["grpo_config"])
     L = spec["completion_length"]
     rows = spec["prompts_per_step"] * spec["num_generations"]
@@ -195,8 +196,7 @@ def main() -> int:
     if spec.get("save_dir"):  # the learning benchmark evaluates the trained weights afterwards
         trainer.save_model(spec["save_dir"])
         tok.save_pretrained(spec["save_dir"])
-    emit({"event": "end", "train_s": train_s, "peak_cuda_mib": peak_cuda_mib(),
-          "peak_cuda_reserved_mib": peak_cuda_reserved_mib()})
+    emit_end(train_s)
     return 0
 
 

@@ -1,14 +1,14 @@
 """Update-only child for memory calibration: one real slimgrpo update on synthetic completions.
 
-    python benchmarks/_update_child.py CONFIG.yaml [key=value ...]
+    python -m benchmarks.children.update_only CONFIG.yaml [key=value ...]
 
 Builds the Trainer exactly as ``slimgrpo train`` does (policy, LoRA, checkpointing, optimizer), then
 skips decoding: every row gets a random prompt of ``data.max_prompt_length`` tokens and a random
 completion of ``rollout.max_completion_length`` tokens (the planner's worst case, all rows full length).
 The optimizer state is created first (one zero-gradient step), so the measured update runs with it
-resident, as every step after the first of a real run does. Then one update: reference / old log-probs
-when the config asks for them, forward + backward over the micro-batches, the optimizer step.
-Peak RSS is read from outside (benchmarks/common.py run_measured).
+resident, as every step after the first of a real run does. Then one update (``Updater.update``):
+reference / old log-probs when the config asks for them, forward + backward over the micro-batches, the
+optimizer step. Peak RSS is read from outside (planner/calibrate_memory.py, harness/measure.py).
 """
 
 from __future__ import annotations
@@ -19,14 +19,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit  # noqa: E402
+from benchmarks.harness.records import emit
 
 
 def main(argv: list[str]) -> int:
-    from slimgrpo.config import load_config
-    from slimgrpo.train.trainer import Trainer
-    from slimgrpo.containers import Rollout
+    from benchmarks.surface import Rollout, Trainer, load_config
 
     cfg = load_config(Path(argv[0]), argv[1:])
     trainer = Trainer(cfg)  # built whole
@@ -51,11 +48,10 @@ def main(argv: list[str]) -> int:
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
-    update = trainer.updater.prepare(rollout, torch.randn(rows, generator=g).to(dev))
-    stats, grad_norm, skipped = trainer.updater.step(update, trainer.step_idx)
-    trainer.watch.after_update(skipped, trainer.step_idx)
+    result = trainer.updater.update(rollout, torch.randn(rows, generator=g).to(dev), trainer.step_idx)
+    trainer.watch.after_update(result.skipped, trainer.step_idx)
     emit({"kind": "update", "rows": rows, "P": P, "T": T, "update_s": time.perf_counter() - t0,
-          "loss": stats.loss, "tokens": stats.tokens, "skipped": skipped})
+          "loss": result.stats.loss, "tokens": result.stats.tokens, "skipped": result.skipped})
     return 0
 
 

@@ -1,8 +1,8 @@
-"""Measurements of benchmarks/gpu_suite.py, one function per part. Each returns plain dicts (one row of
-a results table); gpu_suite.py adds time limits, error capture and the report.
+"""The GPU suite's measurements, one function per kind of row. Each returns plain dicts (one row of a results
+table); tasks.py calls them, guard.py adds the time limits and the error capture, suite.py the report.
 
-Everything runs in the suite's own process on random-init models (no downloads, no tokenizer) except
-the TRL comparison, which needs a model folder and runs TRL in a child process (see gpu_suite.py).
+Everything runs in the task's own process on random-init models (no downloads, no tokenizer) except the TRL
+comparison, which needs a model folder and runs TRL in a child process (tasks.trl_rows).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from slimgrpo.spec.shape import ModelShape
+from benchmarks.surface import ModelShape
 
 MIB = 2**20
 
@@ -65,7 +65,7 @@ def host_stats() -> dict[str, Any]:
 
     cached = mib("allocated_bytes.peak", "reserved_bytes.peak")
     try:  # the offload's exact-size pool pins in place (cudaHostRegister): not in host_memory_stats
-        from slimgrpo.memory.pinned import registered_bytes
+        from benchmarks.surface import registered_bytes
 
         registered = registered_bytes()[1] / MIB
     except Exception:
@@ -86,7 +86,7 @@ def sync(device: torch.device) -> None:
 
 
 def run_config(overrides: dict[str, Any]):
-    from slimgrpo.trace.synthetic import update_config
+    from benchmarks.surface import update_config
 
     return update_config(overrides)
 
@@ -115,8 +115,7 @@ def update_plan_mib(plan) -> float:
 
 
 def plan_for(shape: ModelShape, overrides: dict[str, Any], device: str):
-    from slimgrpo.spec.run import run_spec
-    from slimgrpo.plan.model import plan_memory
+    from benchmarks.surface import plan_memory, run_spec
 
     cfg = run_config(overrides)
     return plan_memory(shape, run_spec(cfg, device, vocab=shape.vocab))
@@ -125,7 +124,7 @@ def plan_for(shape: ModelShape, overrides: dict[str, Any], device: str):
 def _update_runner(shape: ModelShape, overrides: dict[str, Any], device: torch.device, seed: int):
     """``(cfg, plan, model, UpdateOnly runner)`` for a random-init model of ``shape`` on ``device``, memory
     counters reset first so the peak that follows is this run's."""
-    from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm
+    from benchmarks.surface import UpdateOnly, random_causal_lm
 
     cfg = run_config(overrides)
     plan = plan_for(shape, overrides, device.type)
@@ -139,11 +138,9 @@ def full_steps(shape: ModelShape, overrides: dict[str, Any], device: torch.devic
                seed: int = 0) -> dict[str, Any]:
     """``steps`` GRPO steps minus data and rewards: the rollout engine samples L tokens per row for
     random prompt ids (EOS forbidden until L: the work is pinned), random group-normalised advantages
-    stand in for rewards, then the trainer's own update stage (Updater.prepare + step). Peak CUDA memory
+    stand in for rewards, then the trainer's own update stage (Updater.update). Peak CUDA memory
     over all steps (weights included) against the plan; s/step = the last step (the first warms up)."""
-    from slimgrpo.rollout.engine import TorchRolloutEngine
-    from slimgrpo.rollout.sampling import SamplingParams
-    from slimgrpo.trace.synthetic import synthetic_advantages
+    from benchmarks.surface import SamplingParams, TorchRolloutEngine, synthetic_advantages
 
     cfg, plan, model, runner = _update_runner(shape, overrides, device, seed)
     engine = TorchRolloutEngine(runner.model, max_batch_rows=cfg.rollout.max_batch_rows)
@@ -174,7 +171,7 @@ def full_steps(shape: ModelShape, overrides: dict[str, Any], device: torch.devic
 def update_only(shape: ModelShape, overrides: dict[str, Any], device: torch.device, rows: int, P: int, L: int,
                 steps: int = 1, seed: int = 0) -> dict[str, Any]:
     """The update alone on synthetic completions (no decoding): peak and s/update against the plan."""
-    from slimgrpo.trace.synthetic import synthetic_rollout
+    from benchmarks.surface import synthetic_rollout
 
     cfg, plan, model, runner = _update_runner(shape, overrides, device, seed)
     G = cfg.rollout.num_generations
@@ -198,13 +195,10 @@ def loss_vs_naive(tokens: int, hidden: int, vocab: int, device: torch.device, dt
                   repeats: int = 3) -> list[dict[str, Any]]:
     """Forward + backward of the LM-head log-probs of ``tokens`` tokens: chunked (fp32 accumulation
     over bf16 weights) against the naive [N, V] logits; time (median), extra peak memory, agreement."""
-    import sys
-    from pathlib import Path
+    from benchmarks.harness.from_tests import load_naive_token_logprobs
+    from benchmarks.surface import HeadSpec, chunked_token_logprobs
 
-    from slimgrpo.loss.chunked_head import HeadSpec, chunked_token_logprobs
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from _reference import naive_token_logprobs  # the full-logits baseline lives with the tests
+    naive_token_logprobs = load_naive_token_logprobs()  # the full-logits baseline lives with the tests
 
     g = torch.Generator().manual_seed(0)
     h0 = (torch.randn(tokens, hidden, generator=g) * 0.5).to(device, dtype)
@@ -244,9 +238,7 @@ def rollout_vs_hf(shape: ModelShape, device: torch.device, dtype: torch.dtype, r
                   new_tokens: int, repeats: int = 2) -> list[dict[str, Any]]:
     """Tokens/s of TorchRolloutEngine against HF generate: one prompt, ``rows`` samples of exactly
     ``new_tokens`` tokens each (EOS forbidden before), temperature 1; runs alternate, median reported."""
-    from slimgrpo.rollout.engine import TorchRolloutEngine
-    from slimgrpo.rollout.sampling import SamplingParams
-    from slimgrpo.trace.synthetic import random_causal_lm
+    from benchmarks.surface import SamplingParams, TorchRolloutEngine, random_causal_lm
 
     fresh_memory(device)
     model = random_causal_lm(shape, dtype, device).eval()
@@ -277,16 +269,16 @@ def rollout_vs_hf(shape: ModelShape, device: torch.device, dtype: torch.dtype, r
         if graphs:
             import os
 
-            from slimgrpo.rollout import cuda_graph
+            from benchmarks.surface import CUDA_GRAPH_ENV
 
-            os.environ[cuda_graph.ENV] = "1"
+            os.environ[CUDA_GRAPH_ENV] = "1"
             try:
                 t = time.perf_counter()
                 ro = engine.generate([prompt.tolist()], rows, params)
                 sync(device)
                 times["slimgrpo_cuda_graphs"].append(time.perf_counter() - t)
             finally:
-                os.environ.pop(cuda_graph.ENV, None)
+                os.environ.pop(CUDA_GRAPH_ENV, None)
     del engine, model
     fresh_memory(device)
     hf = statistics.median(times["hf_generate"])
@@ -305,9 +297,7 @@ def quantized_step(shape: ModelShape, device: torch.device, which: str, rows: in
                    folder) -> dict[str, Any]:
     """One update-only step with a 4-bit NF4 base (QLoRA, loaded through slimgrpo.modeling.load_model
     from ``folder``) or with bitsandbytes 8-bit AdamW (full fine-tuning)."""
-    from slimgrpo.config import ModelConfig
-    from slimgrpo.modeling import load_model
-    from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout
+    from benchmarks.surface import ModelConfig, UpdateOnly, load_model, random_causal_lm, synthetic_rollout
 
     G = 2
     if which == "qlora":
@@ -345,10 +335,7 @@ def long_context_step(shape: ModelShape, device: torch.device, P: int, L: int, f
     micro-batch, the MLP tiled (``memory.tiled_mlp=on``), checkpoints offloaded when ``offload``, the given
     ``memory.optimizer``: the settings of docs/benchmarks.md#anchors-simulated, measured. Peak CUDA memory
     against the plan."""
-    from slimgrpo.config import ModelConfig
-    from slimgrpo.memory.tiled_mlp import tile_mlps
-    from slimgrpo.modeling import load_model
-    from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout
+    from benchmarks.surface import ModelConfig, UpdateOnly, load_model, random_causal_lm, synthetic_rollout, tile_mlps
 
     G = 2
     dtype = "bfloat16" if device.type == "cuda" else "float32"

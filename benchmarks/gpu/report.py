@@ -1,8 +1,10 @@
-"""The markdown report of benchmarks/gpu_suite.py: the goals first, then one table per section."""
+"""The markdown report of the GPU suite (suite.py): the goals first, then one table per section."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from benchmarks.harness.tables import markdown_table as table
 
 GOAL_RATIO = 0.15
 GIB = 1024.0  # MiB per GiB
@@ -20,12 +22,6 @@ def _f(x: Any, spec: str = "{:,.0f}") -> str:
 
 def _within(ratio: float | None) -> str:
     return "-" if ratio is None else ("yes" if abs(ratio - 1) <= GOAL_RATIO else "no")
-
-
-def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
 
 
 def goals(report: dict) -> list[str]:
@@ -51,7 +47,7 @@ def goals(report: dict) -> list[str]:
     roll = ("not measured" if not ro else "; ".join(
         f"{r['engine']}: {r['speedup_vs_hf']:.1f}x HF generate ({'met' if r['speedup_vs_hf'] >= 10 else 'not met'})"
         for r in ro))
-    return _table(["goal", "result"], [
+    return table(["goal", "result"], [
         ["plan within ±15% of CUDA peak on every run", plan],
         ["slimgrpo peak VRAM ≤ 1/3 of TRL's (Oxen settings), s/step ≤ TRL's", vs],
         ["8B / 20K / 8-completion LoRA update under 48 GiB", long],
@@ -81,9 +77,9 @@ def markdown(report: dict) -> str:
         lines += ["", f"## {title}", "",
                   f"Status: {sec.get('status', 'not run')}; {sec.get('seconds', 0)} s (budget {sec.get('budget_s', '-')} s)", ""]
         if len(sec.get("tasks", [])) > 1 or any(not str(t.get("status", "")).startswith("ok") for t in sec.get("tasks", [])):
-            lines += _table(["task", "status", "s", "limit s"],
-                            [[t.get("task", "-"), str(t.get("status", "-"))[:200], _f(t.get("seconds"), "{:.1f}"),
-                              _f(t.get("limit_s"), "{:.0f}")] for t in sec["tasks"]]) + [""]
+            lines += table(["task", "status", "s", "limit s"],
+                           [[t.get("task", "-"), str(t.get("status", "-"))[:200], _f(t.get("seconds"), "{:.1f}"),
+                             _f(t.get("limit_s"), "{:.0f}")] for t in sec["tasks"]]) + [""]
         if name == "setup" or sec.get("rows"):
             try:
                 lines += render(sec["rows"]) if name != "setup" else render(sec)
@@ -93,40 +89,40 @@ def markdown(report: dict) -> str:
 
 
 def _setup(sec):
-    out = _table(["wheel", "version", "had", "status", "s"],
-                 [[r.get("wheel", "-"), _f(r.get("version")), _f(r.get("had")), str(r.get("status", "-")),
-                   _f(r.get("seconds"), "{:.1f}")] for r in sec.get("rows", [])])
+    out = table(["wheel", "version", "had", "status", "s"],
+                [[r.get("wheel", "-"), _f(r.get("version")), _f(r.get("had")), str(r.get("status", "-")),
+                  _f(r.get("seconds"), "{:.1f}")] for r in sec.get("rows", [])])
     probe = sec.get("probe", {})
     if probe.get("error"):
         out += ["", f"Import probe: {probe['error']}"]
     mods = probe.get("modules", {})
     if mods:
-        out += [""] + _table(["module", "importable", "version or error"],
-                             [[k, _f(m.get("ok")), str(m.get("version") if m.get("ok") else m.get("error"))]
-                              for k, m in mods.items()])
+        out += [""] + table(["module", "importable", "version or error"],
+                            [[k, _f(m.get("ok")), str(m.get("version") if m.get("ok") else m.get("error"))]
+                             for k, m in mods.items()])
     return out
 
 
 def _generic(rows):
-    """Rows of a child script's JSON (bf16_update.py, decode_graphs.py): its scalar fields as columns."""
+    """Rows of a script's JSON (update/bf16_update.py, rollout/decode_graphs.py): its scalar fields as columns."""
     keys: list[str] = []
     for r in rows:
         keys += [k for k, v in r.items() if k not in keys and not isinstance(v, (dict, list))]
     keys = keys[:14]
-    return _table(keys, [[_f(r.get(k), "{:,.4g}") for k in keys] for r in rows])
+    return table(keys, [[_f(r.get(k), "{:,.4g}") for k in keys] for r in rows])
 
 
 def _train(rows):
-    return _table(["run", "status", "exit", "steps", "train s", "plan MiB", "peak alloc MiB", "plan/peak",
-                   "memory/peak_mib", "peak reserved MiB", "plan + overhead MiB", "pinned peak MiB", "plan host MiB",
-                   "completions clipped (per step)", "checkpoints"],
-                  [[r.get("name", "-"), str(r.get("status", "-"))[:120], _f(r.get("exit_code")),
-                    _f(r.get("last_step")), _f(r.get("train_s"), "{:.1f}"), _f(r.get("plan_mib"), "{:,.1f}"),
-                    _f(r.get("peak_alloc_mib"), "{:,.1f}"), _f(r.get("ratio"), "{:.2f}"),
-                    _f(r.get("metric_peak_mib"), "{:,.1f}"), _f(r.get("peak_reserved_mib"), "{:,.1f}"), _f(r.get("plan_with_overhead_mib"), "{:,.1f}"),
-                    _f(r.get("pinned_peak_mib"), "{:,.1f}"), _f(r.get("plan_host_mib"), "{:,.1f}"),
-                    ", ".join(_f(c, "{:.2f}") for c in r.get("clipped_ratio") or []) or "-",
-                    ", ".join(r.get("checkpoints") or []) or "-"] for r in rows]) + [
+    return table(["run", "status", "exit", "steps", "train s", "plan MiB", "peak alloc MiB", "plan/peak",
+                  "memory/peak_mib", "peak reserved MiB", "plan + overhead MiB", "pinned peak MiB", "plan host MiB",
+                  "completions clipped (per step)", "checkpoints"],
+                 [[r.get("name", "-"), str(r.get("status", "-"))[:120], _f(r.get("exit_code")),
+                   _f(r.get("last_step")), _f(r.get("train_s"), "{:.1f}"), _f(r.get("plan_mib"), "{:,.1f}"),
+                   _f(r.get("peak_alloc_mib"), "{:,.1f}"), _f(r.get("ratio"), "{:.2f}"),
+                   _f(r.get("metric_peak_mib"), "{:,.1f}"), _f(r.get("peak_reserved_mib"), "{:,.1f}"), _f(r.get("plan_with_overhead_mib"), "{:,.1f}"),
+                   _f(r.get("pinned_peak_mib"), "{:,.1f}"), _f(r.get("plan_host_mib"), "{:,.1f}"),
+                   ", ".join(_f(c, "{:.2f}") for c in r.get("clipped_ratio") or []) or "-",
+                   ", ".join(r.get("checkpoints") or []) or "-"] for r in rows]) + [
         "", "Peaks of the training process (`torch.cuda.max_memory_allocated` / `max_memory_reserved`; pinned: "
             "`torch.cuda.host_memory_stats()` `allocated_bytes.peak` plus the bytes slimgrpo pinned in place, "
             "`memory/pinned.py`) against "
@@ -136,13 +132,13 @@ def _train(rows):
 
 
 def _memory(rows):
-    return _table(["run", "allocator", "plan MiB", "peak alloc MiB", "plan/peak", "within ±15%", "peak reserved MiB",
-                   "reserved/alloc", "pinned peak MiB", "plan host MiB", "s", "status"],
-                  [[r.get("name", "-"), r.get("allocator", "-"), _f(r.get("plan_mib")), _f(r.get("peak_alloc_mib")),
-                    _f(r.get("ratio"), "{:.2f}"), _within(r.get("ratio")), _f(r.get("peak_reserved_mib")),
-                    _f(r.get("reserved_over_alloc"), "{:.3f}"), _f(r.get("pinned_peak_mib")),
-                    _f(r.get("plan_host_mib")), _f(r.get("s_per_step") or r.get("s_per_update"), "{:.2f}"),
-                    str(r.get("status", "-"))[:160]] for r in rows]) + [
+    return table(["run", "allocator", "plan MiB", "peak alloc MiB", "plan/peak", "within ±15%", "peak reserved MiB",
+                  "reserved/alloc", "pinned peak MiB", "plan host MiB", "s", "status"],
+                 [[r.get("name", "-"), r.get("allocator", "-"), _f(r.get("plan_mib")), _f(r.get("peak_alloc_mib")),
+                   _f(r.get("ratio"), "{:.2f}"), _within(r.get("ratio")), _f(r.get("peak_reserved_mib")),
+                   _f(r.get("reserved_over_alloc"), "{:.3f}"), _f(r.get("pinned_peak_mib")),
+                   _f(r.get("plan_host_mib")), _f(r.get("s_per_step") or r.get("s_per_update"), "{:.2f}"),
+                   str(r.get("status", "-"))[:160]] for r in rows]) + [
         "", "Oxen rows: full steps (generate 4 x 786 pinned tokens for a 256-token prompt + the update), plan = "
             "`MemoryPlan.tensor_peak_bytes`. The 8B row: update only, plan = the plan's always + update phases; "
             "pinned host bytes: `torch.cuda.host_memory_stats()` plus the offload pool's bytes pinned in place."]
@@ -150,25 +146,25 @@ def _memory(rows):
 
 def _cuda_tests(rows):
     r = rows[0]
-    out = _table(["collected", "passed", "failed", "skipped", "errors", "deselected"],
-                 [[_f(r.get("collected"))] + [str(r.get(k, 0)) for k in ("passed", "failed", "skipped", "error",
-                                                                           "deselected")]])
+    out = table(["collected", "passed", "failed", "skipped", "errors", "deselected"],
+                [[_f(r.get("collected"))] + [str(r.get(k, 0)) for k in ("passed", "failed", "skipped", "error",
+                                                                          "deselected")]])
     return out + ([""] + [f"- `{p}`" for p in r.get("problems", [])] if r.get("problems") else [])
 
 
 def _loss(rows):
-    return _table(["path", "tokens", "vocab", "dtype", "s fwd+bwd", "extra peak MiB", "max |Δ logp|", "rel. Δ grad W"],
-                  [[r["path"], _f(r["tokens"]), _f(r["vocab"]), r["dtype"], _f(r["s_fwd_bwd"], "{:.4f}"),
-                    _f(r["extra_peak_mib"]), _f(r["max_abs_logp_diff"], "{:.2e}"),
-                    _f(r["max_rel_grad_w_diff"], "{:.2e}")] for r in rows])
+    return table(["path", "tokens", "vocab", "dtype", "s fwd+bwd", "extra peak MiB", "max |Δ logp|", "rel. Δ grad W"],
+                 [[r["path"], _f(r["tokens"]), _f(r["vocab"]), r["dtype"], _f(r["s_fwd_bwd"], "{:.4f}"),
+                   _f(r["extra_peak_mib"]), _f(r["max_abs_logp_diff"], "{:.2e}"),
+                   _f(r["max_rel_grad_w_diff"], "{:.2e}")] for r in rows])
 
 
 def _plan_rows(rows, time_key, time_name):
-    return _table(["run", "plan MiB (tensors)", "peak alloc MiB", "peak reserved MiB", "plan/peak", "within ±15%",
-                   time_name, "status"],
-                  [[r["name"], _f(r.get("plan_mib")), _f(r.get("peak_alloc_mib")), _f(r.get("peak_reserved_mib")),
-                    _f(r.get("ratio"), "{:.2f}"), _within(r.get("ratio")), _f(r.get(time_key), "{:.2f}"),
-                    r.get("status", "-")] for r in rows])
+    return table(["run", "plan MiB (tensors)", "peak alloc MiB", "peak reserved MiB", "plan/peak", "within ±15%",
+                  time_name, "status"],
+                 [[r["name"], _f(r.get("plan_mib")), _f(r.get("peak_alloc_mib")), _f(r.get("peak_reserved_mib")),
+                   _f(r.get("ratio"), "{:.2f}"), _within(r.get("ratio")), _f(r.get(time_key), "{:.2f}"),
+                   r.get("status", "-")] for r in rows])
 
 
 UPDATE_NOTE = ("Update only (synthetic completions, no generation): plan = the plan's always + update phases "
@@ -181,27 +177,27 @@ def _long(rows):
 
 def _long_context(rows):
     rows = [r for r in rows if r.get("name") != "random base saved" or not str(r.get("status", "")).startswith("ok")]
-    return _table(["run", "tokens", "plan MiB", "peak alloc MiB", "peak reserved MiB", "plan/peak", "host plan MiB",
-                   "s/update", "status"],
-                  [[r["name"], _f(r.get("tokens")), _f(r.get("plan_mib")), _f(r.get("peak_alloc_mib")),
-                    _f(r.get("peak_reserved_mib")), _f(r.get("ratio"), "{:.2f}"), _f(r.get("plan_host_mib")),
-                    _f(r.get("s_per_update"), "{:.2f}"), r.get("status", "-")] for r in rows]) + [
+    return table(["run", "tokens", "plan MiB", "peak alloc MiB", "peak reserved MiB", "plan/peak", "host plan MiB",
+                  "s/update", "status"],
+                 [[r["name"], _f(r.get("tokens")), _f(r.get("plan_mib")), _f(r.get("peak_alloc_mib")),
+                   _f(r.get("peak_reserved_mib")), _f(r.get("ratio"), "{:.2f}"), _f(r.get("plan_host_mib")),
+                   _f(r.get("s_per_update"), "{:.2f}"), r.get("status", "-")] for r in rows]) + [
         "", "Issue 29's rows (docs/benchmarks.md#anchors-simulated) measured: update only on synthetic "
             "completions, random weights; the trace's device estimate adds the CUDA context and a 10% margin "
             "to the plan."]
 
 
 def _quantized(rows):
-    return _table(["run", "optimizer", "finite", "plan MiB", "peak alloc MiB", "plan/peak", "s/update", "status"],
-                  [[r["name"], r.get("optimizer", "-"), _f(r.get("finite")), _f(r.get("plan_mib")),
-                    _f(r.get("peak_alloc_mib")), _f(r.get("ratio"), "{:.2f}"), _f(r.get("s_per_update"), "{:.2f}"),
-                    r.get("status", "-")] for r in rows]) + ["", UPDATE_NOTE]
+    return table(["run", "optimizer", "finite", "plan MiB", "peak alloc MiB", "plan/peak", "s/update", "status"],
+                 [[r["name"], r.get("optimizer", "-"), _f(r.get("finite")), _f(r.get("plan_mib")),
+                   _f(r.get("peak_alloc_mib")), _f(r.get("ratio"), "{:.2f}"), _f(r.get("s_per_update"), "{:.2f}"),
+                   r.get("status", "-")] for r in rows]) + ["", UPDATE_NOTE]
 
 
 def _rollout(rows):
-    return _table(["engine", "rows", "prompt", "new tokens", "s", "tokens/s", "x HF generate"],
-                  [[r["engine"], _f(r["rows"]), _f(r["prompt"]), _f(r["new_tokens"]), _f(r["seconds"], "{:.2f}"),
-                    _f(r["tokens_per_s"], "{:,.1f}"), _f(r["speedup_vs_hf"], "{:.2f}")] for r in rows])
+    return table(["engine", "rows", "prompt", "new tokens", "s", "tokens/s", "x HF generate"],
+                 [[r["engine"], _f(r["rows"]), _f(r["prompt"]), _f(r["new_tokens"]), _f(r["seconds"], "{:.2f}"),
+                   _f(r["tokens_per_s"], "{:,.1f}"), _f(r["speedup_vs_hf"], "{:.2f}")] for r in rows])
 
 
 def _planner(rows):
@@ -212,13 +208,13 @@ def _planner(rows):
 
 
 def _vs_trl(rows):
-    return _table(["run", "slimgrpo peak MiB", "TRL peak MiB", "VRAM slimgrpo/TRL", "≤ 1/3", "slimgrpo s/step",
-                   "TRL s/step", "time slimgrpo/TRL", "status"],
-                  [[r["name"], _f(r.get("slim_peak_alloc_mib")), _f(r.get("trl_peak_alloc_mib")),
-                    _f(r.get("vram_ratio"), "{:.2f}"),
-                    "-" if r.get("vram_ratio") is None else ("yes" if r["vram_ratio"] <= 1 / 3 else "no"),
-                    _f(r.get("slim_s_per_step"), "{:.2f}"), _f(r.get("trl_s_per_step"), "{:.2f}"),
-                    _f(r.get("time_ratio"), "{:.2f}"), r.get("status", "-")] for r in rows])
+    return table(["run", "slimgrpo peak MiB", "TRL peak MiB", "VRAM slimgrpo/TRL", "≤ 1/3", "slimgrpo s/step",
+                  "TRL s/step", "time slimgrpo/TRL", "status"],
+                 [[r["name"], _f(r.get("slim_peak_alloc_mib")), _f(r.get("trl_peak_alloc_mib")),
+                   _f(r.get("vram_ratio"), "{:.2f}"),
+                   "-" if r.get("vram_ratio") is None else ("yes" if r["vram_ratio"] <= 1 / 3 else "no"),
+                   _f(r.get("slim_s_per_step"), "{:.2f}"), _f(r.get("trl_s_per_step"), "{:.2f}"),
+                   _f(r.get("time_ratio"), "{:.2f}"), r.get("status", "-")] for r in rows])
 
 
 SECTIONS = [

@@ -1,6 +1,6 @@
 """The GPU suite's child processes and what is read back from them: each task runs in its own process
-group with a wall-clock limit (killed at it), its output in a log; an outside script's JSON and pytest's
-summary become report rows. No torch, no project import (benchmarks/gpu_suite.py's driver uses these)."""
+group with a wall-clock limit (killed at it), its output in a log; a script's JSON and pytest's summary
+become report rows. No torch, no project import (the driver, suite.py, uses these)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.harness.paths import REPO_ROOT as REPO
 
 
 _CURRENT: list[subprocess.Popen] = []
@@ -64,14 +64,6 @@ def run_child(cmd: list[str], env: dict[str, str], timeout: float, log: Path) ->
         finally:
             _CURRENT.remove(proc)
     return rc, time.monotonic() - t
-
-
-def tail(path: Path, chars: int = 3000) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return ""
-    return data[-chars:].decode("utf-8", "replace")
 
 
 def last_error(text: str) -> str:

@@ -6,8 +6,8 @@ bitsandbytes) travels as wheels in ``.whl/`` (scripts/fetch_gpu_wheels.sh). Each
 this interpreter's tags first (a ``py312`` wheel on 3.13 is reported, not installed), skipped when the same
 version is already there, and installed alone, with its own timeout, into a private folder that the
 suite's children find first on PYTHONPATH. The project itself is not pip-installed: the children import it
-from ``src/`` (an editable install would write into the image's environment and needs setuptools without
-build isolation, for nothing the path does not give).
+from ``src/`` and the benchmarks package from the repository root (an editable install would write into the
+image's environment and needs setuptools without build isolation, for nothing the path does not give).
 
 This module imports neither torch nor the project: the driver must reach its first report even when
 those are broken.
@@ -16,7 +16,6 @@ those are broken.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from benchmarks.harness import processes
 
 INSTALL_TIMEOUT_S = 90.0  # one wheel (bitsandbytes' 43 MB unpacks in a few seconds)
 PROBE_TIMEOUT_S = 120.0  # importing torch + transformers + trl + bitsandbytes cold
@@ -212,13 +213,12 @@ def nvidia_smi() -> str | None:
         return None
 
 
-def child_env(repo: Path, target: Path | None, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of every child: the wheels' folder first, then src/ and benchmarks/, then what was
-    there; output unbuffered (a killed child's last lines reach its log); no progress bars."""
-    paths = ([str(target)] if target is not None else []) + [str(repo / "src"), str(repo / "benchmarks")]
-    old = os.environ.get("PYTHONPATH")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths + ([old] if old else [])), PYTHONUNBUFFERED="1",
-               TQDM_DISABLE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
+def child_env(target: Path | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of every child: the wheels' folder first, then the repository root and src/
+    (harness/processes.py), then what was there; output unbuffered (a killed child's last lines reach its
+    log); no progress bars."""
+    env = processes.child_env(*([target] if target is not None else []), PYTHONUNBUFFERED="1", TQDM_DISABLE="1",
+                              HF_HUB_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
     env.pop("OUT", None)  # a child never writes into the folder that comes back; the driver does
     env.update(extra or {})
     return env

@@ -1,9 +1,11 @@
 """Every GPU figure of slimgrpo, one guarded call: one JSON and one markdown report, whatever happens.
 
-    python benchmarks/gpu_suite.py --out $OUT --time-limit 540          (the lent GPU: the first call)
-    python benchmarks/gpu_suite.py --dry-run --out DIR                 (CI, CPU: setup, guards, report)
-    python benchmarks/gpu_suite.py --only planner vs_trl --out $OUT     (a later call: other sections)
-    python benchmarks/gpu_suite.py --device cpu --smoke --only loss     (a later section on tiny shapes)
+    python -m benchmarks.gpu.suite --out $OUT --time-limit 540          (the lent GPU: the first call)
+    python -m benchmarks.gpu.suite --dry-run --out DIR                 (CI, CPU: setup, guards, report)
+    python -m benchmarks.gpu.suite --only planner vs_trl --out $OUT     (a later call: other sections)
+    python -m benchmarks.gpu.suite --device cpu --smoke --only loss     (a later section on tiny shapes)
+
+Run from the repository root (the device tool's working folder).
 
 The first call runs, in this order (budget in seconds on one H100; 530 in all, with 10 s kept for the
 report; a section that ends early leaves its time to those after it):
@@ -16,9 +18,10 @@ report; a section that ends early leaves its time to those after it):
                    completions that stop at EOS, checkpoints, memory.budget=auto, checkpoints offloaded to
                    pinned host memory; then one step resumed in a new process. Plan against peak
                    allocated, peak reserved and pinned host bytes
-  bf16_update  30  (c) benchmarks/bf16_update.py: the bf16 full-fine-tuning update check ("missing" if absent)
-  decode       55  (d) benchmarks/decode_graphs.py --budget-s (the task's time less 15 s): eager vs CUDA graphs,
-                   LoRA and QLoRA ("missing" if absent)
+  bf16_update  30  (c) benchmarks/update/bf16_update.py: the bf16 full-fine-tuning update check ("missing" if
+                   absent)
+  decode       55  (d) benchmarks/rollout/decode_graphs.py --budget-s (the task's time less 15 s): eager vs
+                   CUDA graphs, LoRA and QLoRA ("missing" if absent)
   memory      165  (e) the Oxen rows (Qwen2.5-0.5B shape, full and LoRA) against the plan; the full row
                    again with expandable_segments (reserved / allocated); the 24 GB Qwen3-8B QLoRA row of
                    docs/benchmarks.md#issue-29-now, offloaded, pinned host bytes against the plan
@@ -47,13 +50,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-
-import _gpu_setup as setup  # noqa: E402  (no torch, no project import)
-from _gpu_run import (_CURRENT, Stop, _on_signal, cuda_test_files, kill_group, last_error,  # noqa: E402,F401
-                      pytest_summary, read_json, rows_of, run_child, tail)
+from benchmarks.gpu import setup  # (no torch, no project import: nor anything below)
+from benchmarks.gpu.runner import (_CURRENT, Stop, _on_signal, cuda_test_files, kill_group, last_error,  # noqa: F401
+                                   pytest_summary, read_json, rows_of, run_child)
+from benchmarks.harness.measure import tail
+from benchmarks.harness.paths import REPO_ROOT as REPO
+from benchmarks.harness.processes import child_command, module_command
 
 FIRST = ["setup", "cuda_tests", "train_e2e", "bf16_update", "decode", "memory", "trl_pair"]
 LATER = ["loss", "update_only_long", "quantized", "rollout", "planner", "vs_trl", "long_context"]
@@ -72,8 +74,9 @@ CHILD_LOG_CAP = 400_000  # bytes of one task's log copied into gpu_suite_childre
 
 @dataclass
 class Task:
-    """One child process of a section: ``kind`` "child" (``_gpu_child.py TASK``), "script" (an outside
-    script writing --json PATH) or "pytest"; ``budget`` its share of the section (seconds)."""
+    """One child process of a section: ``kind`` "child" (``benchmarks.children.gpu_task TASK``), "script" (a
+    benchmark module of its own writing --json PATH, ``script`` its file) or "pytest"; ``budget`` its share of
+    the section (seconds)."""
 
     name: str
     kind: str = "child"
@@ -91,11 +94,11 @@ def tasks_of(section: str, a: argparse.Namespace) -> list[Task]:
     if section == "train_e2e":
         return [Task("train", budget=40), Task("resume", budget=30)]
     if section == "bf16_update":
-        return [Task("bf16_update", "script", b, script="benchmarks/bf16_update.py",
+        return [Task("bf16_update", "script", b, script="benchmarks/update/bf16_update.py",
                      args=["--device", device, "--steps", "10"])]
     if section == "decode":
         # its own --budget-s: it skips the rows left before the suite's limit kills it ({budget_s}: set per call)
-        return [Task("decode", "script", b, script="benchmarks/decode_graphs.py",
+        return [Task("decode", "script", b, script="benchmarks/rollout/decode_graphs.py",
                      args=["--device", device, "--budget-s", "{budget_s}"])]
     if section == "memory":
         return [Task("oxen", budget=50), Task("oxen", budget=30, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
@@ -115,7 +118,7 @@ class Suite:
         self.work = Path(a.work)
         self.logs = self.work / "logs"
         self.target = self.work / "site"  # the wheels' private folder (first on the children's PYTHONPATH)
-        self.env = setup.child_env(REPO, self.target)
+        self.env = setup.child_env(self.target)
         self.cuda = None  # what the import probe said
         self.batch: subprocess.Popen | None = None  # --dry-run: the one child of every task's setup
         self.batch_done: tuple[int | None, float] | None = None
@@ -140,7 +143,7 @@ class Suite:
         except Exception as e:
             print(f"gpu_suite: could not write the JSON report: {e}", file=sys.stderr)
         try:
-            from _gpu_report import markdown
+            from benchmarks.gpu.report import markdown
 
             md = markdown(self.report)
         except Exception:
@@ -301,8 +304,8 @@ class Suite:
                 info["status"] = f"missing: {task.script} is not in this tree"
                 return info
             budget_s = str(int(max(seconds - SCRIPT_STARTUP_S, 10)))
-            cmd = [sys.executable, str(script), *[x.replace("{budget_s}", budget_s) for x in task.args],
-                   "--json", str(result_path)]
+            cmd = module_command(_module_of(task.script), *[x.replace("{budget_s}", budget_s) for x in task.args],
+                                 "--json", result_path)
             info["command"] = " ".join(cmd[1:])
             if a.dry_run:
                 info["status"] = "ok"
@@ -319,7 +322,7 @@ class Suite:
                 info.update(exit_code=rc, seconds=round(took, 1) if first else 0.0, batched=True)
                 return self.child_result(info, result_path, rc, tail(self.logs / "dry_run_batch.log"), seconds)
             ctx_path = self.write_ctx(task, result_path, seconds)
-            cmd = [sys.executable, str(HERE / "_gpu_child.py"), task.name, str(ctx_path), str(result_path)]
+            cmd = child_command("gpu_task", task.name, ctx_path, result_path)
         rc, took = run_child(cmd, env, seconds, log)
         info.update(exit_code=rc, seconds=round(took, 1))
         text = tail(log, 200_000)
@@ -351,7 +354,7 @@ class Suite:
         return self.child_result(info, result_path, rc, text, seconds)
 
     def child_result(self, info: dict, result_path: Path, rc: int | None, text: str, seconds: float) -> dict:
-        """A ``_gpu_child.py`` task's report entry from its result file, its exit code and its log."""
+        """A ``gpu_task`` child's report entry from its result file, its exit code and its log."""
         data = read_json(result_path)
         data = data if isinstance(data, dict) else {}
         info["rows"] = data.get("rows", [])
@@ -409,9 +412,8 @@ class Suite:
         log.parent.mkdir(parents=True, exist_ok=True)
         self.batch_t0 = time.monotonic()
         with open(log, "wb") as f:
-            self.batch = subprocess.Popen([sys.executable, str(HERE / "_gpu_child.py"), "--batch", str(batch)],
-                                          stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=self.env,
-                                          start_new_session=True)
+            self.batch = subprocess.Popen(child_command("gpu_task", "--batch", batch), stdout=f,
+                                          stderr=subprocess.STDOUT, cwd=REPO, env=self.env, start_new_session=True)
         _CURRENT.append(self.batch)
 
     def wait_batch(self) -> tuple[int | None, float]:
@@ -438,6 +440,11 @@ class Suite:
             if name in self.wanted:
                 lines.append(f"{name:14s} {sec.get('seconds', 0):6.1f}  {str(sec.get('status'))[:200]}")
         return "\n".join(lines)
+
+
+def _module_of(script: str) -> str:
+    """``benchmarks/update/bf16_update.py`` -> ``benchmarks.update.bf16_update`` (run with -m from the root)."""
+    return script.removesuffix(".py").replace("/", ".")
 
 
 def _atomic(path: Path, text: str) -> None:

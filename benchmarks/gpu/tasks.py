@@ -1,95 +1,153 @@
-"""The GPU suite's later sections (``--only``): each runs inside a child of benchmarks/gpu_suite.py
-(``_gpu_child.py``), with its own time limit per run; these are the measurements of the suite before issue
-42 reordered it for a first GPU call (docs/benchmarks.md#gpu-suite). ``--device cpu --smoke`` runs them on
-tiny shapes in CI."""
+"""Every task of the GPU suite's children by name (``TASKS``), each a function of the child's ``ctx``
+(``benchmarks/children/gpu_task.py``) returning ``{"rows": [...], "status": ...}``; rows go through ``ctx["run"]``
+(``guard.run_guarded``: a time limit, the failure as the row's status, saved at once). With ``ctx["dry_run"]``
+every first-call task does its setup (model folders, configs, plans) and no CUDA work; ``--device cpu --smoke``
+runs the later sections on tiny shapes.
+
+The first call's tasks: ``train`` / ``resume`` (train_e2e.py); ``oxen``: full GRPO steps at the Oxen settings on
+the Qwen2.5-0.5B shape, full and LoRA, plan against peak allocated and reserved (run once with the default
+allocator and once with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, set by the driver); ``qlora_8b``:
+the 24 GB Qwen3-8B QLoRA row of docs/benchmarks.md#issue-29-now, update only, offloaded checkpoints and 8-bit
+AdamW, device peak against the plan and pinned host bytes against the plan's host line; ``trl_pair``: TRL 1.16
+on the 0.5B pair, beside the ``oxen`` rows. The later sections, one task each (``--only``): ``loss``,
+``update_only_long``, ``quantized``, ``rollout``, ``planner``, ``vs_trl``, ``long_context``.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import signal
+import os
 import time
-from pathlib import Path
 from typing import Any, Callable
 
-LEGACY = ["loss", "update_only_long", "quantized", "rollout", "planner", "vs_trl", "long_context"]
+from benchmarks.gpu.guard import time_limit
+from benchmarks.gpu.train_e2e import task_resume, task_train
+from benchmarks.gpu.workloads import (QWEN3_8B, setup_dtype, shape_dict, shape_of, synthetic_corpus,
+                                      write_prompts)
+from benchmarks.harness.builders import build_model_folder
+from benchmarks.harness.machine import version
+from benchmarks.harness.memcap import MemoryCap
+
+MIB = 2**20
 
 
-class Budget(Exception):
-    """A run was stopped (or not started) because its time budget was spent."""
+# ----------------------------------------------------------------------------- the first call: memory, TRL
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    """Raise Budget inside the block after ``seconds`` (main thread, SIGALRM); a no-op for <= 0."""
-    if seconds <= 0:
-        raise Budget("no time left")
+def allocator_label() -> str:
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    return "expandable_segments" if "expandable_segments:True" in conf else "default allocator"
 
-    def handler(signum, frame):
-        raise Budget(f"stopped after {seconds:.0f} s")
 
-    previous = signal.signal(signal.SIGALRM, handler)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+def oxen_runs(ctx: dict) -> list[tuple[str, bool]]:
+    """(shape, lora) of the Oxen rows: the 0.5B pair (full, LoRA); with the expandable allocator the full one
+    alone (the allocator ratio needs one run)."""
+    name = next(iter(ctx["cfg"]["shapes"]))
+    runs = [(name, False), (name, True)]
+    return runs[:1] if allocator_label() == "expandable_segments" else runs
+
+
+def task_oxen(ctx: dict) -> dict:
+    from benchmarks.gpu.measure import full_steps, plan_for, step_config
+
+    c = ctx["cfg"]
+    rows = []
+    for name, lora in oxen_runs(ctx):
+        shape = shape_of(name, c["shapes"][name])
+        ov = step_config(lora, False, c["G"], c["P"], c["L"], setup_dtype(ctx))
+        label = f"{name} {'LoRA' if lora else 'full'}, Oxen settings, {allocator_label()}"
+
+        def one(shape=shape, ov=ov):
+            if ctx["dry_run"]:
+                plan = plan_for(shape, ov, "cuda")
+                return {"plan_mib": plan.tensor_peak_bytes / MIB, "plan_phase": plan.peak_phase,
+                        "dry_run": "plan only"}
+            r = full_steps(shape, ov, ctx["dev"], c["steps_timed"])
+            if r.get("peak_alloc_mib"):
+                r["reserved_over_alloc"] = r["peak_reserved_mib"] / r["peak_alloc_mib"]
+            return r
+
+        row = ctx["run"](label, one)
+        row.update(shape=name, lora=lora, checkpointing=False, allocator=allocator_label())
+        rows.append(row)
+    return {"rows": rows}
+
+
+def task_qlora_8b(ctx: dict) -> dict:
+    """The 24 GB row: Qwen3-8B shape, 4-bit NF4 base (random bf16 weights saved once, loaded in 4-bit),
+    2 x (256 + 71,934) tokens, offloaded checkpoints, 8-bit AdamW, tiled MLP, update only."""
+    import torch
+
+    from benchmarks.gpu.measure import host_stats, long_context_step, plan_for, reset_host_peak, step_config
+
+    s = ctx["cfg"]["long_ctx"]
+    r = s["rows"][0]  # the 24 GB row (offloaded, 8-bit AdamW); --smoke: its tiny stand-in
+    opt = r.get("optimizer", "adamw")
+    spec = QWEN3_8B if s["shape"] == "qwen3-8b" else ctx["cfg"].get("long_shape")
+    shape = shape_of(s["shape"], spec)
+    label = (f"{s['shape']} QLoRA 2 x ({s['P']} + {r['L']:,}), {'offload' if r.get('offload') else 'no offload'} + "
+             f"{'8-bit AdamW' if opt == 'adamw_8bit' else opt}, tiled MLP (24 GB row)")
+    if ctx["dry_run"] or ctx["device"] != "cuda":
+        def plan_only():
+            ov = step_config(True, True, 2, s["P"], r["L"], "bfloat16", optimizer=opt, micro=1,
+                             offload=r.get("offload", False), load_in_4bit=True)
+            ov["memory"]["tiled_mlp"] = "on"
+            plan = plan_for(shape, ov, "cuda")
+            from benchmarks.gpu.measure import update_plan_mib
+
+            return {"plan_mib": update_plan_mib(plan), "plan_host_mib": plan.host_bytes / MIB,
+                    "dry_run": "plan only" if ctx["dry_run"] else "needs CUDA and bitsandbytes: plan only"}
+
+        return {"rows": [ctx["run"](label, plan_only)]}
     try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        import bitsandbytes  # noqa: F401
+    except Exception as e:
+        return {"rows": [], "status": f"not installed (bitsandbytes: {type(e).__name__}: {e})"[:300]}
+    from benchmarks.surface import random_causal_lm
+
+    folder = ctx["work"] / "qwen3_8b_random"
+
+    def make_model():
+        t = time.perf_counter()
+        if not (folder / "config.json").is_file():
+            model = random_causal_lm(shape, torch.bfloat16, ctx["dev"])
+            model.save_pretrained(str(folder))
+            del model
+        return {"save_s": time.perf_counter() - t}
+
+    rows = [ctx["run"]("random bf16 base saved (load in 4-bit follows)", make_model)]
+
+    def step():
+        reset_host_peak()
+        out = long_context_step(shape, ctx["dev"], s["P"], r["L"], folder, True, offload=r.get("offload", False),
+                                optimizer=opt)
+        out.update(host_stats())
+        if out.get("pinned_peak_mib"):
+            out["host_ratio"] = out["plan_host_mib"] / out["pinned_peak_mib"]
+        return out
+
+    if rows[0]["status"] == "ok":
+        rows.append(ctx["run"](label, step))
+    return {"rows": rows}
 
 
-# ----------------------------------------------------------------------------- settings
+def task_trl_pair(ctx: dict) -> dict:
+    name = next(iter(ctx["cfg"]["shapes"]))
+    oxen = [r for r in ctx.get("earlier", {}).get("memory", {}).get("rows", [])
+            if r.get("allocator") == "default allocator"]
+    if ctx["dry_run"]:
+        write_prompts(ctx["work"] / "prompts.jsonl", 8)
+        have = version("trl")
+        return {"rows": [], "status": f"dry run: prompts written; trl {have or 'not installed'}"}
+    return trl_rows(ctx, [name], oxen)
 
 
-def settings(smoke: bool) -> dict[str, Any]:
-    """Sizes of every section: the real ones, or tiny ones for --smoke."""
-    if smoke:
-        tiny = {"family": "qwen2", "hidden": 64, "intermediate": 128, "layers": 2, "heads": 4, "kv_heads": 2,
-                "vocab": 512, "tie": True, "max_positions": 512}
-        tiny_llama = {**tiny, "family": "llama", "tie": False}
-        return {"shapes": {"tiny-qwen2": tiny}, "long_shape": tiny_llama, "G": 2, "P": 8, "L": 8,
-                "trl_shapes": ["tiny-qwen2"], "loss": {"tokens": 96, "hidden": 32, "vocab": 1000},
-                "rollout": {"shape": "tiny-qwen2", "rows": 2, "prompt": 8, "new_tokens": 8, "repeats": 1},
-                "long": {"shape": "tiny-llama", "rows": 2, "P": 8, "L": 64, "micro": 1},
-                "quant": {"shape": "tiny-qwen2", "rows": 2, "P": 8, "L": 16}, "steps_timed": 2,
-                "long_ctx": {"shape": "tiny-llama", "P": 8,
-                             "rows": [{"L": 48, "offload": True}, {"L": 64}, {"L": 64, "offload": True}]}}
-    return {"shapes": {n: None for n in ("qwen2.5-0.5b", "llama-3.2-1b", "qwen2.5-1.5b")}, "G": 4, "P": 256,
-            "L": 786, "trl_shapes": ["qwen2.5-0.5b", "llama-3.2-1b"],
-            "loss": {"tokens": 4096, "hidden": 896, "vocab": 151_936},
-            "rollout": {"shape": "qwen2.5-0.5b", "rows": 8, "prompt": 64, "new_tokens": 256, "repeats": 2},
-            "long": {"shape": "llama-3.1-8b", "rows": 8, "P": 256, "L": 20_000, "micro": 1},
-            "quant": {"shape": "qwen2.5-0.5b", "rows": 4, "P": 256, "L": 786}, "steps_timed": 2,
-            # docs/benchmarks.md#anchors-simulated (session 12): by trace P 256 + T 71,934 fits 24 GB with the
-            # checkpoints offloaded and 8-bit AdamW; the whole 131,072 window (P 256 + T 130,816) fits 80 GB as
-            # is, and with the checkpoints offloaded
-            "long_ctx": {"shape": "qwen3-8b", "P": 256,
-                         "rows": [{"L": 71_934, "offload": True, "optimizer": "adamw_8bit"}, {"L": 130_816},
-                                  {"L": 130_816, "offload": True}]}}
-
-
-QWEN3_8B = {"family": "qwen3", "hidden": 4096, "intermediate": 12288, "layers": 36, "heads": 32, "kv_heads": 8,
-            "vocab": 151_936, "tie": False, "max_positions": 131_072, "head_dim": 128}  # its public config.json
-
-
-def shape_of(name: str, spec: dict | None):
-    from slimgrpo.spec.shape import ModelShape, load_shape
-
-    return ModelShape(**spec) if spec else load_shape(name)
-
-
-def shape_dict(shape) -> dict[str, Any]:
-    return {"family": shape.family, "hidden": shape.hidden, "intermediate": shape.intermediate,
-            "layers": shape.layers, "heads": shape.heads, "kv_heads": shape.kv_heads, "vocab": shape.vocab,
-            "tie": shape.tie, "max_positions": shape.max_positions or 32_768}
-
-
-# ----------------------------------------------------------------------------- sections
+# ----------------------------------------------------------------------------- the later sections
 
 
 def sec_loss(ctx: dict) -> dict:
     import torch
 
-    from _gpu_parts import loss_vs_naive
+    from benchmarks.gpu.measure import loss_vs_naive
 
     s = ctx["cfg"]["loss"]
     dtype = torch.bfloat16 if ctx["device"] == "cuda" else torch.float32
@@ -99,7 +157,7 @@ def sec_loss(ctx: dict) -> dict:
 
 
 def sec_update_only_long(ctx: dict) -> dict:
-    from _gpu_parts import step_config, update_only
+    from benchmarks.gpu.measure import step_config, update_only
 
     s = ctx["cfg"]["long"]
     shape = shape_of(s["shape"], ctx["cfg"].get("long_shape"))
@@ -123,8 +181,8 @@ def sec_quantized(ctx: dict) -> dict:
                 "status": "not installed"}
     import torch
 
-    from _gpu_parts import quantized_step
-    from slimgrpo.trace.synthetic import random_causal_lm
+    from benchmarks.gpu.measure import quantized_step
+    from benchmarks.surface import random_causal_lm
 
     s = ctx["cfg"]["quant"]
     shape = shape_of(s["shape"], ctx["cfg"]["shapes"].get(s["shape"]))
@@ -143,7 +201,7 @@ def sec_quantized(ctx: dict) -> dict:
 def sec_rollout(ctx: dict) -> dict:
     import torch
 
-    from _gpu_parts import rollout_vs_hf
+    from benchmarks.gpu.measure import rollout_vs_hf
 
     s = ctx["cfg"]["rollout"]
     shape = shape_of(s["shape"], ctx["cfg"]["shapes"].get(s["shape"]))
@@ -158,8 +216,8 @@ def sec_long_context(ctx: dict) -> dict:
     smoke run) the same settings on a plain LoRA base."""
     import torch
 
-    from _gpu_parts import long_context_step
-    from slimgrpo.trace.synthetic import random_causal_lm
+    from benchmarks.gpu.measure import long_context_step
+    from benchmarks.surface import random_causal_lm
 
     s = ctx["cfg"]["long_ctx"]
     spec = QWEN3_8B if s["shape"] == "qwen3-8b" else ctx["cfg"].get("long_shape")
@@ -198,7 +256,7 @@ def planner_runs(cfg: dict) -> list[tuple[str, bool, bool]]:
 
 
 def sec_planner(ctx: dict) -> dict:
-    from _gpu_parts import full_steps, step_config
+    from benchmarks.gpu.measure import full_steps, step_config
 
     c = ctx["cfg"]
     dtype = "bfloat16" if ctx["device"] == "cuda" else "float32"
@@ -225,14 +283,11 @@ def trl_rows(ctx: dict, names: list[str], slim_rows: list[dict]) -> dict:
     """TRL 1.16 GRPOTrainer in a child process (vs_trl.run_one) for each shape of ``names``, full then LoRA,
     on the suite's settings, beside slimgrpo's rows of the same shape, LoRA setting and no checkpointing
     (``slim_rows``: rows with shape / lora / checkpointing keys)."""
-    from common import _version
-
-    if _version("trl") is None:
+    if version("trl") is None:
         return {"rows": [], "status": "not installed (trl)"}
     if not ctx["trl"]:
         return {"rows": [], "status": "skipped: --trl off"}
-    import vs_trl
-    import common
+    from benchmarks.speed import vs_trl
 
     c = ctx["cfg"]
     slim = {(r.get("shape"), r.get("lora")): r for r in slim_rows if not r.get("checkpointing")}
@@ -245,12 +300,12 @@ def trl_rows(ctx: dict, names: list[str], slim_rows: list[dict]) -> dict:
             label = f"{name} {'LoRA' if lora else 'full'}"
 
             def one(shape=shape, lora=lora):
-                folder = common.build_model_folder(shape_dict(shape), dtype=dtype, root=ctx["work"] / "models",
-                                                   corpus=synthetic_corpus())
+                folder = build_model_folder(shape_dict(shape), dtype=dtype, root=ctx["work"] / "models",
+                                            corpus=synthetic_corpus())
                 s = vs_trl.Settings(workload="gpu-suite", model_path=str(folder), dtype=dtype, device=ctx["device"],
                                     prompts_path=str(prompts), num_generations=c["G"], completion_length=c["L"],
                                     max_prompt_length=c["P"], steps=c["steps_timed"], beta=0.0, lora=lora)
-                r = vs_trl.run_one("trl", 1, s, ctx["work"] / "runs", common.MemoryCap(None), c["L"],
+                r = vs_trl.run_one("trl", 1, s, ctx["work"] / "runs", MemoryCap(None), c["L"],
                                    timeout=max(ctx["remaining"]() - 5, 1))  # the child is killed first
                 if not r.ok:
                     raise RuntimeError(r.outcome.error or "TRL run failed")
@@ -273,51 +328,9 @@ def pair_with(trl_row: dict, mine: dict) -> dict:
     return out
 
 
-def synthetic_corpus() -> list[str]:
-    """Text to train the benchmark tokenizer on (the GPU machine has no GSM8K copy)."""
-    words = ["apple", "number", "plus", "minus", "times", "answer", "question", "total", "each", "more"]
-    return [f"Question {i}: {words[i % 10]} {i} {words[(3 * i) % 10]} {i * 7 % 97} = {i * 13 % 89}. "
-            f"The answer is {i % 41}." for i in range(2000)]
-
-
-def write_prompts(path: Path, count: int) -> Path:
-    """Prompts of about 200 tokens (the Oxen setting caps prompts at 256)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    corpus = synthetic_corpus()
-    rows = [{"prompt": " ".join(corpus[i * 20:(i + 1) * 20])[:700] + "\nAnswer:", "answer": "1"} for i in range(count)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-RUNNERS: dict[str, Callable[[dict], dict]] = {
-    "loss": sec_loss, "update_only_long": sec_update_only_long,
-    "quantized": sec_quantized, "rollout": sec_rollout, "planner": sec_planner, "vs_trl": sec_vs_trl,
-    "long_context": sec_long_context,
+TASKS: dict[str, Callable[[dict], dict]] = {
+    "train": task_train, "resume": task_resume, "oxen": task_oxen, "qlora_8b": task_qlora_8b,
+    "trl_pair": task_trl_pair,
+    "loss": sec_loss, "update_only_long": sec_update_only_long, "quantized": sec_quantized, "rollout": sec_rollout,
+    "planner": sec_planner, "vs_trl": sec_vs_trl, "long_context": sec_long_context,
 }
-
-
-def run_guarded(label: str, fn: Callable[[], dict], ctx: dict) -> dict:
-    """One measurement inside a section: its own time limit (what is left of the section's budget);
-    a failure or an exhausted budget becomes the row's status. ``ctx["on_row"]`` (the child's) saves
-    every finished row at once, so a child killed later still leaves it in the report."""
-    import sys
-
-    t = time.perf_counter()
-    try:
-        with time_limit(ctx["remaining"]()):
-            row = {"name": label, "status": "ok", **fn()}  # fn may name its own status
-    except Budget as e:
-        row = {"name": label, "status": f"skipped: budget ({e})"}
-    except Exception as e:
-        row = {"name": label, "status": f"failed: {type(e).__name__}: {e}"[:400]}
-        if "out of memory" in str(e).lower():
-            row["status"] = "failed: CUDA out of memory"
-    with contextlib.suppress(Exception):
-        from _gpu_parts import fresh_memory
-
-        fresh_memory(ctx["dev"])
-    row["seconds"] = round(time.perf_counter() - t, 1)
-    print(f"    {label}: {row['status']} ({row['seconds']} s)", file=sys.stderr, flush=True)
-    if ctx.get("on_row"):
-        ctx["on_row"](row)
-    return row

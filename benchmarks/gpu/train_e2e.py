@@ -1,29 +1,19 @@
-"""The first GPU call's own measurements (issue 42, item 8), one function per child task of
-benchmarks/gpu_suite.py. Each takes the child's ``ctx`` (``_gpu_child.py``) and returns a section result
-``{"rows": [...], "status": ...}``; rows go through ``ctx["run"]`` (a time limit, the failure as the row's
-status, saved at once). With ``ctx["dry_run"]`` every task does its setup (model folders, configs, plans)
-and no CUDA work.
-
-- ``train`` / ``resume``: ``slimgrpo train`` end to end on a tiny random model (bf16 LoRA, beta 0.04,
-  ``loss.num_iterations=2``, completions that stop at EOS, checkpoints, ``memory.budget=auto``, checkpoints
-  offloaded to pinned host memory), then one more step in a second process resumed from the checkpoint; the
-  run's plan against the process's peak allocated, peak reserved and pinned host bytes.
-- ``oxen``: full GRPO steps at the Oxen settings on the Qwen2.5-0.5B shape, full and LoRA: plan against
-  peak allocated and reserved (run once with the default allocator and once with
-  ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, set by the driver).
-- ``qlora_8b``: the 24 GB Qwen3-8B QLoRA row of docs/benchmarks.md#issue-29-now, update only, offloaded
-  checkpoints and 8-bit AdamW: device peak against the plan, pinned host bytes against the plan's host line.
-- ``trl_pair``: TRL 1.16 on the 0.5B pair, beside the ``oxen`` rows.
-"""
+"""(b) of the first GPU call: ``slimgrpo train`` end to end on a tiny random model (bf16 LoRA, beta 0.04,
+``loss.num_iterations=2``, completions that stop at EOS, checkpoints, ``memory.budget=auto``, checkpoints
+offloaded to pinned host memory), then one more step in a second process resumed from the checkpoint; the run's
+plan against the process's peak allocated, peak reserved and pinned host bytes. Tasks ``train`` and ``resume``;
+with ``ctx["dry_run"]`` they make the model folder, the config and the plan, and train nothing."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.gpu.workloads import setup_device, setup_dtype, synthetic_corpus
+from benchmarks.harness.builders import build_model_folder
 
 MIB = 2**20
 
@@ -36,32 +26,17 @@ TINY_SMOKE = {**TINY, "hidden": 64, "intermediate": 128, "heads": 4, "kv_heads":
 TRAIN_STEPS = 4  # the first process; the resume process trains one more
 
 
-def _dtype(ctx: dict) -> str:
-    return "bfloat16" if _target(ctx) == "cuda" else "float32"
-
-
-def _target(ctx: dict) -> str:
-    """The device a task sets up for: cuda in a dry run (its files are the GPU call's), else the suite's."""
-    return "cuda" if ctx["dry_run"] else ctx["device"]
-
-
-# ----------------------------------------------------------------------------- (b) slimgrpo train
-
-
 def train_files(ctx: dict) -> tuple[Path, list[str]]:
     """The tiny model folder, prompts and config of the end-to-end run (made once, reused by ``resume``).
     Returns (config path, the overrides both processes pass)."""
-    import common
-    from _gpu_legacy import synthetic_corpus
-
     root = ctx["work"] / "train_e2e"
     cfg_path = root / "cfg.yaml"
     if cfg_path.is_file() and ctx["task"] == "resume":
         return cfg_path, json.loads((root / "overrides.json").read_text())
     root.mkdir(parents=True, exist_ok=True)
     smoke = ctx["smoke"] and not ctx["dry_run"]  # a CPU run of the plumbing: smaller still
-    model = common.build_model_folder(TINY_SMOKE if smoke else TINY, dtype=_dtype(ctx), root=ctx["work"] / "models",
-                                      corpus=synthetic_corpus())
+    model = build_model_folder(TINY_SMOKE if smoke else TINY, dtype=setup_dtype(ctx), root=ctx["work"] / "models",
+                               corpus=synthetic_corpus())
     corpus = synthetic_corpus()
     (root / "prompts.jsonl").write_text("".join(
         json.dumps({"prompt": corpus[i][:160], "answer": str(i % 41)}) + "\n" for i in range(64)))
@@ -72,7 +47,7 @@ def train_files(ctx: dict) -> tuple[Path, list[str]]:
         "    return [sum(ch in 'aeiou' for ch in c) / max(len(c), 1) for c in completions]\n")
     import yaml
 
-    cfg = {"model": {"path": str(model), "dtype": _dtype(ctx)},
+    cfg = {"model": {"path": str(model), "dtype": setup_dtype(ctx)},
            "data": {"path": str(root / "prompts.jsonl"), "max_prompt_length": 64},
            "rollout": {"num_generations": 4 if smoke else 8,
                        "max_completion_length": 24 if smoke else 96},  # stops at EOS (no minimum)
@@ -82,7 +57,7 @@ def train_files(ctx: dict) -> tuple[Path, list[str]]:
            "memory": {"budget": "auto", "gradient_checkpointing": True, "offload_activations": True},
            "optim": {"learning_rate": 1e-4},
            "run": {"max_steps": TRAIN_STEPS, "save_steps": 2, "batch_size": 8 if smoke else 16, "output_dir": str(root / "run"),
-                   "seed": 0, "device": _target(ctx)},
+                   "seed": 0, "device": setup_device(ctx)},
            "log": {"progress": False}}
     cfg_path.write_text(yaml.safe_dump(cfg))
     overrides: list[str] = []
@@ -93,10 +68,7 @@ def train_files(ctx: dict) -> tuple[Path, list[str]]:
 def run_plan(cfg_path: Path, overrides: list[str], device: str) -> dict[str, Any]:
     """The plan ``slimgrpo plan CONFIG --device DEVICE`` prints, as numbers (the same functions: config ->
     plan inputs -> plan_memory); memory.budget=auto changes nothing for a model this small."""
-    from slimgrpo.config import load_config
-    from slimgrpo.spec.run import run_spec
-    from slimgrpo.plan.admission import shape_of
-    from slimgrpo.plan.model import plan_memory
+    from benchmarks.surface import load_config, plan_memory, run_spec, shape_of
 
     cfg = load_config(str(cfg_path), list(overrides), validate=False)
     shape = shape_of(cfg)
@@ -121,7 +93,7 @@ def _metrics(run: Path) -> list[dict]:
 def _process_peaks(dev) -> dict[str, Any]:
     import torch
 
-    from _gpu_parts import host_stats
+    from benchmarks.gpu.measure import host_stats
 
     if dev.type != "cuda":
         return {"peak_alloc_mib": None, "peak_reserved_mib": None}
@@ -133,13 +105,13 @@ def _process_peaks(dev) -> dict[str, Any]:
 def _train_row(ctx: dict, max_steps: int, fresh: bool) -> dict[str, Any]:
     """``slimgrpo train CONFIG run.max_steps=N`` in this process (cli.main, as the command line runs it),
     then what the run wrote and this process's CUDA and pinned-host peaks against the plan."""
-    from slimgrpo.commands.cli import main
+    from benchmarks.surface import cli_main as main
 
     cfg_path, overrides = train_files(ctx)
     run = cfg_path.parent / "run"
     if fresh:
         shutil.rmtree(run, ignore_errors=True)
-    plan = run_plan(cfg_path, overrides, _target(ctx))
+    plan = run_plan(cfg_path, overrides, setup_device(ctx))
     if ctx["dry_run"]:
         return {**plan, "status": "dry run: tiny model, config and plan made; nothing trained",
                 "config": str(cfg_path)}
@@ -192,126 +164,3 @@ def task_resume(ctx: dict) -> dict:
     row = ctx["run"](f"resume from checkpoint-{TRAIN_STEPS}, one more step (a new process)",
                      lambda: _train_row(ctx, TRAIN_STEPS + 1, fresh=False))
     return {"rows": [row]}
-
-
-# ----------------------------------------------------------------------------- (e) memory against the plan
-
-
-def allocator_label() -> str:
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    return "expandable_segments" if "expandable_segments:True" in conf else "default allocator"
-
-
-def oxen_runs(ctx: dict) -> list[tuple[str, bool]]:
-    """(shape, lora) of the Oxen rows: the 0.5B pair (full, LoRA); with the expandable allocator the full one
-    alone (the allocator ratio needs one run)."""
-    name = next(iter(ctx["cfg"]["shapes"]))
-    runs = [(name, False), (name, True)]
-    return runs[:1] if allocator_label() == "expandable_segments" else runs
-
-
-def task_oxen(ctx: dict) -> dict:
-    from _gpu_legacy import shape_of
-    from _gpu_parts import full_steps, plan_for, step_config
-
-    c = ctx["cfg"]
-    rows = []
-    for name, lora in oxen_runs(ctx):
-        shape = shape_of(name, c["shapes"][name])
-        ov = step_config(lora, False, c["G"], c["P"], c["L"], _dtype(ctx))
-        label = f"{name} {'LoRA' if lora else 'full'}, Oxen settings, {allocator_label()}"
-
-        def one(shape=shape, ov=ov):
-            if ctx["dry_run"]:
-                plan = plan_for(shape, ov, "cuda")
-                return {"plan_mib": plan.tensor_peak_bytes / MIB, "plan_phase": plan.peak_phase,
-                        "dry_run": "plan only"}
-            r = full_steps(shape, ov, ctx["dev"], c["steps_timed"])
-            if r.get("peak_alloc_mib"):
-                r["reserved_over_alloc"] = r["peak_reserved_mib"] / r["peak_alloc_mib"]
-            return r
-
-        row = ctx["run"](label, one)
-        row.update(shape=name, lora=lora, checkpointing=False, allocator=allocator_label())
-        rows.append(row)
-    return {"rows": rows}
-
-
-def task_qlora_8b(ctx: dict) -> dict:
-    """The 24 GB row: Qwen3-8B shape, 4-bit NF4 base (random bf16 weights saved once, loaded in 4-bit),
-    2 x (256 + 71,934) tokens, offloaded checkpoints, 8-bit AdamW, tiled MLP, update only."""
-    import torch
-
-    from _gpu_legacy import QWEN3_8B, shape_of
-    from _gpu_parts import host_stats, long_context_step, plan_for, reset_host_peak, step_config
-
-    s = ctx["cfg"]["long_ctx"]
-    r = s["rows"][0]  # the 24 GB row (offloaded, 8-bit AdamW); --smoke: its tiny stand-in
-    opt = r.get("optimizer", "adamw")
-    spec = QWEN3_8B if s["shape"] == "qwen3-8b" else ctx["cfg"].get("long_shape")
-    shape = shape_of(s["shape"], spec)
-    label = (f"{s['shape']} QLoRA 2 x ({s['P']} + {r['L']:,}), {'offload' if r.get('offload') else 'no offload'} + "
-             f"{'8-bit AdamW' if opt == 'adamw_8bit' else opt}, tiled MLP (24 GB row)")
-    if ctx["dry_run"] or ctx["device"] != "cuda":
-        def plan_only():
-            ov = step_config(True, True, 2, s["P"], r["L"], "bfloat16", optimizer=opt, micro=1,
-                             offload=r.get("offload", False), load_in_4bit=True)
-            ov["memory"]["tiled_mlp"] = "on"
-            plan = plan_for(shape, ov, "cuda")
-            from _gpu_parts import update_plan_mib
-
-            return {"plan_mib": update_plan_mib(plan), "plan_host_mib": plan.host_bytes / MIB,
-                    "dry_run": "plan only" if ctx["dry_run"] else "needs CUDA and bitsandbytes: plan only"}
-
-        return {"rows": [ctx["run"](label, plan_only)]}
-    try:
-        import bitsandbytes  # noqa: F401
-    except Exception as e:
-        return {"rows": [], "status": f"not installed (bitsandbytes: {type(e).__name__}: {e})"[:300]}
-    from slimgrpo.trace.synthetic import random_causal_lm
-
-    folder = ctx["work"] / "qwen3_8b_random"
-
-    def make_model():
-        t = time.perf_counter()
-        if not (folder / "config.json").is_file():
-            model = random_causal_lm(shape, torch.bfloat16, ctx["dev"])
-            model.save_pretrained(str(folder))
-            del model
-        return {"save_s": time.perf_counter() - t}
-
-    rows = [ctx["run"]("random bf16 base saved (load in 4-bit follows)", make_model)]
-
-    def step():
-        reset_host_peak()
-        out = long_context_step(shape, ctx["dev"], s["P"], r["L"], folder, True, offload=r.get("offload", False),
-                                optimizer=opt)
-        out.update(host_stats())
-        if out.get("pinned_peak_mib"):
-            out["host_ratio"] = out["plan_host_mib"] / out["pinned_peak_mib"]
-        return out
-
-    if rows[0]["status"] == "ok":
-        rows.append(ctx["run"](label, step))
-    return {"rows": rows}
-
-
-# ----------------------------------------------------------------------------- (f) TRL beside it
-
-
-def task_trl_pair(ctx: dict) -> dict:
-    from _gpu_legacy import trl_rows, write_prompts
-    from common import _version
-
-    name = next(iter(ctx["cfg"]["shapes"]))
-    oxen = [r for r in ctx.get("earlier", {}).get("memory", {}).get("rows", [])
-            if r.get("allocator") == "default allocator"]
-    if ctx["dry_run"]:
-        write_prompts(ctx["work"] / "prompts.jsonl", 8)
-        have = _version("trl")
-        return {"rows": [], "status": f"dry run: prompts written; trl {have or 'not installed'}"}
-    return trl_rows(ctx, [name], oxen)
-
-
-TASKS = {"train": task_train, "resume": task_resume, "oxen": task_oxen, "qlora_8b": task_qlora_8b,
-         "trl_pair": task_trl_pair}

@@ -1,7 +1,6 @@
 """Memory caps for measured benchmark runs: a per-run cgroup (v2 or v1) where this machine allows
-one, else an address-space rlimit or RSS polling by the intermediate process (common.py).
-
-Nothing here imports slimgrpo or TRL."""
+one, else an address-space rlimit or RSS polling by the intermediate process (``measure.py``); and the
+cap's size as people write it (``parse_size``)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MIB = 1024 * 1024
+from benchmarks.harness.tables import MIB
 
 
 @dataclass
@@ -28,6 +27,18 @@ class MemoryCap:
         if self.bytes is None:
             return "none"
         return f"{self.bytes / 2**30:.1f} GiB via {self.mechanism}" + (f" ({self.note})" if self.note else "")
+
+
+def parse_size(text: str) -> int:
+    """``"8GiB"`` -> bytes. Accepts B, KiB, MiB, GiB, TiB, their decimal forms (KB, GB...) and plain numbers."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)\s*", text, flags=re.IGNORECASE)
+    if not m:
+        raise ValueError(f"not a memory size: {text!r} (examples: 8GiB, 512MiB, 8000000000)")
+    number, unit = float(m.group(1)), m.group(2).upper()
+    powers = {"": 0, "B": 0, "K": 1, "M": 2, "G": 3, "T": 4}
+    prefix = unit[:1] if unit[:1] in "KMGT" and unit else ""
+    base = 1024 if "I" in unit or unit in ("K", "M", "G", "T") else 1000
+    return int(number * base ** powers[prefix])
 
 
 def _own_cgroup_dirs() -> tuple[Path | None, Path | None]:

@@ -1,7 +1,7 @@
 """Does full fine-tuning learn with bfloat16 weights as in float32? The addition recipe, each way, same seeds.
 
-    python benchmarks/bf16_learn.py --seeds 0 1 2 --variants float32 bf16-master bf16-plain     # on this CPU
-    python benchmarks/bf16_learn.py --seeds 0 1 2 --variants float32 bfloat16 --device cuda     # on a GPU
+    python -m benchmarks.learning.bf16_learn --seeds 0 1 2 --variants float32 bf16-master bf16-plain   # on this CPU
+    python -m benchmarks.learning.bf16_learn --seeds 0 1 2 --variants float32 bfloat16 --device cuda   # on a GPU
 
 Per variant and seed: ``slimgrpo train examples/smollm2_addition.yaml`` (the recipe's settings: full
 fine-tuning at learning rate 1e-5, 40 steps) with
@@ -10,8 +10,8 @@ fine-tuning at learning rate 1e-5, 40 steps) with
 - ``bfloat16``: ``model.dtype=bfloat16`` and the default update (``memory.bf16_update=auto``: float32 master
   weights with AdamW); ``--extra`` adds overrides to it (e.g. ``memory.bf16_update=plain``);
 - ``bf16-master`` / ``bf16-plain``: float32 compute with the trained weights stored as bfloat16 values, through
-  the master copy or rounded after each plain step (_bf16_child.py: a CPU without bfloat16 matrix kernels runs
-  a real bfloat16 model 20-30x slower),
+  the master copy or rounded after each plain step (children/bf16_storage.py: a CPU without bfloat16 matrix
+  kernels runs a real bfloat16 model 20-30x slower),
 
 then the trained model is scored on the recipe's held-out questions by the learning suite's evaluator
 (``slimgrpo eval``, 4 samples per question at the recipe's temperature, and greedy; the saved weights are read
@@ -26,14 +26,16 @@ import argparse
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _learn  # noqa: E402
-import common  # noqa: E402
+from benchmarks.harness.measure import run_measured
+from benchmarks.harness.memcap import choose_memory_cap
+from benchmarks.harness.paths import BENCH_DIR, REPO_ROOT
+from benchmarks.harness.processes import child_command, child_env
+from benchmarks.harness.records import read_jsonl
+from benchmarks.learning import runs
 
-RECIPE = common.REPO_ROOT / "examples" / "smollm2_addition.yaml"
+RECIPE = REPO_ROOT / "examples" / "smollm2_addition.yaml"
 CODE = RECIPE.with_suffix(".py")
 VARIANTS = ("float32", "bfloat16", "bf16-master", "bf16-plain")
 
@@ -47,13 +49,14 @@ def train(variant: str, seed: int, args, train_file: Path, run_dir: Path) -> dic
                  "run.save_checkpoints=false", *(args.extra if variant == "bfloat16" else [])]
     if variant.startswith("bf16-"):
         mode = {"bf16-master": "fp32_master", "bf16-plain": "plain"}[variant]
-        cmd = [sys.executable, str(Path(__file__).with_name("_bf16_child.py")), mode, "train", *overrides]
+        cmd = child_command("bf16_storage", mode, "train", *overrides)
     else:
-        cmd = _learn.slimgrpo_cmd("train", *overrides)
-    run = common.run_measured(cmd, run_dir.with_suffix(".log"), common.choose_memory_cap(None), f"{variant}-{seed}")
+        cmd = runs.slimgrpo_cmd("train", *overrides)
+    # every variant with the child's environment (this checkout's slimgrpo), so that only the weights differ
+    run = run_measured(cmd, run_dir.with_suffix(".log"), choose_memory_cap(None), f"{variant}-{seed}", env=child_env())
     if run.returncode != 0:
         raise SystemExit(f"{variant} seed {seed} failed ({run.error}); log: {run.log_path}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     rewards = [r["reward"] for r in rows if "reward" in r and "step" in r]
     return {"wall_s": run.wall_s, "peak_rss_mib": run.peak_rss_mib, "rewards": rewards,
             "model": str(run_dir / "final")}
@@ -65,16 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="+", default=["float32", "bf16-master", "bf16-plain"], choices=VARIANTS)
     p.add_argument("--extra", nargs="*", default=[], help="overrides for the bfloat16 runs")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--model", type=Path, default=common.REPO_ROOT / "models" / "smollm2")
+    p.add_argument("--model", type=Path, default=REPO_ROOT / "models" / "smollm2")
     p.add_argument("--num-threads", type=int, default=os.cpu_count())
-    p.add_argument("--out", type=Path, default=common.BENCH_DIR / "runs" / "bf16_learn")
+    p.add_argument("--out", type=Path, default=BENCH_DIR / "runs" / "bf16_learn")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    train_file, heldout = _learn.make_data(CODE, args.out / "data")
+    train_file, heldout = runs.make_data(CODE, args.out / "data")
     if "base" not in results:
-        results["base"] = _scores(_learn.evaluate(RECIPE, args.model, heldout, args.out / "base", args.num_threads))
+        results["base"] = _scores(runs.evaluate(RECIPE, args.model, heldout, args.out / "base", args.num_threads))
         results_path.write_text(json.dumps(results, indent=1))
     for seed in args.seeds:
         for variant in args.variants:
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             run_dir = args.out / f"{variant}-{seed}"
             run = train(variant, seed, args, train_file, run_dir)
-            run.update(_scores(_learn.evaluate(RECIPE, Path(run["model"]), heldout, run_dir.with_name(
+            run.update(_scores(runs.evaluate(RECIPE, Path(run["model"]), heldout, run_dir.with_name(
                 f"{variant}-{seed}-eval"), args.num_threads)), extra=args.extra if variant == "bfloat16" else [],
                 device=args.device)
             results[key] = run

@@ -3,18 +3,18 @@
 Each trainer runs with its own defaults wherever a task's recipe is silent; both are scored on held-out
 questions by the same evaluator.
 
-    python benchmarks/learn_suite.py --seeds 0 1 2 --png docs/img/learn_suite.png
-    python benchmarks/learn_suite.py --tasks sort extract --seeds 0 --trainers slimgrpo   # a part of it
+    python -m benchmarks.learning.learn_suite --seeds 0 1 2 --png docs/img/learn_suite.png
+    python -m benchmarks.learning.learn_suite --tasks sort extract --seeds 0 --trainers slimgrpo   # a part of it
 
 A task is a recipe under examples/ (``smollm2_<task>.yaml`` beside ``smollm2_<task>.py``: its data maker with a
 fixed train / held-out split, and its rewards in TRL's contract); ``--tasks`` also takes a path to such a YAML.
 Per task: the base model is scored once; then per seed and trainer, ``slimgrpo train RECIPE`` (the CLI: the
-recipe's settings, slimgrpo's defaults for the rest) or TRL's GRPOTrainer through _trl_child.py (the recipe's
+recipe's settings, slimgrpo's defaults for the rest) or TRL's GRPOTrainer through its child (the recipe's
 keys under their GRPOConfig names and nothing else, so GRPOConfig's defaults for the rest: adam_beta2 0.999,
-a linear schedule, ...; the rule and its table: _learn.trl_own_defaults), and the trained model is scored by
+a linear schedule, ...; the rule and its table: runs.trl_own_defaults), and the trained model is scored by
 ``slimgrpo eval`` (``--eval-samples`` samples per held-out prompt at the recipe's temperature, and greedy).
 Wall time is the whole process from outside (start-up, loading and saving included), peak RSS from outside
-(common.run_measured). A run is **collapsed** when its held-out accuracy, sampled or greedy, ends more than 10
+(harness/measure.py). A run is **collapsed** when its held-out accuracy, sampled or greedy, ends more than 10
 points below the base model's.
 
 Results are kept in OUT/results.json as each part (a task's base score, one trainer x seed: train + score)
@@ -34,11 +34,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _learn  # noqa: E402
-import common  # noqa: E402
+from benchmarks.harness.machine import load_line, machine_info
+from benchmarks.harness.paths import BENCH_DIR, REPO_ROOT
+from benchmarks.harness.tables import format_mib, save_plot
+from benchmarks.learning import runs
 
-EXAMPLES = common.REPO_ROOT / "examples"
+EXAMPLES = REPO_ROOT / "examples"
 TASKS = ("addition", "word_problems", "extract", "sort")
 TRAINERS = ("slimgrpo", "trl")
 LABELS = {"slimgrpo": "slimgrpo", "trl": "TRL 1.16"}
@@ -62,7 +63,7 @@ def task_name(task: str) -> str:
 
 def recipe_model(recipe: Path) -> Path:
     """The recipe's own model.path (relative to its folder, as slimgrpo reads it)."""
-    from slimgrpo.config import load_config
+    from benchmarks.surface import load_config
 
     return Path(load_config(recipe, validate=False).model.path)
 
@@ -76,7 +77,7 @@ def run_task(task: str, a, results: dict, save) -> None:
     name = task_name(task)
     out = a.out / name
     out.mkdir(parents=True, exist_ok=True)
-    r = _learn.load_recipe(recipe)
+    r = runs.load_recipe(recipe)
     steps = a.steps or r["run"]["max_steps"]
     model = a.model.resolve() if a.model else recipe_model(recipe)
     keep_best = bool(r.get("run", {}).get("keep_best")) and not a.no_keep_best  # the recipe's, unless told off
@@ -91,28 +92,28 @@ def run_task(task: str, a, results: dict, save) -> None:
     if entry["settings"] != settings:  # a resumed campaign must not mix runs of different settings
         raise SystemExit(f"{name}: {a.out / 'results.json'} holds runs with {entry['settings']}, not {settings}; "
                          "use another --out or the same settings")
-    train, heldout = _learn.make_data(recipe.with_suffix(".py"), out / "data")
+    train, heldout = runs.make_data(recipe.with_suffix(".py"), out / "data")
 
     def score(model_dir: Path, stem: str) -> dict:
-        return _learn.evaluate(recipe, model_dir, heldout, out / stem, a.num_threads, a.eval_samples, a.eval_limit)
+        return runs.evaluate(recipe, model_dir, heldout, out / stem, a.num_threads, a.eval_samples, a.eval_limit)
 
     if "base" not in entry:
         entry["base"] = score(model, "eval-base")
         save()
     base = entry["base"]
     print(f"{name}: base sampled {base['sampled_accuracy']:.1%} greedy {base['greedy_accuracy']:.1%}", flush=True)
-    for seed, trainer, key in _learn.pending_runs(entry, a.seeds, a.trainers):
+    for seed, trainer, key in runs.pending_runs(entry, a.seeds, a.trainers):
         t = time.perf_counter()
         if trainer == "slimgrpo":
-            run = _learn.train_slimgrpo(recipe, seed, model, steps, a.num_threads, train, out / key,
-                                        out / f"{key}.log", keep_best=keep_best)
+            run = runs.train_slimgrpo(recipe, seed, model, steps, a.num_threads, train, out / key,
+                                      out / f"{key}.log", keep_best=keep_best)
         else:
-            spec = _learn.trl_spec(recipe, r, model, train, seed, steps, a.num_threads, out / key)
-            run = _learn.run_trl(spec, out / f"{key}.spec.json", out / f"{key}.log", seed)
+            spec = runs.trl_spec(recipe, r, model, train, seed, steps, a.num_threads, out / key)
+            run = runs.run_trl(spec, out / f"{key}.spec.json", out / f"{key}.log", seed)
             run["trl_config"] = spec["grpo_config"]
         run["eval"] = score(Path(run["model"]), f"eval-{key}")
         if trainer == "slimgrpo":
-            _learn.drop_checkpoints(out / key)
+            runs.drop_checkpoints(out / key)
         run["collapsed"] = collapsed(run["eval"], base)
         run["load_after"] = os.getloadavg()[0]
         entry[key] = run
@@ -207,7 +208,7 @@ def summary(results: dict) -> list[str]:
             for seed, v in _runs(entry, trainer):
                 s, g = v["eval"]["sampled_accuracy"], v["eval"]["greedy_accuracy"]
                 lines.append(f"| {name} | {LABELS[trainer]} | {seed} | {v['wall_s']:.0f} | "
-                             f"{common.format_mib(v['peak_rss_mib'])} | {s:.1%} | {100 * (s - b['sampled_accuracy']):+.1f} | "
+                             f"{format_mib(v['peak_rss_mib'])} | {s:.1%} | {100 * (s - b['sampled_accuracy']):+.1f} | "
                              f"{g:.1%} | {100 * (g - b['greedy_accuracy']):+.1f} | {'yes' if v['collapsed'] else ''} | "
                              f"{best_cell(v)} | {last_cell(v, b)} |")
     return lines
@@ -259,7 +260,7 @@ def plot(results: dict, png: Path) -> None:
     ax.set_title("SmolLM2-135M-Instruct, each trainer's defaults where the recipe is silent\n"
                  "bars: mean over seeds, ± sd; dots: seeds; x: collapsed")
     ax.legend(fontsize=8)
-    common.save_plot(fig, png)
+    save_plot(fig, png)
 
 
 def claim_campaign(out: Path):
@@ -292,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                         "recipe says run.keep_best; with it, they are judged on the last 32 training prompts")
     p.add_argument("--score-last", action="store_true",
                    help="also score each keep_best run's last-step model (last/), for the column beside final/'s")
-    p.add_argument("--out", type=Path, default=common.BENCH_DIR / "runs" / "learn_suite", help="campaign folder")
+    p.add_argument("--out", type=Path, default=BENCH_DIR / "runs" / "learn_suite", help="campaign folder")
     p.add_argument("--png", type=Path, default=None, help="write the plot here")
     a = p.parse_args(argv)
     a.out = a.out.resolve()
@@ -306,8 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(json.dumps(results, indent=1))
         tmp.replace(results_path)
 
-    load = os.getloadavg()
-    print(f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start; {common.machine_info().get('cpu', '')}; "
+    print(f"{load_line('start')}; {machine_info().get('cpu', '')}; "
           f"threads {a.num_threads}; tasks {' '.join(a.tasks)}; seeds {a.seeds}; trainers {' '.join(a.trainers)}",
           flush=True)
     for task in a.tasks:
@@ -318,8 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     lock.close()
     if a.png:
         plot(results, a.png)
-    load = os.getloadavg()
-    print(f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at end")
+    print(load_line("end"))
     return 0
 
 

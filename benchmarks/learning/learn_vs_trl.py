@@ -1,15 +1,16 @@
 """Learning on a real model, slimgrpo against TRL 1.16: the recipe examples/smollm2_addition.yaml, same
 settings and seeds in both trainers, held-out accuracy before and after, reward curves in one plot.
 
-    python benchmarks/learn_vs_trl.py --model .bench/smollm2 --seeds 0 1 2 [--steps 40] [--png docs/img/learn_smollm2.png]
+    python -m benchmarks.learning.learn_vs_trl --model .bench/smollm2 --seeds 0 1 2 [--steps 40] \
+        [--png docs/img/learn_smollm2.png]
 
-Per seed: ``slimgrpo train`` (the CLI, as a user runs the recipe), then TRL's GRPOTrainer through
-_trl_child.py with the recipe's settings (learning rate, AdamW betas, loss type, beta, group size, batch,
-completion length, temperature, reward functions and weights, shuffled prompts, full fine-tuning, float32,
-no gradient checkpointing). Both trained models are then scored by the same evaluator
+Per seed: ``slimgrpo train`` (the CLI, as a user runs the recipe), then TRL's GRPOTrainer through its child
+(children/trl_grpo.py) with the recipe's settings (learning rate, AdamW betas, loss type, beta, group size,
+batch, completion length, temperature, reward functions and weights, shuffled prompts, full fine-tuning,
+float32, no gradient checkpointing). Both trained models are then scored by the same evaluator
 (``slimgrpo eval``: 4 sampled completions per held-out prompt at the recipe's temperature, plus greedy) on the
 100 held-out questions that neither trainer sees. Wall time is measured from outside, model loading
-included; peak RSS from outside (common.run_measured).
+included; peak RSS from outside (harness/measure.py).
 
 Results are kept in RUN_DIR/results.json as each part finishes, and a part already there is not run again,
 so a campaign can be run seed by seed (``--seeds 0`` now, ``--seeds 1 2`` later, same ``--out``).
@@ -25,41 +26,42 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _learn  # noqa: E402
-import common  # noqa: E402
+from benchmarks.harness.machine import load_line, machine_info
+from benchmarks.harness.paths import BENCH_DIR, REPO_ROOT
+from benchmarks.harness.tables import save_plot
+from benchmarks.learning import runs
 
-RECIPE = common.REPO_ROOT / "examples" / "smollm2_addition.yaml"
-RECIPE_CODE = common.REPO_ROOT / "examples" / "smollm2_addition.py"
-EVAL_SEED = _learn.EVAL_SEED
-accuracy_of = _learn.accuracy_of
-slimgrpo_cmd = _learn.slimgrpo_cmd
+RECIPE = REPO_ROOT / "examples" / "smollm2_addition.yaml"
+RECIPE_CODE = REPO_ROOT / "examples" / "smollm2_addition.py"
+EVAL_SEED = runs.EVAL_SEED
+accuracy_of = runs.accuracy_of
+slimgrpo_cmd = runs.slimgrpo_cmd
 
 
 def recipe() -> dict:
-    return _learn.load_recipe(RECIPE)
+    return runs.load_recipe(RECIPE)
 
 
 def make_data(out: Path) -> tuple[Path, Path]:
     """The recipe's fixed train / held-out files in ``out/data`` (by the recipe's own data maker)."""
-    return _learn.make_data(RECIPE_CODE, out / "data")
+    return runs.make_data(RECIPE_CODE, out / "data")
 
 
 def evaluate(model: Path, heldout: Path, out: Path, threads: int) -> dict:
     """Held-out accuracy of ``model``: 4 samples per prompt at the recipe's temperature, and greedy."""
-    return _learn.evaluate(RECIPE, model, heldout, out, threads, samples=4)
+    return runs.evaluate(RECIPE, model, heldout, out, threads, samples=4)
 
 
 def train_slimgrpo(seed: int, a, train: Path, out: Path) -> dict:
-    return _learn.train_slimgrpo(RECIPE, seed, a.model, a.steps, a.num_threads, train, out / f"slimgrpo-s{seed}",
-                                 out / f"slimgrpo-s{seed}.log")
+    return runs.train_slimgrpo(RECIPE, seed, a.model, a.steps, a.num_threads, train, out / f"slimgrpo-s{seed}",
+                               out / f"slimgrpo-s{seed}.log")
 
 
 def train_trl(seed: int, a, train: Path, out: Path) -> dict:
-    """TRL with the recipe's settings and slimgrpo's values for the rest (the matched spec of _trl_child.py)."""
+    """TRL with the recipe's settings and slimgrpo's values for the rest (the matched spec of the TRL child)."""
     r = recipe()
     spec = {
-        "model_path": str(a.model), "prompts_path": str(train), "rewards": _learn.reward_specs(RECIPE, r),
+        "model_path": str(a.model), "prompts_path": str(train), "rewards": runs.reward_specs(RECIPE, r),
         "reward_weights": r["rewards"]["reward_weights"], "shuffle": r["data"]["shuffle"],
         "prompts_per_step": r["run"]["batch_size"] // r["rollout"]["num_generations"],
         "num_generations": r["rollout"]["num_generations"],
@@ -71,7 +73,7 @@ def train_trl(seed: int, a, train: Path, out: Path) -> dict:
         "device": "cpu", "num_threads": a.num_threads, "output_dir": str(out / f"trl-s{seed}"),
         "save_dir": str(out / f"trl-s{seed}" / "final"),
     }
-    return _learn.run_trl(spec, out / f"trl-s{seed}.spec.json", out / f"trl-s{seed}.log", seed)
+    return runs.run_trl(spec, out / f"trl-s{seed}.spec.json", out / f"trl-s{seed}.log", seed)
 
 
 def summary(results: dict) -> list[str]:
@@ -149,17 +151,17 @@ def plot(results: dict, png: Path) -> None:
     right.set_ylabel("held-out accuracy (100 questions x 4 samples)")
     right.set_title("held-out accuracy, before and after (dots: seeds)")
     fig.suptitle("SmolLM2-135M-Instruct, examples/smollm2_addition.yaml, CPU")
-    common.save_plot(fig, png)
+    save_plot(fig, png)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, default=common.BENCH_DIR / "smollm2", help="SmolLM2 folder (get_smollm2.py)")
+    p.add_argument("--model", type=Path, default=BENCH_DIR / "smollm2", help="SmolLM2 folder (get_smollm2.py)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=None, help="default: the recipe's run.max_steps")
     p.add_argument("--num-threads", type=int, default=os.cpu_count())
     p.add_argument("--trainers", nargs="+", default=["slimgrpo", "trl"], choices=["slimgrpo", "trl"])
-    p.add_argument("--out", type=Path, default=common.BENCH_DIR / "runs" / "learn", help="campaign folder")
+    p.add_argument("--out", type=Path, default=BENCH_DIR / "runs" / "learn", help="campaign folder")
     p.add_argument("--png", type=Path, default=None, help="write the plot here")
     a = p.parse_args(argv)
     a.steps = a.steps or recipe()["run"]["max_steps"]
@@ -171,15 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         results_path.write_text(json.dumps(results, indent=1))
 
-    print(f"load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} at start; "
-          f"{common.machine_info().get('cpu', '')}; threads {a.num_threads}; steps {a.steps}", flush=True)
+    print(f"{load_line('start')}; {machine_info().get('cpu', '')}; threads {a.num_threads}; steps {a.steps}",
+          flush=True)
     train, heldout = make_data(a.out)
     if "base" not in results:
         results["base"] = evaluate(a.model, heldout, a.out / "eval-base", a.num_threads)
         save()
     print(f"base: sampled {results['base']['sampled_accuracy']:.1%}  greedy {results['base']['greedy_accuracy']:.1%}",
           flush=True)
-    for seed, trainer, key in _learn.pending_runs(results, a.seeds, a.trainers):
+    for seed, trainer, key in runs.pending_runs(results, a.seeds, a.trainers):
         t = time.perf_counter()
         fn = train_slimgrpo if trainer == "slimgrpo" else train_trl
         results[key] = fn(seed, a, train, a.out)
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(summary(results)))
     if a.png:
         plot(results, a.png)
-    print(f"load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} at end")
+    print(load_line("end"))
     return 0
 
 

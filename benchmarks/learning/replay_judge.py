@@ -1,6 +1,6 @@
 """Which model would keep_best have kept with another judge? Replayed on a learning-suite campaign's runs.
 
-    python benchmarks/replay_judge.py .bench/runs/learn_suite_keep_best --metric eval/mean_reward \
+    python -m benchmarks.learning.replay_judge .bench/runs/learn_suite_keep_best --metric eval/mean_reward \
         --rerun .bench/runs/learn_suite_keep_best_reward --out .bench/runs/learn_suite_keep_best_by_reward
 
 A keep_best run records every held-out evaluation in its metrics.jsonl, so the step any other ``eval/*`` metric
@@ -21,11 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _learn  # noqa: E402
-import learn_suite  # noqa: E402
-
-from slimgrpo.monitor.best import BestSettings, BestTracker  # noqa: E402
+from benchmarks.learning import learn_suite, runs
+from benchmarks.surface import BestSettings, BestTracker
 
 
 def _last_eval(run: dict, steps: int) -> dict | None:
@@ -60,12 +57,12 @@ def replay(campaign: Path, metric: str, reruns: list[Path]) -> tuple[dict, list[
         for key, run in entry.items():
             if not key.startswith("slimgrpo-s") or "eval" not in run:
                 continue
-            records = _learn.steps_all(campaign / task / key)
+            records = runs.steps_all(campaign / task / key)
             last = _last_eval(run, steps)
             rerun = next(((p, r[task][key]) for p, r in again if task in r and "eval" in r[task].get(key, {})), None)
             if rerun is not None:
                 folder, rerun_run = rerun
-                if _trajectory(_learn.steps_all(folder / task / key)) != _trajectory(records):
+                if _trajectory(runs.steps_all(folder / task / key)) != _trajectory(records):
                     raise SystemExit(f"{task} {key}: the rerun in {folder} trained differently from {campaign}: "
                                      "a replayed score would not be the rerun's model's")
                 new[key] = dict(rerun_run)

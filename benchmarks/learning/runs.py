@@ -1,17 +1,18 @@
-"""Shared pieces of the learning benchmarks (learn_vs_trl.py, learn_suite.py): a recipe's data, one
-``slimgrpo train`` and one TRL run measured from outside, and held-out scoring by ``slimgrpo eval``.
+"""Shared pieces of the learning benchmarks (learn_vs_trl.py, learn_suite.py, bf16_learn.py): a recipe's data,
+one ``slimgrpo train`` and one TRL run measured from outside, and held-out scoring by ``slimgrpo eval``.
 
 A recipe is a slimgrpo YAML beside a Python module of the same name (its data maker and rewards, TRL's
 reward contract), like examples/smollm2_addition.yaml / .py.
 
 TRL's settings come one of two ways:
 
-- ``matched``: learn_vs_trl.py's spec, where _trl_child.py pins slimgrpo's values for what the recipe does not
-  say (AdamW betas (0.9, 0.99), a constant schedule, ...), so both trainers run the same settings;
+- ``matched``: learn_vs_trl.py's spec, where the TRL child (children/trl_grpo.py) pins slimgrpo's values for
+  what the recipe does not say (AdamW betas (0.9, 0.99), a constant schedule, ...), so both trainers run the
+  same settings;
 - ``own defaults`` (``trl_own_defaults``): **every key the recipe sets is passed to TRL under its GRPOConfig
   name, and nothing else**, so TRL runs its own GRPOConfig defaults wherever the recipe is silent (adam_beta2
   0.999, a linear schedule, ...), as slimgrpo runs its own: each trainer as its users run it. The slimgrpo key
-  -> GRPOConfig field table is slimgrpo's own TRL table (slimgrpo.trl_compat: the plain one-to-one rules,
+  -> GRPOConfig field table is slimgrpo's own TRL table (slimgrpo.config.trl_table: the plain one-to-one rules,
   reversed) plus the few keys below whose value changes form; a recipe key in neither is an error.
 """
 
@@ -19,14 +20,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from benchmarks.harness.measure import run_measured
+from benchmarks.harness.memcap import choose_memory_cap
+from benchmarks.harness.processes import child_command, child_env, module_command
+from benchmarks.harness.records import read_jsonl
 
 EVAL_SEED = 1234
-TRL_CHILD = Path(__file__).resolve().parent / "_trl_child.py"
 
 # Recipe keys that say nothing about TRL's training: where things are (the harness passes the model, the data
 # file and the reward functions itself), what is logged or saved, and the thread count (the harness's).
@@ -73,7 +74,7 @@ def make_data(recipe_code: Path, data_dir: Path) -> tuple[Path, Path]:
 
 
 def slimgrpo_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "slimgrpo", *args]
+    return module_command("slimgrpo", *args)
 
 
 def accuracy_of(data: dict) -> float:
@@ -93,8 +94,7 @@ def evaluate(recipe: Path, model: Path, heldout: Path, out: Path, threads: int, 
                            "--num-samples", str(samples) if label == "sampled" else "1")
         if limit:
             cmd += ["--limit", str(limit)]
-        run = common.run_measured(cmd, out.with_name(f"{out.stem}-{label}.log"), common.choose_memory_cap(None),
-                                  f"eval-{label}")
+        run = run_measured(cmd, out.with_name(f"{out.stem}-{label}.log"), choose_memory_cap(None), f"eval-{label}")
         if run.returncode != 0:
             raise SystemExit(f"eval of {model} failed ({run.error}); log: {run.log_path}")
         data = json.loads(path.read_text())
@@ -133,11 +133,11 @@ def train_slimgrpo(recipe: Path, seed: int, model: Path, steps: int, threads: in
                        f"run.output_dir={run_dir}", f"run.seed={seed}", f"run.max_steps={steps}",
                        f"run.num_threads={threads}", "log.progress=false", "log.log_completions_steps=0",
                        *keep_best_overrides(train, keep_best))
-    run = common.run_measured(cmd, log, common.choose_memory_cap(None), "slimgrpo")
+    run = run_measured(cmd, log, choose_memory_cap(None), "slimgrpo")
     if run.returncode != 0:
         raise SystemExit(f"slimgrpo seed {seed} failed ({run.error}); log: {run.log_path}")
-    steps_ = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps_ = [s for s in steps_ if "reward" in s and "step" in s]
+    records = steps_all(run_dir)
+    steps_ = [s for s in records if "reward" in s and "step" in s]
     curve = [{"step": s["step"], "reward": s["reward"],
               **{k: v for k, v in s.items() if k.startswith("rewards/") and k.endswith("/mean")}} for s in steps_]
     out = {"wall_s": run.wall_s, "peak_rss_mib": run.peak_rss_mib, "curve": curve, "model": str(run_dir / "final")}
@@ -145,12 +145,13 @@ def train_slimgrpo(recipe: Path, seed: int, model: Path, steps: int, threads: in
     for key in ("best_metric", "best_step", "best_value", "final_step", "stopped_by"):
         if key in summary:
             out[key] = summary[key]
-    out["eval_s"] = sum(s.get("time/eval_s", 0.0) for s in steps_all(run_dir))  # held-out evaluation's share
+    out["eval_s"] = sum(s.get("time/eval_s", 0.0) for s in records)  # held-out evaluation's share
     return out
 
 
 def steps_all(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    """Every record of a run's metrics.jsonl."""
+    return read_jsonl(run_dir / "metrics.jsonl")
 
 
 def drop_checkpoints(run_dir: Path) -> None:
@@ -167,10 +168,9 @@ def reward_specs(recipe_path: Path, recipe: dict) -> list[str]:
 
 
 def run_trl(spec: dict, spec_path: Path, log: Path, seed: int) -> dict:
-    """One TRL GRPOTrainer run through _trl_child.py (its model saved to ``spec["save_dir"]``)."""
+    """One TRL GRPOTrainer run through its child (children/trl_grpo.py; its model saved to ``spec["save_dir"]``)."""
     spec_path.write_text(json.dumps(spec, indent=1))
-    cmd = [sys.executable, str(TRL_CHILD), str(spec_path)]
-    run = common.run_measured(cmd, log, common.choose_memory_cap(None), "trl")
+    run = run_measured(child_command("trl_grpo", spec_path), log, choose_memory_cap(None), "trl", env=child_env())
     if run.returncode != 0:
         raise SystemExit(f"TRL seed {seed} failed ({run.error}); log: {run.log_path}")
     steps = [rec for rec in run.records if rec.get("event") == "step"]
@@ -194,8 +194,8 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 
 def trl_names() -> dict[str, str]:
     """slimgrpo key -> GRPOConfig field for the keys whose value TRL takes unchanged: slimgrpo's own TRL table
-    (trl_compat.RULES) reversed, where a TRL key maps to one slimgrpo key with no change of value."""
-    from slimgrpo.trl_compat import RULES
+    (config/trl_table.py's RULES) reversed, where a TRL key maps to one slimgrpo key with no change of value."""
+    from benchmarks.surface import RULES
 
     names: dict[str, str] = {}
     for rule in RULES:
@@ -232,13 +232,13 @@ def trl_own_defaults(recipe: dict, overrides: dict) -> dict:
             kwargs[names[key]] = value
         else:
             raise ValueError(f"recipe key {key!r} has no TRL GRPOConfig equivalent in the suite's table "
-                             f"(benchmarks/_learn.py); add it there or drop it from the recipe")
+                             f"(benchmarks/learning/runs.py); add it there or drop it from the recipe")
     return kwargs
 
 
 def trl_spec(recipe_path: Path, recipe: dict, model: Path, train: Path, seed: int, steps: int, threads: int,
              out_dir: Path) -> dict:
-    """A _trl_child.py spec that runs the recipe in TRL with TRL's own defaults where the recipe is silent."""
+    """A TRL child's spec that runs the recipe in TRL with TRL's own defaults where the recipe is silent."""
     grpo = trl_own_defaults(recipe, {"run.seed": seed, "run.max_steps": steps})
     return {"model_path": str(model), "prompts_path": str(train), "rewards": reward_specs(recipe_path, recipe),
             "device": "cpu", "num_threads": threads, "output_dir": str(out_dir), "save_dir": str(out_dir / "final"),

@@ -1,16 +1,16 @@
 """Planner calibration: predicted peak memory against the peak RSS of real slimgrpo runs (CPU).
 
-    python benchmarks/calibrate_memory.py              # the default configurations
-    python benchmarks/calibrate_memory.py --steps 2 --out .bench/calibration.json
+    python -m benchmarks.planner.calibrate_memory              # the default configurations
+    python -m benchmarks.planner.calibrate_memory --steps 2 --out .bench/calibration.json
 
-    python benchmarks/calibrate_memory.py --only qwen05x2-lora-4k --cap 8GiB
+    python -m benchmarks.planner.calibrate_memory --only qwen05x2-lora-4k --cap 8GiB
 
 Each configuration runs in its own process under a memory cap; peak RSS is read from outside the
-process (getrusage of the finished child, see common.run_measured). Two modes:
+process (getrusage of the finished child, see harness/measure.py). Two modes:
 
 * train: `slimgrpo train` for a few steps (completion length pinned with min = max); prediction =
   the plan's peak.
-* update: benchmarks/_update_child.py, one real update (reference log-probs, forward + backward over the
+* update: benchmarks/children/update_only.py, one real update (reference log-probs, forward + backward over the
   micro-batches, optimizer step with its state resident) on synthetic full-length completions, no
   decoding, so that long rows and real shapes fit in CPU time; prediction = always + update of the plan.
   Real shapes keep their width, heads, vocabulary and head; the layer count is cut (column "layers").
@@ -28,8 +28,13 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCH_DIR, REPO_ROOT, build_model_folder, choose_memory_cap, machine_info, run_measured  # noqa: E402
+from benchmarks.harness.builders import build_model_folder, write_prompts
+from benchmarks.harness.machine import machine_info
+from benchmarks.harness.measure import run_measured
+from benchmarks.harness.memcap import choose_memory_cap, parse_size
+from benchmarks.harness.paths import BENCH_DIR
+from benchmarks.harness.processes import child_command, child_env
+from benchmarks.harness.rewards import DIGIT_REWARD
 
 W_CPU = {"family": "qwen2", "vocab": 151_936, "hidden": 128, "intermediate": 512, "layers": 2, "heads": 4,
          "kv_heads": 2, "tie": True, "max_positions": 4096}
@@ -60,7 +65,7 @@ G2 = ["rollout.num_generations=2", "run.batch_size=2"]
 G8 = ["rollout.num_generations=8", "run.batch_size=8"]
 LORA, CKPT = ["lora.enabled=true"], ["memory.gradient_checkpointing=true"]
 
-# name, shape, overrides, mode: "train" = real steps with decoding, "update" = _update_child.py
+# name, shape, overrides, mode: "train" = real steps with decoding, "update" = children/update_only.py
 # (synthetic full-length completions, no decode; prediction = always + update of the plan)
 CONFIGS = [
     ("wcpu-full-256", W_CPU, ["rollout.max_completion_length=256"], "train"),
@@ -95,7 +100,7 @@ def base_config(model_dir: Path, prompts: Path, out_dir: Path, steps: int) -> di
         "model": {"path": str(model_dir), "dtype": "float32"},
         "data": {"path": str(prompts), "max_prompt_length": 128},
         "rollout": {"num_generations": 8},
-        "rewards": {"functions": [str(REPO_ROOT / "benchmarks" / "_rewards.py") + ":digit_reward"]},
+        "rewards": {"functions": [DIGIT_REWARD]},
         "optim": {"learning_rate": 1e-5},
         "run": {"max_steps": steps, "batch_size": 8, "output_dir": str(out_dir), "device": "cpu",
                 "save_checkpoints": False, "save_model": False, "resume": "never",
@@ -107,11 +112,7 @@ def base_config(model_dir: Path, prompts: Path, out_dir: Path, steps: int) -> di
 def predict(cfg_path: Path, overrides: list[str], mode: str = "train") -> int:
     """The plan's peak; for update-only runs (no decoding) always + update. A train row is planned as `slimgrpo
     train` plans it, at its data's longest prompt; an update row's synthetic prompts are data.max_prompt_length."""
-    from slimgrpo.config import load_config
-    from slimgrpo.spec.run import run_spec
-    from slimgrpo.plan.admission import shape_of
-    from slimgrpo.plan.model import plan_memory
-    from slimgrpo.train.prompts import data_prompt_tokens
+    from benchmarks.surface import data_prompt_tokens, load_config, plan_memory, run_spec, shape_of
 
     cfg = load_config(cfg_path, overrides)
     shape = shape_of(cfg)
@@ -133,8 +134,6 @@ def main() -> int:
                     help="measure nothing: re-predict the configurations measured in these --out files with the "
                          "current planner and print the table")
     args = ap.parse_args()
-
-    from common import parse_size, write_prompts
 
     prompts = write_prompts(BENCH_DIR / "calib_prompts.jsonl", 16)
     cap = choose_memory_cap(parse_size(args.cap))
@@ -165,10 +164,12 @@ def main() -> int:
         overrides = overrides + [f"rollout.min_completion_length={length}"]
         predicted = predict(cfg_path, overrides, mode)
         t0 = time.perf_counter()
-        child = ([sys.executable, "-m", "slimgrpo", "train"] if mode == "train"
-                 else [sys.executable, str(REPO_ROOT / "benchmarks" / "_update_child.py")])
-        outcome = run_measured([*child, str(cfg_path), *overrides], run_dir.with_suffix(".log"), cap,
-                               f"calib-{name}", timeout_s=args.timeout)
+        if mode == "train":
+            cmd, env = [sys.executable, "-m", "slimgrpo", "train", str(cfg_path), *overrides], None
+        else:
+            cmd, env = child_command("update_only", cfg_path, *overrides), child_env()
+        outcome = run_measured(cmd, run_dir.with_suffix(".log"), cap, f"calib-{name}", env=env,
+                               timeout_s=args.timeout)
         measured = (outcome.peak_rss_mib or 0) * 2**20
         ratio = predicted / measured if measured else float("nan")
         rows.append({"name": name, "mode": mode, "layers": shape["layers"], "predicted_mib": predicted / 2**20, "measured_mib": measured / 2**20,

@@ -1,12 +1,12 @@
 """The plan against the measured peak (issue 43 item 3): one table, each CPU-feasible row of the planner's matrix at
-real sizes, peak RSS measured from outside the process (vs_trl.py's runner: a fresh intermediate reads the child's
+real sizes, peak RSS measured from outside the process (speed/vs_trl.py's runner: a fresh intermediate reads the child's
 ru_maxrss), beside ``slimgrpo plan``'s peak and, with ``--trace``, the trace's device peak of the run's own config.
 
-    python benchmarks/plan_vs_measured.py [--rows w-long-8x8k,demo,...] [--trace] [--out FILE.json]
-    python benchmarks/plan_vs_measured.py --plan-only          # the plan column only (seconds; no runs)
+    python -m benchmarks.planner.plan_vs_measured [--rows w-long-8x8k,demo,...] [--trace] [--out FILE.json]
+    python -m benchmarks.planner.plan_vs_measured --plan-only          # the plan column only (seconds; no runs)
 
 Rows (``ROWS``): W-long 8 x 8K on W-cpu's shape (full fine-tuning, fp32, no checkpointing; the tiled MLP by
-``auto``), SmolLM2-135M's 8K window both ways (benchmarks/window.py's settings: checkpointing, 2 x (256 + 7,936)
+``auto``), SmolLM2-135M's 8K window both ways (benchmarks/planner/window.py's settings: checkpointing, 2 x (256 + 7,936)
 and 2 x (7,000 + 1,024)), W-real full and LoRA (SmolLM2 on GSM8K, completions to EOS; the ``-pinned`` rows generate
 every completion at its full 128 tokens, as the plan counts them), the addition recipe
 (examples/smollm2_addition.yaml) and the demo. The plan and the trace count prompts at the longest of the run's
@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-import vs_trl  # noqa: E402
+from benchmarks.harness.machine import machine_info, machine_line
+from benchmarks.harness.memcap import choose_memory_cap
+from benchmarks.harness.paths import BENCH_DIR, REPO_ROOT
+from benchmarks.harness.tables import MIB, format_mib
+from benchmarks.speed import vs_trl
 
 
 @dataclass
@@ -48,9 +50,9 @@ def _vs_trl(*args: str) -> Callable[[], "vs_trl.Settings"]:
 
 def _window(variant: str) -> Callable[[], "vs_trl.Settings | None"]:
     def build():
-        import window
+        from benchmarks.planner import window
 
-        if not (common.BENCH_DIR / "smollm2" / "config.json").is_file():
+        if not (BENCH_DIR / "smollm2" / "config.json").is_file():
             return _missing("SmolLM2-135M-Instruct: python scripts/get_smollm2.py .bench/smollm2")
         return window.settings(variant, None, 2)
     return build
@@ -71,7 +73,7 @@ def _pinned(build: Callable[[], "vs_trl.Settings | None"]) -> Callable[[], "vs_t
 
 def _needs_smollm2(build: Callable[[], "vs_trl.Settings"]) -> Callable[[], "vs_trl.Settings | None"]:
     def guarded():
-        if not (common.BENCH_DIR / "smollm2" / "config.json").is_file():
+        if not (BENCH_DIR / "smollm2" / "config.json").is_file():
             return _missing("SmolLM2-135M-Instruct: python scripts/get_smollm2.py .bench/smollm2")
         return build()
     return guarded
@@ -82,9 +84,9 @@ def _addition() -> "vs_trl.Settings | None":
     as the recipe sets them; two steps)."""
     import yaml
 
-    if not (common.BENCH_DIR / "smollm2" / "config.json").is_file():
+    if not (BENCH_DIR / "smollm2" / "config.json").is_file():
         return _missing("SmolLM2-135M-Instruct: python scripts/get_smollm2.py .bench/smollm2")
-    recipe = yaml.safe_load((common.REPO_ROOT / "examples" / "smollm2_addition.yaml").read_text())
+    recipe = yaml.safe_load((REPO_ROOT / "examples" / "smollm2_addition.yaml").read_text())
     s = vs_trl.workload_settings(vs_trl.parse_args(["--workload", "w-real"]))
     s.workload = "addition"
     s.num_generations = recipe["rollout"]["num_generations"]
@@ -126,13 +128,7 @@ ROWS: dict[str, Row] = {
 
 def plan_of(config: Path, trace: bool) -> tuple[float, float | None, str]:
     """(plan peak MiB, trace device peak MiB or None, the plan's tricks) of a run's own config.yaml."""
-    from slimgrpo.config import load_config
-    from slimgrpo.spec.run import run_spec
-    from slimgrpo.plan.admission import shape_of
-    from slimgrpo.plan.model import plan_memory
-    from slimgrpo.plan.render import assumed_tricks
-
-    from slimgrpo.train.prompts import data_prompt_tokens
+    from benchmarks.surface import assumed_tricks, data_prompt_tokens, load_config, plan_memory, run_spec, shape_of
 
     cfg = load_config(str(config), [], validate=False)
     shape = shape_of(cfg)
@@ -140,18 +136,18 @@ def plan_of(config: Path, trace: bool) -> tuple[float, float | None, str]:
     plan = plan_memory(shape, run_spec(cfg, "cpu", vocab=shape.vocab, prompt_tokens=longest))
     traced = None
     if trace:
-        from slimgrpo.plan.admission import trace_config
+        from benchmarks.surface import trace_config
 
-        traced = trace_config(cfg, shape, "cpu", prompt_tokens=longest).device_peak_bytes / common.MIB
+        traced = trace_config(cfg, shape, "cpu", prompt_tokens=longest).device_peak_bytes / MIB
     tricks = "; ".join(t.split(" (")[0] for t in assumed_tricks(plan) if t.startswith(("tiled", "gradient", "update")))
-    return plan.peak_bytes / common.MIB, traced, tricks
+    return plan.peak_bytes / MIB, traced, tricks
 
 
 def plan_only(s: "vs_trl.Settings", folder: Path) -> Path:
     """The config slimgrpo's child would write for ``s`` (no run): for ``--plan-only``."""
     import yaml
 
-    from _slimgrpo_child import config_dict
+    from benchmarks.children.slimgrpo_grpo import config_dict
 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "config.yaml"
@@ -171,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         if n not in ROWS:
             sys.exit(f"unknown row {n!r} ({', '.join(ROWS)})")
-    info = common.machine_info()
-    cap = common.choose_memory_cap(None, "auto")
-    root = common.BENCH_DIR / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-plan-vs-measured"
+    info = machine_info()
+    cap = choose_memory_cap(None, "auto")
+    root = BENCH_DIR / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-plan-vs-measured"
     rows = []
     for n in names:
         print(f"[{time.strftime('%H:%M:%S')}] {n}: {ROWS[n].what}", file=sys.stderr)
@@ -191,14 +187,14 @@ def main(argv: list[str] | None = None) -> int:
             config = root / n / f"slimgrpo-L{s.completion_length}-r1" / "output" / "config.yaml"
         plan, traced, tricks = plan_of(config, a.trace)
         rows.append({"row": n, "what": ROWS[n].what, "measured_mib": measured, "plan_mib": plan, "trace_mib": traced,
-                     "tricks": tricks, "error": error, "load_avg_1m": common.machine_info().get("load_avg_1m")})
-    print(f"\nMachine: {info['cpu']}, {info['cpu_cores']} cores, {info['ram_gib']} GiB RAM; load {info.get('load_avg_1m')} "
+                     "tricks": tricks, "error": error, "load_avg_1m": machine_info().get("load_avg_1m")})
+    print(f"\n{machine_line(info)}; load {info.get('load_avg_1m')} "
           "at start (peak RSS is a memory figure: the load does not change it)")
     print("| row | peak RSS MiB (measured) | plan MiB | plan / measured | trace MiB | trace / measured | tricks (plan) |")
     print("|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
         m, pl, tr = r.get("measured_mib"), r.get("plan_mib"), r.get("trace_mib")
-        cell = common.format_mib(m) if m else (r.get("error") or "-")
+        cell = format_mib(m) if m else (r.get("error") or "-")
         print(f"| {r['what']} | {cell} | {f'{pl:,.0f}' if pl else '-'} | {f'{pl / m:.2f}' if pl and m else '-'} | "
               f"{f'{tr:,.0f}' if tr else '-'} | {f'{tr / m:.2f}' if tr and m else '-'} | {r.get('tricks', '')} |")
     if a.out:

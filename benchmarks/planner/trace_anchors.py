@@ -1,12 +1,13 @@
 """The published GPU anchors' settings, simulated: plan and trace (fake tensors) for CUDA, bf16.
 
-    python benchmarks/trace_anchors.py                  # Oxen's table, Unsloth's 8B x 20K, Qwen3-8B QLoRA
-    python benchmarks/trace_anchors.py --only oxen      # or: unsloth, qlora, window, smallest, fit
-    python benchmarks/trace_anchors.py --only qlora --tiled-mlp on
+    python -m benchmarks.planner.trace_anchors                  # Oxen's table, Unsloth's 8B x 20K, Qwen3-8B QLoRA
+    python -m benchmarks.planner.trace_anchors --only oxen      # or: unsloth, qlora, window, smallest, fit
+    python -m benchmarks.planner.trace_anchors --only qlora --tiled-mlp on
 
 Nothing runs on a GPU: each row is ``slimgrpo plan --trace --device cuda`` for the setting, so every
 figure is **simulated** until a GPU run confirms it. The device peak from the trace is the traced tensor
-peak + the CUDA context (``CUDA_FRAMEWORK_OVERHEAD_BYTES``) + ``CUDA_TRACE_MARGIN`` of the traced peak.
+peak + the CUDA context (``memory.footprint.CUDA_FRAMEWORK_OVERHEAD_BYTES``) + ``CUDA_TRACE_MARGIN``
+(``trace/step.py``) of the traced peak.
 Published figures are the brief's (docs/benchmarks.md#anchors-simulated says where each comes from).
 """
 
@@ -38,7 +39,7 @@ QLORA = ["lora.enabled=true", "model.load_in_4bit=true", "memory.gradient_checkp
 def qwen3_8b():
     """Qwen3-8B's shape from its public config.json (not a bundled preset): 36 layers, hidden 4,096, MLP
     12,288, 32 / 8 heads of 128, vocabulary 151,936, untied head; 131,072 positions with YaRN."""
-    from slimgrpo.spec.shape import ModelShape
+    from benchmarks.surface import ModelShape
 
     return ModelShape("qwen3", hidden=4096, intermediate=12288, layers=36, heads=32, kv_heads=8, vocab=151_936,
                       tie=False, max_positions=131_072, head_dim=128)
@@ -48,16 +49,13 @@ EXTRA: list[str] = []  # --tiled-mlp: appended to every setting
 
 
 def config(overrides: list[str]):
-    from slimgrpo.config import from_dict, merge_overrides
+    from benchmarks.surface import from_dict, merge_overrides
 
     return from_dict(merge_overrides({}, ["model.dtype=bfloat16", "run.device=cuda", *overrides, *EXTRA]))
 
 
 def plan_and_trace(model: str, overrides: list[str], trace: bool = True):
-    from slimgrpo.spec.run import run_spec
-    from slimgrpo.plan.model import plan_memory
-    from slimgrpo.spec.shape import load_shape
-    from slimgrpo.plan.admission import trace_config
+    from benchmarks.surface import load_shape, plan_memory, run_spec, trace_config
 
     shape = qwen3_8b() if model == "qwen3-8b" else load_shape(model)
     cfg = config(overrides)
@@ -103,15 +101,10 @@ HOST_BUDGET = "64GiB"  # --only smallest: host RAM the offload may use (a plausi
 
 def smallest(model: str, kind: str = "completion-heavy") -> str:
     """The smallest budget that trains ``model`` QLoRA (QLORA's settings) at its whole window, searched by plan
-    with memory.fit's changes and the CUDA allocator margin (``memory.longest.smallest_budget``), then
+    with memory.fit's changes and the CUDA allocator margin (``plan.longest.smallest_budget``), then
     confirmed by one trace with those changes."""
-    from slimgrpo.units import parse_bytes
-    from slimgrpo.plan.admission import overrides_for
-    from slimgrpo.spec.run import run_spec
-    from slimgrpo.plan.longest import smallest_budget
-    from slimgrpo.spec.shape import load_shape
-    from slimgrpo.plan.admission import trace_config
-    from slimgrpo.trace.step import CUDA_TRACE_MARGIN
+    from benchmarks.surface import (CUDA_TRACE_MARGIN, load_shape, overrides_for, parse_bytes, run_spec,
+                                    smallest_budget, trace_config)
 
     shape = qwen3_8b() if model == "qwen3-8b" else load_shape(model)
     base = QLORA + ["rollout.max_completion_length=1024", f"memory.host_budget={HOST_BUDGET}"]
@@ -142,8 +135,7 @@ def fit_unsloth() -> str:
     """Unsloth's setting with ``memory.budget=27GiB memory.fit=trace`` and no other knob, checked as the trainer
     checks a run before it loads weights (``admit``): the planner's fit, traced, and fitted
     again below the budget while the trace is over (its rounds, then the fitted plan, print as they go)."""
-    from slimgrpo.plan.admission import admit
-    from slimgrpo.plan.admission import trace_config
+    from benchmarks.surface import admit
 
     t0 = time.perf_counter()
     cfg = config(UNSLOTH + ["model.path=llama-3.1-8b", f"memory.budget={FIT_BUDGET}", "memory.fit=trace"])

@@ -1,14 +1,14 @@
 """The trace against reality: every CPU calibration row, traced on fake tensors, against its measured peak RSS.
 
-    python benchmarks/trace_check.py                   # the 19 calibration rows and the 6 W-long lengths
-    python benchmarks/trace_check.py --only qwen05x2-full-256 wcpu-full-256
+    python -m benchmarks.planner.trace_check                   # the 19 calibration rows and the 6 W-long lengths
+    python -m benchmarks.planner.trace_check --only qwen05x2-full-256 wcpu-full-256
 
 For each configuration of ``calibrate_memory.py`` that docs/benchmarks.md reports a measured peak RSS
 for, build the same config (the same overrides, completion length pinned), trace one step with
-``slimgrpo.plan.admission.trace_config`` (update mode: the update alone, as ``_update_child.py`` runs it;
-train mode: generation and update) and print:
+``slimgrpo.plan.admission.trace_config`` (update mode: the update alone, as ``children/update_only.py`` runs
+it; train mode: generation and update) and print:
 
-* trace + runtime: the traced tensor peak plus ``formulas.cpu_runtime_bytes`` (the Python / torch runtime
+* trace + runtime: the traced tensor peak plus ``memory.footprint.cpu_runtime_bytes`` (the Python / torch runtime
   and the tokenizer, which the planner adds on CPU), against the measured peak RSS;
 * plan: the planner's prediction for the same mode, against the trace + runtime.
 
@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from calibrate_memory import CONFIGS  # noqa: E402
+from benchmarks.planner.calibrate_memory import CONFIGS
 
 # Measured peak RSS (MiB) of each configuration: docs/benchmarks.md#calibration (session 3, quiet
 # machine, glibc fix in place), the 15 rows of the main table and the 4 held-out rows.
@@ -50,7 +48,7 @@ for _length, _mib in W_LONG_MIB.items():
 
 def row_config(overrides: list[str]):
     """The calibration run's config (``calibrate_memory.base_config``'s settings that matter for memory)."""
-    from slimgrpo.config import from_dict, merge_overrides
+    from benchmarks.surface import from_dict, merge_overrides
 
     length = next(o.split("=")[1] for o in overrides if o.startswith("rollout.max_completion_length"))
     base = {"model": {"dtype": "float32"}, "data": {"max_prompt_length": 128}, "rollout": {"num_generations": 8},
@@ -59,11 +57,7 @@ def row_config(overrides: list[str]):
 
 
 def check(name: str, shape_dict: dict, overrides: list[str], mode: str) -> dict:
-    from slimgrpo.spec.run import run_spec
-    from slimgrpo.memory.footprint import cpu_runtime_bytes
-    from slimgrpo.plan.model import plan_memory
-    from slimgrpo.spec.shape import ModelShape
-    from slimgrpo.plan.admission import trace_config
+    from benchmarks.surface import ModelShape, cpu_runtime_bytes, plan_memory, run_spec, trace_config
 
     shape = ModelShape(**shape_dict)
     cfg = row_config(overrides)

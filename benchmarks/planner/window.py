@@ -1,10 +1,10 @@
 """A real model's whole context window: SmolLM2-135M-Instruct at 8,192 tokens, slimgrpo against TRL 1.16
 (issue 29), peak RSS measured from outside each process, and slimgrpo's trace of the same config.
 
-    python benchmarks/window.py [--model .bench/smollm2] [--variants long-completion,long-prompt]
-                                [--trainers trl,slimgrpo] [--steps 2] [--timeout 3600] [--out FILE.json]
+    python -m benchmarks.planner.window [--model .bench/smollm2] [--variants long-completion,long-prompt]
+                                        [--trainers trl,slimgrpo] [--steps 2] [--timeout 3600] [--out FILE.json]
 
-Both trainers get the same folder, prompts, reward and settings (vs_trl.py's children): 1 prompt x 2
+Both trainers get the same folder, prompts, reward and settings (speed/vs_trl.py's children): 1 prompt x 2
 completions, full fine-tuning, fp32 on CPU, gradient checkpointing on in both, completions pinned (minimum
 = maximum new tokens), so both fill the window:
 
@@ -30,10 +30,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-import vs_trl  # noqa: E402
-from _slimgrpo_child import config_dict  # noqa: E402
+from benchmarks.children.slimgrpo_grpo import config_dict
+from benchmarks.harness.builders import REASONING_SYSTEM_PROMPT, gsm8k_test
+from benchmarks.harness.machine import machine_info, machine_line
+from benchmarks.harness.memcap import choose_memory_cap, parse_size
+from benchmarks.harness.paths import BENCH_DIR
+from benchmarks.harness.tables import format_mib
+from benchmarks.speed import vs_trl
 
 WINDOW = 8192
 VARIANTS = {  # name: (max prompt tokens, completion tokens)
@@ -49,19 +52,19 @@ def long_prompt_file(model: Path, path: Path, target: int = LONG_PROMPT_TOKENS) 
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model))
-    questions = [q for q, _ in common._gsm8k_test(400)]
+    questions = [q for q, _ in gsm8k_test(400)]
     head = "Solve every problem below. Give only the answer to the last one.\n\n"
     body, n = "", 0
     for i, q in enumerate(questions, 1):
         candidate = body + f"Problem {i}: {q}\n\n"
-        messages = [{"role": "system", "content": common.REASONING_SYSTEM_PROMPT},
+        messages = [{"role": "system", "content": REASONING_SYSTEM_PROMPT},
                     {"role": "user", "content": head + candidate}]
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         length = len(tok(text, add_special_tokens=False)["input_ids"])  # (tokenize=True gives a dict in 5.x)
         if length > target:
             break
         body, n = candidate, length
-    row = {"prompt": [{"role": "system", "content": common.REASONING_SYSTEM_PROMPT},
+    row = {"prompt": [{"role": "system", "content": REASONING_SYSTEM_PROMPT},
                       {"role": "user", "content": head + body}], "answer": "0"}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(json.dumps(row) for _ in range(8)) + "\n")
@@ -77,7 +80,7 @@ def settings(variant: str, model: str | None, steps: int) -> vs_trl.Settings:
     s.max_prompt_length, s.completion_length = prompt, completion
     s.pin_length, s.gradient_checkpointing, s.lora = True, True, False
     if variant == "long-prompt":
-        s.prompts_path = str(long_prompt_file(Path(s.model_path), common.BENCH_DIR / "prompts" / "window_long.jsonl"))
+        s.prompts_path = str(long_prompt_file(Path(s.model_path), BENCH_DIR / "prompts" / "window_long.jsonl"))
     vs_trl.prepare_inputs(s)
     return s
 
@@ -118,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     for v in variants:
         if v not in VARIANTS:
             sys.exit(f"unknown variant {v!r} ({', '.join(VARIANTS)})")
-    cap = common.choose_memory_cap(common.parse_size(a.mem_cap) if a.mem_cap else None, "auto")
-    info = common.machine_info()
-    root = common.BENCH_DIR / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-window"
+    cap = choose_memory_cap(parse_size(a.mem_cap) if a.mem_cap else None, "auto")
+    info = machine_info()
+    root = BENCH_DIR / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-window"
     rows = []
     for v in variants:
         s = settings(v, a.model, a.steps)
@@ -136,11 +139,11 @@ def main(argv: list[str] | None = None) -> int:
                      **{f"{t}_wall_s": peaks[t][2] for t in trainers},
                      "trace_mib": trace, "plan_mib": plan})
     load = info.get("load_avg_1m")
-    print(f"\nMachine: {info['cpu']}, {info['cpu_cores']} cores, {info['ram_gib']} GiB RAM; load {load} at start")
+    print(f"\n{machine_line(info)}; load {load} at start")
     print("| variant | TRL peak RSS MiB | slimgrpo peak RSS MiB | slimgrpo / TRL | trace MiB | trace / slimgrpo | "
           "plan MiB |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    fmt = common.format_mib
+    fmt = format_mib
     for r in rows:
         trl, ours = r.get("trl_peak_mib"), r.get("slimgrpo_peak_mib")
         ratio = f"{ours / trl:.2f}" if trl and ours else "-"

@@ -1,7 +1,7 @@
 """Generation on a machine shared with other CPU-bound processes: thread count and OpenMP wait policy.
 
-    python benchmarks/busy_machine.py                       # quiet, then 1 competitor, every variant
-    python benchmarks/busy_machine.py --competitors 0 1 --new-tokens 64 --repeats 3
+    python -m benchmarks.rollout.busy_machine                       # quiet, then 1 competitor, every variant
+    python -m benchmarks.rollout.busy_machine --competitors 0 1 --new-tokens 64 --repeats 3
 
 torch's CPU kernels run on an OpenMP team (libgomp in the pip wheels) of ``torch.get_num_threads()``
 threads.  Every parallel region ends in a barrier where the threads that finished wait for the others;
@@ -10,8 +10,9 @@ before it sleeps.  When another process holds one of the two cores, the team's s
 descheduled for whole scheduler slices while the first one spins at the barrier of each of the
 thousands of small regions a decode step runs -- so a step costs scheduler slices rather than
 microseconds.  This script measures that mechanism: each variant (threads x wait policy) decodes the
-W-cpu model in its own process (the policy must be in the environment before torch loads), quiet and
-next to ``--competitors`` busy-loop processes, alternating variants so that drifting load hits all.
+W-cpu model in its own process (``benchmarks.children.decode_threads``: the policy must be in the environment
+before torch loads), quiet and next to ``--competitors`` busy-loop processes, alternating variants so that
+drifting load hits all.
 
 Variants: ``2/default`` (torch's default), ``2/passive`` (``OMP_WAIT_POLICY=PASSIVE``), ``2/active``
 (``OMP_WAIT_POLICY=ACTIVE``), ``2/spin-10k`` and ``2/spin-1k`` (``GOMP_SPINCOUNT``), ``1/default``.  ``import slimgrpo`` before torch picks ``passive`` unless the
@@ -27,10 +28,10 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from benchmarks.harness.machine import start_competitors, stop_competitors
+from benchmarks.harness.paths import REPO_ROOT
+from benchmarks.harness.processes import child_command, child_env
 
 VARIANTS = {
     "2/default": (2, {}),
@@ -42,35 +43,11 @@ VARIANTS = {
 }
 
 
-def _child(rows: int, new_tokens: int, threads: int) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    from slimgrpo.rollout import SamplingParams, TorchRolloutEngine
-
-    torch.set_num_threads(threads)
-    s = common.W_CPU_SHAPE
-    config = Qwen2Config(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
-                         num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-                         num_key_value_heads=s["kv_heads"], tie_word_embeddings=True, max_position_embeddings=4096)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    engine = TorchRolloutEngine(model)
-    params = SamplingParams(max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_ids=(0,), pad_token_id=1)
-    prompt = [list(range(100, 180))]
-    engine.generate(prompt, rows, SamplingParams(max_new_tokens=4, eos_token_ids=(0,), pad_token_id=1))  # warm-up
-    t = time.perf_counter()
-    engine.generate(prompt, rows, params)
-    print(json.dumps({"tok_s": rows * new_tokens / (time.perf_counter() - t), "threads": torch.get_num_threads()}))
-
-
 def _run(variant: str, args: argparse.Namespace) -> float | None:
     threads, extra = VARIANTS[variant]
-    env = dict(os.environ, **extra)
-    env["PYTHONPATH"] = str(common.REPO_ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, __file__, "--child", "--rows", str(args.rows), "--new-tokens", str(args.new_tokens),
-           "--threads", str(threads)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    cmd = child_command("decode_threads", "--rows", args.rows, "--new-tokens", args.new_tokens, "--threads", threads)
+    out = subprocess.run(cmd, env=child_env(**extra), cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=args.timeout)
     try:
         return json.loads(out.stdout.strip().splitlines()[-1])["tok_s"]
     except (IndexError, ValueError, KeyError):
@@ -86,17 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=900)
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.child:
-        _child(a.rows, a.new_tokens, a.threads)
-        return 0
     print(f"# busy_machine: W-cpu decode, {a.rows} rows x {a.new_tokens} tokens; cores {os.cpu_count()}, "
           f"loadavg at start {os.getloadavg()}")
     results: dict[tuple[int, str], list[float]] = {}
     for n in a.competitors:
-        procs = common.start_competitors(n)
+        procs = start_competitors(n)
         try:
             time.sleep(0.5 if n else 0)
             for _ in range(a.repeats):
@@ -106,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                         results.setdefault((n, v), []).append(tok_s)
                     print(f"  competitors={n} {v}: {tok_s and f'{tok_s:.0f}'} tok/s", file=sys.stderr)
         finally:
-            common.stop_competitors(procs)
+            stop_competitors(procs)
     head = "| threads / wait policy | " + " | ".join(f"tok/s, {n} competitor(s)" for n in a.competitors)
     if len(a.competitors) > 1:
         head += f" | slowdown {a.competitors[0]} -> {a.competitors[-1]}"

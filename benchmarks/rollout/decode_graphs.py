@@ -1,6 +1,6 @@
 """Decode with and without CUDA graphs: tokens/s and greedy equality, base / LoRA / QLoRA.
 
-    .venv/bin/python benchmarks/decode_graphs.py --device {cpu,cuda} [--json PATH] [--tiny] [--reps N]
+    python -m benchmarks.rollout.decode_graphs --device {cpu,cuda} [--json PATH] [--tiny] [--reps N]
 
 For each random Llama-shaped model (``tiny``, and ``small`` unless ``--tiny``) and each variant (the base
 model; LoRA adapters on every projection with non-zero B; QLoRA: the same on a bitsandbytes 4-bit base, only
@@ -16,7 +16,7 @@ says how many rows stayed equal). EOS is on (ids picked from a free greedy run, 
 engines are warmed by one call (graphs are recorded there), then ``--reps`` timed calls alternate between them;
 the table gives the median tokens/s (completion tokens generated / wall time), whether every call's tokens
 were equal, and the graphs recorded during the timed calls (0: all were reused). Writes ``--json PATH``
-(``{"device", "rows": [...]}``) for ``gpu_suite.py``'s ``decode`` section; sized to finish well under 90 s on
+(``{"device", "rows": [...]}``) for the GPU suite's ``decode`` section; sized to finish well under 90 s on
 one H100 (a row that would not end inside ``--budget-s``, default 45 s, judged by the longest row so far, is
 reported as skipped). A timing needs a quiet machine; equality does not.
 """
@@ -35,11 +35,8 @@ from pathlib import Path
 import slimgrpo  # noqa: F401  (before torch, as the slimgrpo command: sets the OpenMP wait policy)
 import torch
 
-from slimgrpo.spec.shape import ModelShape
-from slimgrpo.rollout import SamplingParams, TorchRolloutEngine
-from slimgrpo.rollout.cuda_graph import cuda_graph_cache
-from slimgrpo.rollout.graph_cache import GraphCache
-from slimgrpo.trace.synthetic import random_causal_lm
+from benchmarks.surface import (GraphCache, ModelShape, SamplingParams, TorchRolloutEngine, cuda_graph_cache,
+                                random_causal_lm)
 
 PAD, EOS_FALLBACK = 0, 1
 
@@ -84,8 +81,7 @@ def make_model(w: Workload, variant: str, device: torch.device, dtype: torch.dty
             import bitsandbytes  # noqa: F401
         except ImportError:
             return None, "needs bitsandbytes"
-        from slimgrpo.config import ModelConfig
-        from slimgrpo.modeling import load_model
+        from benchmarks.surface import ModelConfig, load_model
 
         with tempfile.TemporaryDirectory() as folder:
             random_causal_lm(w.shape, dtype, "cpu", initializer_range=0.2).save_pretrained(folder)
@@ -93,8 +89,7 @@ def make_model(w: Workload, variant: str, device: torch.device, dtype: torch.dty
     else:
         model = random_causal_lm(w.shape, dtype, device, initializer_range=0.2)
     if variant in ("lora", "qlora"):
-        from slimgrpo.config import LoraConfig
-        from slimgrpo.modeling import apply_lora
+        from benchmarks.surface import LoraConfig, apply_lora
 
         model = apply_lora(model, LoraConfig(r=16, alpha=32.0), quantized=variant == "qlora")
         torch.manual_seed(1)

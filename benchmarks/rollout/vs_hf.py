@@ -1,6 +1,6 @@
 """Rollout throughput: TorchRolloutEngine against Hugging Face ``generate``, and against the hardware.
 
-    .venv/bin/python benchmarks/bench_rollout.py [--device cpu] [--threads 2] [--new-tokens 256]
+    python -m benchmarks.rollout.vs_hf [--device cpu] [--threads 2] [--new-tokens 256]
 
 For each workload the same random-init model decodes G completions of exactly L tokens for one prompt
 (``min_new_tokens = max_new_tokens`` so both sides do the same work), with plain temperature-1 sampling:
@@ -15,7 +15,7 @@ The hardware bound of one decode step is
 
 (bandwidth: a sum over a 1 GiB buffer; FLOP rate: a 2048^3 float32 matmul; both probed just before
 and after each of our runs, median used), converted to tokens/s as G / (step time). Prefill is excluded from the bound (it is <1% of the work here) but included in
-both measured times. The floor column is ``floor.py``'s decode floor (per step the larger of weight + KV bytes / bandwidth
+both measured times. The floor column is ``speed/floor.py``'s decode floor (per step the larger of weight + KV bytes / bandwidth
 and FLOPs / large-GEMM rate, summed over the L steps; a roofline lower bound rather than the sum above).
 This is a script that prints a table, not a test.
 """
@@ -27,17 +27,12 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import sys
-from pathlib import Path
-
 import slimgrpo  # noqa: F401  (before torch, as the slimgrpo command: sets the OpenMP wait policy)
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import floor as floor_mod  # noqa: E402
-
-from slimgrpo.rollout import SamplingParams, SamplingWorkspace, TorchRolloutEngine, sample_next
+from benchmarks.speed import floor as floor_mod
+from benchmarks.surface import SamplingParams, SamplingWorkspace, TorchRolloutEngine, sample_next
 
 PAD_ID, EOS_ID = 151643, 151645  # Qwen2's; a smaller vocabulary's last two ids (special_ids)
 
@@ -60,7 +55,7 @@ class Workload:
 
 
 WORKLOADS = {
-    # W-cpu's model (the same shape as benchmarks/common.py W_CPU_SHAPE).
+    # W-cpu's model (the same shape as benchmarks/harness/builders.py W_CPU_SHAPE).
     "w-cpu": Workload("w-cpu", hidden=128, intermediate=512, layers=2, heads=4, kv_heads=2),
     "deep": Workload("deep", hidden=512, intermediate=2048, layers=8, heads=8, kv_heads=2),
     # SmolLM2-135M's shape (random weights: the same work per token as the real model).
@@ -219,7 +214,7 @@ def main() -> None:
                          "engine's decode-loop heap setting applies as in training")
     args = ap.parse_args()
     if args.pin_malloc:
-        from slimgrpo.memory.malloc import pin_mmap_threshold
+        from benchmarks.surface import pin_mmap_threshold
 
         print(f"glibc mmap threshold pinned: {pin_mmap_threshold()} bytes")
     if args.threads:

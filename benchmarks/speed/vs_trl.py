@@ -1,12 +1,12 @@
 """slimgrpo against TRL's GRPOTrainer: same model folder, prompts, reward and settings.
 
-    python benchmarks/vs_trl.py --workload w-cpu [--steps 4] [--repeats 2] [--out results.json]
-    python benchmarks/vs_trl.py --workload w-long [--mem-cap 8GiB] [--max-length 16384] [--png PATH]
-    python benchmarks/vs_trl.py --workload w-gpu [--shape qwen2.5-0.5b] [--lora]      (GPU; untested)
-    python benchmarks/vs_trl.py --workload w-0.5b                                     (qwen2.5-0.5b shape, LoRA, CPU)
-    python benchmarks/vs_trl.py --workload w-real [--lora] [--model DIR]              (SmolLM2-135M-Instruct, CPU)
-    python benchmarks/vs_trl.py --workload demo
-    python benchmarks/vs_trl.py --workload w-cpu --quick                              (smoke test)
+    python -m benchmarks.speed.vs_trl --workload w-cpu [--steps 4] [--repeats 2] [--out results.json]
+    python -m benchmarks.speed.vs_trl --workload w-long [--mem-cap 8GiB] [--max-length 16384] [--png PATH]
+    python -m benchmarks.speed.vs_trl --workload w-gpu [--shape qwen2.5-0.5b] [--lora]   (GPU; untested)
+    python -m benchmarks.speed.vs_trl --workload w-0.5b                                  (qwen2.5-0.5b shape, LoRA, CPU)
+    python -m benchmarks.speed.vs_trl --workload w-real [--lora] [--model DIR]           (SmolLM2-135M-Instruct, CPU)
+    python -m benchmarks.speed.vs_trl --workload demo
+    python -m benchmarks.speed.vs_trl --workload w-cpu --quick                           (smoke test)
 
 W-real is a real pretrained model: SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, vocabulary
 49,152, tied head), set up once with ``python scripts/get_smollm2.py .bench/smollm2`` (the default
@@ -14,7 +14,8 @@ W-real is a real pretrained model: SmolLM2-135M-Instruct (Llama, 30 layers, hidd
 x 8 completions of at most 128 tokens that stop at EOS (not pinned), beta 0.04, fp32.
 
 Runs alternate between the trainers (trl, slimgrpo, trl, slimgrpo, ...), each in its own process
-started through a fresh intermediate process that reports the child's peak RSS. The completion
+(``benchmarks.children.trl_grpo``, ``benchmarks.children.slimgrpo_grpo``) started through a fresh intermediate
+process that reports the child's peak RSS (harness/measure.py). The completion
 length is pinned (minimum = maximum new tokens) so both trainers generate and train on the same
 number of tokens. Seconds per step is the median over the steps after the first (warm-up) step.
 
@@ -22,7 +23,7 @@ W-long: 1 prompt x 2 completions, completion length doubling from 512 (pinned), 
 gradient checkpointing, 8 GiB cap per run, 2 steps per run (a warm-up, then one timed step). A trainer
 stops at its first length that does not train; "did not fit" (cap / out of memory) and "too slow" (the
 per-run --timeout, default 900 s) are reported apart. The table gives slimgrpo's plan next to its
-measured peak, and a PNG plots peak RSS against length.
+measured peak, and a PNG plots peak RSS against length (w_long.py).
 
 After the runs the harness measures this machine's floor for the workload (``floor.py``: the LM-head and
 decoder products of the update and the weight + KV reads of decoding, at GEMM rates and bandwidth probed
@@ -43,13 +44,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _w_long  # noqa: E402
-import common  # noqa: E402
+from benchmarks.harness import processes
+from benchmarks.harness.builders import W_CPU_SHAPE, build_model_folder, load_shape, write_chat_prompts, write_prompts
+from benchmarks.harness.machine import machine_info, machine_line
+from benchmarks.harness.measure import RunOutcome, run_measured
+from benchmarks.harness.memcap import MemoryCap, choose_memory_cap, parse_size
+from benchmarks.harness.paths import BENCH_DIR
+from benchmarks.harness.rewards import DIGIT_REWARD
+from benchmarks.harness.tables import format_mib
+from benchmarks.speed import w_long
 
-HERE = Path(__file__).resolve().parent
-CHILDREN = {"trl": HERE / "_trl_child.py", "slimgrpo": HERE / "_slimgrpo_child.py"}
-REWARD = f"{HERE / '_rewards.py'}:digit_reward"
+CHILDREN = {"trl": "trl_grpo", "slimgrpo": "slimgrpo_grpo"}  # benchmarks/children/NAME.py
+REWARD = DIGIT_REWARD
 
 
 # ----------------------------------------------------------------------------- settings
@@ -135,15 +141,15 @@ def workload_settings(a: argparse.Namespace) -> Settings:
     w = a.workload
     s = Settings(workload=w)
     if w in ("w-cpu", "w-long"):
-        s.shape = dict(common.W_CPU_SHAPE)
+        s.shape = dict(W_CPU_SHAPE)
     elif w == "w-gpu":
         # Oxen.ai's TRL measurements: 4 generations, prompt <= 256, completion 786, bf16.
-        s.shape = common.load_shape(a.shape)
+        s.shape = load_shape(a.shape)
         s.device, s.dtype = "cuda", "bfloat16"
         s.num_generations, s.completion_length, s.max_prompt_length = 4, 786, 256
     elif w == "w-0.5b":
         # A real shape on CPU: qwen2.5-0.5b, random init, LoRA, 4 completions x 128 tokens.
-        s.shape = common.load_shape("qwen2.5-0.5b")
+        s.shape = load_shape("qwen2.5-0.5b")
         s.num_generations, s.completion_length, s.lora, s.steps = 4, 128, True, 3
     elif w == "w-real":
         _real_settings(s, a.model)
@@ -178,7 +184,7 @@ def workload_settings(a: argparse.Namespace) -> Settings:
 
 def _real_settings(s: Settings, model: str | None) -> None:
     """W-real: SmolLM2-135M-Instruct on GSM8K chat prompts, completions ending at EOS."""
-    folder = Path(model or common.BENCH_DIR / "smollm2")
+    folder = Path(model or BENCH_DIR / "smollm2")
     if not (folder / "config.json").is_file():
         sys.exit(f"w-real needs SmolLM2-135M-Instruct in {folder}: run python scripts/get_smollm2.py {folder}")
     cfg = json.loads((folder / "config.json").read_text())
@@ -194,19 +200,20 @@ def _real_settings(s: Settings, model: str | None) -> None:
 def _demo_settings(s: Settings) -> Settings | None:
     """The demo task of ``slimgrpo demo``: its tiny model, prompts, reward and settings."""
     try:
-        from slimgrpo.demo import MODEL_DIR, TRAIN_FILE, demo_config_dict
+        from benchmarks.surface import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, demo_config_dict
     except ImportError:
         return None
-    if not (MODEL_DIR / "config.json").is_file() or not TRAIN_FILE.is_file():
-        sys.exit(f"the demo assets are not built ({MODEL_DIR}, {TRAIN_FILE}): run scripts/build_demo_model.py")
+    if not (DEMO_MODEL_DIR / "config.json").is_file() or not DEMO_TRAIN_FILE.is_file():
+        sys.exit(f"the demo assets are not built ({DEMO_MODEL_DIR}, {DEMO_TRAIN_FILE}): "
+                 "run scripts/build_demo_model.py")
     d = demo_config_dict()
-    s.model_path, s.prompts_path = str(MODEL_DIR), str(TRAIN_FILE)
+    s.model_path, s.prompts_path = str(DEMO_MODEL_DIR), str(DEMO_TRAIN_FILE)
     s.reward = "slimgrpo.demo.task:demo_accuracy"
     s.num_generations = d["num_generations"]
     s.prompts_per_step = d["prompts_per_step"]
     s.completion_length = d["max_completion_length"]
     # Demo prompts are a handful of characters; keep prompt + completion inside the model's context.
-    max_positions = json.loads((MODEL_DIR / "config.json").read_text()).get("max_position_embeddings", 128)
+    max_positions = json.loads((DEMO_MODEL_DIR / "config.json").read_text()).get("max_position_embeddings", 128)
     s.max_prompt_length = min(64, max_positions - s.completion_length)
     s.beta = d.get("beta", 0.0)
     s.loss_type = d.get("loss_type", "dapo")
@@ -225,7 +232,7 @@ class RunResult:
     trainer: str
     repeat: int
     completion_length: int
-    outcome: common.RunOutcome
+    outcome: RunOutcome
 
     @property
     def steps(self) -> list[dict[str, Any]]:
@@ -275,18 +282,13 @@ class RunResult:
 
 
 def child_env() -> dict[str, str]:
-    import os
-
-    env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", HF_DATASETS_CACHE=str(common.BENCH_DIR / "hf_datasets"),
-               PYTHONUNBUFFERED="1", TQDM_DISABLE="1")
-    src = str(common.REPO_ROOT / "src")
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    """A trainer child's environment (harness/processes.py), offline, no progress bars, output unbuffered."""
+    return processes.child_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                               TOKENIZERS_PARALLELISM="false", HF_DATASETS_CACHE=str(BENCH_DIR / "hf_datasets"),
+                               PYTHONUNBUFFERED="1", TQDM_DISABLE="1")
 
 
-def run_one(trainer: str, repeat: int, s: Settings, run_root: Path, cap: common.MemoryCap,
+def run_one(trainer: str, repeat: int, s: Settings, run_root: Path, cap: MemoryCap,
             completion_length: int, timeout: float | None) -> RunResult:
     name = f"{trainer}-L{completion_length}-r{repeat}"
     run_dir = run_root / name
@@ -303,11 +305,11 @@ def run_one(trainer: str, repeat: int, s: Settings, run_root: Path, cap: common.
             print(f"    setup {rec['setup_s']:.1f} s, {rec['threads']} threads, {rec['device']}, {rec['dtype']}",
                   file=sys.stderr)
 
-    outcome = common.run_measured([sys.executable, str(CHILDREN[trainer]), str(spec_path)], run_dir / "child.log",
-                                  cap, name, env=child_env(), timeout_s=timeout, echo=echo)
+    outcome = run_measured(processes.child_command(CHILDREN[trainer], spec_path), run_dir / "child.log",
+                           cap, name, env=child_env(), timeout_s=timeout, echo=echo)
     result = RunResult(trainer, repeat, completion_length, outcome)
     status = "ok" if result.ok else f"FAILED: {outcome.error}"
-    print(f"    {status}; peak RSS {common.format_mib(outcome.peak_rss_mib)} MiB, wall {outcome.wall_s:.0f} s",
+    print(f"    {status}; peak RSS {format_mib(outcome.peak_rss_mib)} MiB, wall {outcome.wall_s:.0f} s",
           file=sys.stderr)
     return result
 
@@ -315,16 +317,16 @@ def run_one(trainer: str, repeat: int, s: Settings, run_root: Path, cap: common.
 def prepare_inputs(s: Settings) -> None:
     if not s.model_path:
         t = time.perf_counter()
-        s.model_path = str(common.build_model_folder(s.shape, dtype=s.dtype))
+        s.model_path = str(build_model_folder(s.shape, dtype=s.dtype))
         print(f"model folder: {s.model_path} ({time.perf_counter() - t:.0f} s)", file=sys.stderr)
     if not s.prompts_path:
         count = max(s.steps * s.prompts_per_step, 8)
         if s.conversational:
-            s.prompts_path = str(common.write_chat_prompts(
-                common.BENCH_DIR / "prompts" / f"gsm8k_test_chat_{count}.jsonl", count))
+            s.prompts_path = str(write_chat_prompts(
+                BENCH_DIR / "prompts" / f"gsm8k_test_chat_{count}.jsonl", count))
         else:
-            s.prompts_path = str(common.write_prompts(
-                common.BENCH_DIR / "prompts" / f"gsm8k_test_{count}.jsonl", count))
+            s.prompts_path = str(write_prompts(
+                BENCH_DIR / "prompts" / f"gsm8k_test_{count}.jsonl", count))
 
 
 # ----------------------------------------------------------------------------- reporting
@@ -352,7 +354,7 @@ def comparison_tables(results: list[RunResult], trainers: list[str], on_gpu: boo
         lines.append(f"| {r.trainer} #{r.repeat} | {len(r.steps)} | {_fmt(r.mean_length(), '{:.0f}')} | "
                      f"{_fmt(r.s_per_step())} | "
                      f"{_fmt(r.gen_tokens_per_s(), '{:.1f}')} | {_fmt(r.gen_share(), '{:.0%}')} | "
-                     f"{common.format_mib(r.outcome.peak_rss_mib)} | {common.format_mib(r.peak_cuda_mib())} | "
+                     f"{format_mib(r.outcome.peak_rss_mib)} | {format_mib(r.peak_cuda_mib())} | "
                      f"{'ok' if r.ok else r.outcome.error} |")
     agg: dict[str, dict[str, float | None]] = {}
     for t in trainers:
@@ -367,7 +369,7 @@ def comparison_tables(results: list[RunResult], trainers: list[str], on_gpu: boo
         a["over_floor"] = _ratio(a["s_per_step"], floor_s)
         lines.append(f"| {t} | {a['runs']} | {_fmt(a['s_per_step'])} | {_fmt(floor_s)} | "
                      f"{_fmt(a['over_floor'], '{:.2f}x')} | {_fmt(a['gen_tokens_per_s'], '{:.1f}')} | "
-                     f"{common.format_mib(a['peak_mib'])} |")
+                     f"{format_mib(a['peak_mib'])} |")
     ratios = {}
     if "trl" in agg and "slimgrpo" in agg:
         s, t = agg["slimgrpo"], agg["trl"]
@@ -379,8 +381,8 @@ def comparison_tables(results: list[RunResult], trainers: list[str], on_gpu: boo
     return "\n".join(lines), {"per_trainer": agg, "ratios_slimgrpo_over_trl": ratios}
 
 
-def machine_header(info: dict[str, Any], s: Settings, cap: common.MemoryCap) -> str:
-    lines = [f"Machine: {info['cpu']}, {info['cpu_cores']} cores, {info['ram_gib']} GiB RAM"
+def machine_header(info: dict[str, Any], s: Settings, cap: MemoryCap) -> str:
+    lines = [machine_line(info)
              + (f", GPU {info['gpu']}" if info.get("gpu") else "")
              + (f", load {info['load_avg_1m']} at start" if "load_avg_1m" in info else ""),
              "Versions: " + ", ".join(f"{k} {info[k]}" for k in ("torch", "transformers", "trl", "peft", "slimgrpo")
@@ -401,8 +403,9 @@ def machine_header(info: dict[str, Any], s: Settings, cap: common.MemoryCap) -> 
 
 def machine_floor(s: Settings) -> dict[str, float] | None:
     """``floor.floor_for`` of this workload, its rates measured now in this process."""
-    import floor as floor_mod
     import torch
+
+    from benchmarks.speed import floor as floor_mod
 
     if s.num_threads:
         torch.set_num_threads(s.num_threads)
@@ -428,11 +431,11 @@ def main(argv: list[str] | None = None) -> int:
         if t not in CHILDREN:
             sys.exit(f"unknown trainer {t!r} (trl, slimgrpo)")
     mem_cap = a.mem_cap or ("8GiB" if s.workload == "w-long" else None)
-    cap = common.choose_memory_cap(common.parse_size(mem_cap) if mem_cap else None, a.cap_mechanism)
+    cap = choose_memory_cap(parse_size(mem_cap) if mem_cap else None, a.cap_mechanism)
     repeats = a.repeats or (1 if s.workload == "w-long" else 2)
-    info = common.machine_info()
+    info = machine_info()
     prepare_inputs(s)
-    run_root = common.BENCH_DIR / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{s.workload}"
+    run_root = BENCH_DIR / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{s.workload}"
     header = machine_header(info, s, cap)
     print(header, file=sys.stderr)
 
@@ -454,15 +457,15 @@ def main(argv: list[str] | None = None) -> int:
                 if t in alive:
                     r = run_one(t, 1, s, run_root, cap, L, timeout)
                     results.append(r)
-                    print(f"    {t} at {L}: {_w_long.status(r)}", file=sys.stderr)
-                    if _w_long.status(r) != "trained":
+                    print(f"    {t} at {L}: {w_long.status(r)}", file=sys.stderr)
+                    if w_long.status(r) != "trained":
                         alive.discard(t)
             if not alive:
                 break
-        table, summary = _w_long.table(results, trainers, s, cap)
-        png = _w_long.plot(summary, cap.bytes, Path(a.png or common.BENCH_DIR / "w_long.png"),
-                           f"W-long: Qwen2 (V 151,936, H 128, 2 layers), {s.num_generations} completions, "
-                           f"checkpointing, {s.dtype}")
+        table, summary = w_long.table(results, trainers, s, cap)
+        png = w_long.plot(summary, cap.bytes, Path(a.png or BENCH_DIR / "w_long.png"),
+                          f"W-long: Qwen2 (V 151,936, H 128, 2 layers), {s.num_generations} completions, "
+                          f"checkpointing, {s.dtype}")
         if png:
             print(f"plot: {png}", file=sys.stderr)
     else:
@@ -474,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                                            floor_s=floor["step_s"] if floor else None)
         if floor:
             summary["floor"] = floor
-            table += "\n\nFloor (benchmarks/floor.py, measured after the runs): " + ", ".join(
+            table += "\n\nFloor (benchmarks/speed/floor.py, measured after the runs): " + ", ".join(
                 f"{k} {v:.3f}" for k, v in floor.items())
 
     print()

@@ -1,5 +1,8 @@
 """W-long reporting for vs_trl.py: per length and trainer, trained or not, peak RSS, slimgrpo's plan,
-s/step; the longest length each trains; a PNG of peak memory against length.
+s/step; the longest length each trains; a PNG of peak memory against length. Run alone, it merges the
+``--out`` files of separate sweeps (one per trainer, say) into one table and plot:
+
+    python -m benchmarks.speed.w_long .bench/w_long_trl.json .bench/w_long_slim.json --png docs/img/w_long.png
 
 A run "trained" when it finished its steps (a warm-up and one timed step). Otherwise it "did not fit"
 (killed by the memory cap, or an out-of-memory error) or was "too slow" (its time limit ran out: it is
@@ -11,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import common
+from benchmarks.harness.tables import MIB, format_mib
 
 
 def status(r) -> str:
@@ -27,10 +30,7 @@ def status(r) -> str:
 def plan_mib(s, L: int) -> float | None:
     """slimgrpo's plan (peak, MiB) for the W-long run at completion length ``L``."""
     try:
-        from slimgrpo.config import auto_token_chunk
-        from slimgrpo.spec.run import RunSpec
-        from slimgrpo.plan.model import plan_memory
-        from slimgrpo.spec.shape import ModelShape
+        from benchmarks.surface import ModelShape, RunSpec, auto_token_chunk, plan_memory
     except ImportError:
         return None
     sh = s.shape
@@ -39,12 +39,12 @@ def plan_mib(s, L: int) -> float | None:
                        max_positions=sh.get("max_positions", 0))
     rows = s.prompts_per_step * s.num_generations
     x = RunSpec(device="cpu" if s.device == "cpu" else "cuda", param_dtype_bytes=4 if s.dtype == "float32" else 2,
-                   lora=s.lora, lora_rank=s.lora_r, num_generations=s.num_generations,
-                   prompts_per_step=s.prompts_per_step, micro_batch_rows=rows, max_prompt_length=s.max_prompt_length,
-                   max_completion_length=L, beta=s.beta, gradient_checkpointing=s.gradient_checkpointing,
-                   padding_mask=s.prompts_per_step > 1,
-                   token_chunk=auto_token_chunk(sh["vocab"]))  # what the run uses: loss.token_chunk=None = auto
-    return plan_memory(shape, x).peak_bytes / common.MIB
+                lora=s.lora, lora_rank=s.lora_r, num_generations=s.num_generations,
+                prompts_per_step=s.prompts_per_step, micro_batch_rows=rows, max_prompt_length=s.max_prompt_length,
+                max_completion_length=L, beta=s.beta, gradient_checkpointing=s.gradient_checkpointing,
+                padding_mask=s.prompts_per_step > 1,
+                token_chunk=auto_token_chunk(sh["vocab"]))  # what the run uses: loss.token_chunk=None = auto
+    return plan_memory(shape, x).peak_bytes / MIB
 
 
 def table(results: list, trainers: list[str], s, cap) -> tuple[str, dict[str, Any]]:
@@ -67,7 +67,7 @@ def table(results: list, trainers: list[str], s, cap) -> tuple[str, dict[str, An
                          "peak_rss_mib": r.outcome.peak_rss_mib, "plan_mib": plan, "s_per_step": r.s_per_step(),
                          "error": r.outcome.error})
             result = st if st == "trained" else f"{st} ({r.outcome.error})"
-            cells += [result, common.format_mib(r.outcome.peak_rss_mib)]
+            cells += [result, format_mib(r.outcome.peak_rss_mib)]
             if t == "slimgrpo":
                 cells.append("-" if plan is None else f"{plan:,.0f}")
             cells.append("-" if r.s_per_step() is None or st != "trained" else f"{r.s_per_step():.1f}")
@@ -141,7 +141,7 @@ def merge(paths: list[str], png: Path | None) -> str:
         step = "-" if r["result"] != "trained" or r["s_per_step"] is None else f"{r['s_per_step']:.1f}"
         result = r["result"] if r["result"] == "trained" else f"{r['result']} ({r['error']})"
         lines.append(f"| {r['completion_length']:,} | {r['trainer']} | {result} | "
-                     f"{common.format_mib(r['peak_rss_mib'])} | {plan} | {step} |")
+                     f"{format_mib(r['peak_rss_mib'])} | {plan} | {step} |")
     longest = {t: max((r["completion_length"] for r in rows if r["trainer"] == t and r["result"] == "trained"),
                       default=None) for t in trainers}
     lines += ["", "Longest completion trained: " + ", ".join(f"{t} {longest[t] or 0:,}" for t in trainers),

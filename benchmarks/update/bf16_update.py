@@ -1,7 +1,7 @@
 """How much of an optimizer step survives in bfloat16 weights: today's plain AdamW against slimgrpo's rules.
 
-    python benchmarks/bf16_update.py --device cpu --steps 10 [--json PATH]
-    python benchmarks/bf16_update.py --device cuda --steps 10 --json bf16_update.json   # the GPU suite's call
+    python -m benchmarks.update.bf16_update --device cpu --steps 10 [--json PATH]
+    python -m benchmarks.update.bf16_update --device cuda --steps 10 --json bf16_update.json   # the GPU suite's call
 
 A random Llama-shaped model (SmolLM2-135M's widths, ``--layers`` decoder layers; transformers' init: weights
 N(0, 0.02), norms 1) is copied into each variant with its weights rounded to bfloat16, so every variant starts
@@ -30,13 +30,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 LRS = (1e-6, 1e-5)
 RULES = ("plain", "fp32_master", "stochastic_round")
@@ -71,8 +68,7 @@ def _optimizer(rule: str | None, params: list[torch.nn.Parameter], lr: float, de
     build_optimizer for its rules (the code a run uses)."""
     if rule in (None, "plain"):
         return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
-    from slimgrpo.config import Config
-    from slimgrpo.update.optim import build_optimizer
+    from benchmarks.surface import Config, build_optimizer
 
     cfg = Config()
     cfg.optim.learning_rate, cfg.optim.adam_beta1, cfg.optim.adam_beta2 = lr, 0.9, 0.99

@@ -1,21 +1,21 @@
 """Peak memory and time of the LM-head log-prob forward + backward: chunked vs full logits.
 
-Each configuration runs in its own subprocess.  On CPU the peak is the child's ``ru_maxrss``
-(read by the parent with ``os.wait4``, i.e. from outside the process); on CUDA it is the child's
-``torch.cuda.max_memory_allocated``.  From each peak the peak of a child that only builds the
+Each configuration runs in its own subprocess (``benchmarks.children.loss_head``).  On CPU the peak is the
+child's ``ru_maxrss`` (read by the parent with ``os.wait4``, i.e. from outside the process); on CUDA it is the
+child's ``torch.cuda.max_memory_allocated``.  From each peak the peak of a child that only builds the
 inputs is subtracted, so the table shows what the loss itself adds (logit temporaries, saved
 tensors and the gradients of hidden states and head).  Times are reported as the ratio
 chunked / naive from the same invocation.
 
-    .venv/bin/python benchmarks/bench_loss.py --repeats 2         # 8 rows x 512 / 2048 / 4096
-    .venv/bin/python benchmarks/bench_loss.py --head frozen --lengths 512 --repeats 2   # LoRA
-    .venv/bin/python benchmarks/bench_loss.py --device cuda --dtype bf16 --naive-max-gib 100
+    python -m benchmarks.update.loss_head --repeats 2         # 8 rows x 512 / 2048 / 4096
+    python -m benchmarks.update.loss_head --head frozen --lengths 512 --repeats 2   # LoRA
+    python -m benchmarks.update.loss_head --device cuda --dtype bf16 --naive-max-gib 100
 
 The chunked column runs the path the trainer uses: ``--path fused`` (default; log-probs and the
 loss gradient in one pass, ``slimgrpo.loss.fused``, here with the loss ``sum(upstream * logp)``) or
 ``--path separate`` (``chunked_token_logprobs`` then backward).  The floor column is the time of the
 unavoidable LM-head products (3 with a trainable head, 2 with a frozen one) at the chunk's shapes and
-this machine's measured GEMM rates (``floor.py``), and the last column measured / floor.
+this machine's measured GEMM rates (``speed/floor.py``), and the last column measured / floor.
 
 The naive path is skipped (and reported as such) when its estimated extra memory, three
 ``[tokens, vocab]`` float32 tensors (logits / log-softmax / gradient), exceeds ``--naive-max-gib``.
@@ -26,14 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-import time
+
+from benchmarks.harness.measure import peak_rss_of
+from benchmarks.harness.processes import child_command, child_env
 
 GIB = 1024**3
 
 
-def _parse(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 4096],
                    help="completion lengths (tokens per row)")
@@ -55,61 +55,10 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="alternating chunked/naive runs per length; the best time is reported")
     p.add_argument("--path", default="fused", choices=["fused", "separate"],
                    help="chunked path: fused log-prob + loss (the trainer's default) or log-probs then backward")
-    p.add_argument("--child", choices=["inputs", "chunked", "naive"], help=argparse.SUPPRESS)
+    # one measurement (the child's): what it runs, at which length
+    p.add_argument("--mode", choices=["inputs", "chunked", "naive"], help=argparse.SUPPRESS)
     p.add_argument("--length", type=int, help=argparse.SUPPRESS)
     return p.parse_args(argv)
-
-
-# --- child: one measurement ---------------------------------------------------------------------
-
-
-def _child(args: argparse.Namespace) -> None:
-    import slimgrpo  # noqa: F401  (before torch: the OpenMP wait policy, as in training)
-    import torch
-
-    from slimgrpo.loss.chunked_head import HeadSpec, chunked_token_logprobs
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-    from _reference import naive_token_logprobs  # the full-logits baseline lives with the tests
-
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    device = torch.device(args.device)
-    n_tokens = args.rows * args.length
-    g = torch.Generator(device=device).manual_seed(0)
-
-    def normal(*shape: int, std: float = 1.0) -> torch.Tensor:
-        # Filled in place: a temporary here would raise the baseline peak and hide the
-        # first ~GiB of what the loss adds.
-        return torch.empty(shape, device=device, dtype=dtype).normal_(0.0, std, generator=g)
-
-    hidden = normal(n_tokens, args.hidden).requires_grad_()
-    weight = normal(args.vocab, args.hidden, std=args.hidden**-0.5)
-    weight.requires_grad_(args.head == "trainable")
-    targets = torch.randint(0, args.vocab, (n_tokens,), generator=g, device=device)
-    upstream = torch.randn(n_tokens, generator=g, device=device)  # a generic gradient of log p
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    seconds = 0.0
-    if args.child != "inputs":
-        fn = chunked_token_logprobs if args.child == "chunked" else naive_token_logprobs
-        chunk = args.token_chunk  # None: the library's default (auto_token_chunk)
-        start = time.perf_counter()
-        if args.child == "chunked" and args.path == "fused":
-            from slimgrpo.loss.fused import fused_token_loss
-
-            loss, _, _ = fused_token_loss(hidden, HeadSpec(weight), targets, lambda lp: (lp * upstream).sum(),
-                                          token_chunk=chunk, return_entropy=args.entropy)
-            loss.backward()
-        else:
-            logp, _ = fn(hidden, HeadSpec(weight), targets, token_chunk=chunk, vocab_chunk=args.vocab_chunk,
-                         return_entropy=args.entropy)
-            (logp * upstream).sum().backward()
-        sync()
-        seconds = time.perf_counter() - start
-    cuda_peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
-    print(json.dumps({"seconds": seconds, "cuda_peak": cuda_peak}))
 
 
 # --- parent: orchestration ----------------------------------------------------------------------
@@ -117,7 +66,7 @@ def _child(args: argparse.Namespace) -> None:
 
 def _measure(args: argparse.Namespace, mode: str, length: int) -> dict:
     """Runs one child; returns its report plus ``peak`` bytes (maxrss on CPU)."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--length", str(length)]
+    cmd = child_command("loss_head", "--mode", mode, "--length", length)
     for flag in ("rows", "hidden", "vocab", "device", "dtype", "head", "token_chunk",
                  "vocab_chunk", "path"):
         value = getattr(args, flag)
@@ -125,17 +74,12 @@ def _measure(args: argparse.Namespace, mode: str, length: int) -> dict:
             cmd += ["--" + flag.replace("_", "-"), str(value)]
     if args.entropy:
         cmd.append("--entropy")
-    # stderr joins stdout (one pipe, no deadlock); the report is the last line.  The child is
-    # reaped with os.wait4, not Popen.wait, to get its own rusage rather than a running maximum.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = proc.stdout.read().strip().splitlines() or ["<no output>"]
-    proc.stdout.close()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        return {"error": f"failed (exit {proc.returncode}: {lines[-1][:80]})"}
+    # the report is the child's last line; its peak RSS is its own (reaped with os.wait4)
+    returncode, lines, maxrss = peak_rss_of(cmd, env=child_env())
+    if returncode != 0:
+        return {"error": f"failed (exit {returncode}: {lines[-1][:80]})"}
     report = json.loads(lines[-1])
-    report["peak"] = report["cuda_peak"] if args.device == "cuda" else usage.ru_maxrss * 1024
+    report["peak"] = report["cuda_peak"] if args.device == "cuda" else maxrss
     return report
 
 
@@ -149,11 +93,8 @@ def _fmt_gib(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parse(argv)
-    if args.child:
-        _child(args)
-        return
-    from slimgrpo.config import auto_token_chunk
+    args = parse_args(argv)
+    from benchmarks.surface import auto_token_chunk
 
     chunk = args.token_chunk or f"{auto_token_chunk(args.vocab, args.vocab_chunk)} (auto)"
     print(f"# bench_loss: rows={args.rows} hidden={args.hidden} vocab={args.vocab} "
@@ -186,18 +127,14 @@ def _floor(args: argparse.Namespace, tokens: int) -> float | None:
     """Seconds of the unavoidable head products for ``tokens`` at the chunk's shapes (CPU fp32 only)."""
     if args.device != "cpu" or args.dtype != "fp32":
         return None
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import torch
-
-    from floor import Machine
-    from slimgrpo.config import auto_token_chunk
+    from benchmarks.speed.floor import Machine
+    from benchmarks.surface import auto_token_chunk
 
     machine = Machine()
     c = min(args.token_chunk or auto_token_chunk(args.vocab, args.vocab_chunk), tokens)
     shapes = [(c, args.hidden, args.vocab), (c, args.vocab, args.hidden)]
     if args.head == "trainable":
         shapes.append((args.vocab, c, args.hidden))
-    del torch
     return sum(tokens / c * 2.0 * m * k * n / machine.gemm(m, k, n) for m, k, n in shapes)
 
 

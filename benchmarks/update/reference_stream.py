@@ -1,7 +1,7 @@
 """GPU check of issue 42 items 4 and 5: the full-fine-tuning reference run three ways, and the offload pool's
 pinned bytes against the plan's host line. Random weights of a preset's shape, no download.
 
-    python benchmarks/reference_stream.py --shape qwen2.5-1.5b --rows 8 --tokens 1024     # needs CUDA
+    python -m benchmarks.update.reference_stream --shape qwen2.5-1.5b --rows 8 --tokens 1024     # needs CUDA
 
 Prints one JSON object: per placement (device, stream, host) the seconds of one reference forward (after a
 warm-up), the peak device bytes it added, and whether its logits equal the device copy's (stream must be
@@ -37,9 +37,7 @@ def _timed_forward(model, ids, device) -> tuple[float, int, torch.Tensor]:
 
 
 def reference_placements(shape, device, rows: int, tokens: int) -> dict:
-    from slimgrpo.modeling import reference_copy
-    from slimgrpo.trace.synthetic import random_causal_lm
-    from slimgrpo.update.reference import StreamedReference
+    from benchmarks.surface import StreamedReference, random_causal_lm, reference_copy
 
     policy = random_causal_lm(shape, torch.bfloat16 if device.type == "cuda" else torch.float32, device)
     ids = torch.randint(1, shape.vocab, (rows, tokens), device=device)
@@ -58,10 +56,8 @@ def reference_placements(shape, device, rows: int, tokens: int) -> dict:
 
 
 def offload_pool(shape, device, rows: int, tokens: int) -> dict:
-    from slimgrpo.spec.run import RunSpec
-    from slimgrpo.plan.model import plan_memory
-    from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout, update_config
-    from slimgrpo.memory.pinned import activation_pool
+    from benchmarks.surface import (RunSpec, UpdateOnly, activation_pool, plan_memory, random_causal_lm,
+                                    synthetic_rollout, update_config)
 
     prompt, completion = tokens // 4, tokens - tokens // 4
     cfg = update_config({"memory": {"gradient_checkpointing": True, "offload_activations": True,
@@ -93,9 +89,7 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: this check needs a GPU (or --device cpu for a smoke test)")
         return 2
-    from slimgrpo.spec.run import RunSpec
-    from slimgrpo.plan.model import plan_memory
-    from slimgrpo.spec.shape import load_shape
+    from benchmarks.surface import RunSpec, load_shape, plan_memory
 
     shape = load_shape(args.shape)
     result = {"shape": args.shape, "rows": args.rows, "tokens": args.tokens,

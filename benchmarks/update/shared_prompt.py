@@ -1,13 +1,14 @@
 """Shared prompts in the update: time and peak memory of one update, prompt shared per group vs not.
 
-    python benchmarks/bench_shared_prompt.py                          # 2K prompt, 8 x 256 completions
-    python benchmarks/bench_shared_prompt.py --prompt-len 256 --completion-len 64 --repeats 1   # smoke
+    python -m benchmarks.update.shared_prompt                          # 2K prompt, 8 x 256 completions
+    python -m benchmarks.update.shared_prompt --prompt-len 256 --completion-len 64 --repeats 1   # smoke
 
 One optimizer step's forward + backward (``update.accumulate_gradients``, the trainer's own function,
 fused head + loss on) over one group: a ``--prompt-len`` prompt and ``--completions`` completions of
 ``--completion-len`` tokens, with ``memory.share_prompt_forward`` on and off.  Each measurement runs in
-its own process; peak memory is the child's ``ru_maxrss`` read from outside (``os.wait4``) minus that of
-a child that only builds the model and the batch.  Runs alternate shared / unshared.
+its own process (``benchmarks.children.shared_prompt``); peak memory is the child's ``ru_maxrss`` read from
+outside (``os.wait4``) minus that of a child that only builds the model and the batch.  Runs alternate shared /
+unshared.
 
 The model is random-init, Llama-shaped (default: hidden 512, 8 layers, vocabulary 32,000, full
 fine-tuning): the prompt costs decoder work, which sharing saves; LM-head work is per completion token
@@ -19,14 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
+
+from benchmarks.harness.measure import peak_rss_of
+from benchmarks.harness.processes import child_command, child_env
 
 GIB = 1024**3
 
 
-def _parse(argv=None) -> argparse.Namespace:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prompt-len", type=int, default=2048)
     p.add_argument("--completions", type=int, default=8)
@@ -39,66 +41,25 @@ def _parse(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--child", choices=["inputs", "shared", "unshared"], help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=["inputs", "shared", "unshared"], help=argparse.SUPPRESS)  # the child's
     return p.parse_args(argv)
 
 
-def _child(a: argparse.Namespace) -> None:
-    import slimgrpo  # noqa: F401  (before torch: the OpenMP wait policy, as in training)
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from slimgrpo.loss.objectives import LossSettings, Normaliser
-    from slimgrpo.forward.layout import PromptSharing
-    from slimgrpo.update import UpdateBatch, UpdateSettings
-    from slimgrpo.update.gradients import accumulate_gradients
-
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
-                         num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
-                         max_position_embeddings=a.prompt_len + a.completion_len + 8, tie_word_embeddings=True)
-    model = LlamaForCausalLM(config)
-    model.config._attn_implementation = "sdpa"
-    g = torch.Generator().manual_seed(1)
-    G, P, T = a.completions, a.prompt_len, a.completion_len
-    prompt = torch.randint(0, a.vocab, (P,), generator=g)
-    comp = torch.randint(0, a.vocab, (G, T), generator=g)
-    ids = torch.cat([prompt.expand(G, P), comp], dim=1)
-    am = torch.ones_like(ids)
-    batch = UpdateBatch(ids, am, comp, am[:, P:].bool(), torch.randn(G, generator=g))
-    seconds = 0.0
-    if a.child != "inputs":
-        norm = Normaliser.of(batch.loss_mask)
-        t = time.perf_counter()
-        sharing = PromptSharing.of(model) if a.child == "shared" else None  # the planner's verdict, read once
-        accumulate_gradients(model, batch, UpdateSettings(LossSettings(), fuse=True, share_prompt=sharing), norm)
-        seconds = time.perf_counter() - t
-    print(json.dumps({"seconds": seconds}))
-
-
 def _measure(a: argparse.Namespace, mode: str) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode]
+    cmd = child_command("shared_prompt", "--mode", mode)
     for flag in ("prompt_len", "completions", "completion_len", "hidden", "intermediate", "layers", "heads",
                  "kv_heads", "vocab", "threads"):
         value = getattr(a, flag)
         if value is not None:
             cmd += ["--" + flag.replace("_", "-"), str(value)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = proc.stdout.read().strip().splitlines() or ["<no output>"]
-    proc.stdout.close()
-    _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
+    returncode, lines, maxrss = peak_rss_of(cmd, env=child_env())  # its own peak RSS, read by os.wait4
+    if returncode != 0:
         return {"error": lines[-1][:120]}
-    return {**json.loads(lines[-1]), "peak": usage.ru_maxrss * 1024}
+    return {**json.loads(lines[-1]), "peak": maxrss}
 
 
 def main(argv=None) -> int:
-    a = _parse(argv)
-    if a.child:
-        _child(a)
-        return 0
+    a = parse_args(argv)
     print(f"# bench_shared_prompt: prompt {a.prompt_len}, {a.completions} x {a.completion_len} completion tokens; "
           f"Llama hidden {a.hidden}, {a.layers} layers, vocab {a.vocab}; threads {a.threads or 'default'}; "
           f"loadavg {os.getloadavg()}")

@@ -1,4 +1,4 @@
-"""benchmarks/floor.py counts the work of a step by hand; check its token and FLOP accounting with a fake
+"""benchmarks/speed/floor.py counts the work of a step by hand; check its token and FLOP accounting with a fake
 machine whose every product runs at 1 FLOP/s (so seconds = FLOPs)."""
 
 import sys
@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import floor  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # the benchmarks package lives at the repository root
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.speed import floor  # noqa: E402
 
 SHAPE = {"hidden": 8, "intermediate": 24, "layers": 3, "heads": 2, "kv_heads": 1, "vocab": 50}
 

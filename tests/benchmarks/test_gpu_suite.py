@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.py off the GPU: the dry run CI runs (every section's setup, the install guards, the
+"""The GPU suite (benchmarks/gpu/) off the GPU: the dry run CI runs (every section's setup, the install guards, the
 report), the guards themselves (a hung child is killed at its limit, a crashing task is reported, SIGTERM
 still leaves a report), the time budgets, and the later sections' --smoke plumbing on tiny shapes."""
 
@@ -17,26 +17,27 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
+if str(REPO) not in sys.path:  # the benchmarks package lives at the repository root
+    sys.path.insert(0, str(REPO))
 
-import _gpu_setup as setup  # noqa: E402
-import gpu_suite  # noqa: E402
-from _gpu_report import SECTIONS as REPORT_SECTIONS  # noqa: E402
-from gpu_suite import BUDGETS, FIRST, LATER, RESERVE_S, SECTIONS, tasks_of  # noqa: E402
+from benchmarks.gpu import runner, setup  # noqa: E402
+from benchmarks.gpu import suite as gpu_suite  # noqa: E402
+from benchmarks.gpu.report import SECTIONS as REPORT_SECTIONS  # noqa: E402
+from benchmarks.gpu.suite import BUDGETS, FIRST, LATER, RESERVE_S, SECTIONS, tasks_of  # noqa: E402
 
-SUITE = REPO / "benchmarks" / "gpu_suite.py"
+SUITE = [sys.executable, "-m", "benchmarks.gpu.suite"]  # run from the repository root
 NEXT_PY = f"py3{sys.version_info.minor + 1}"  # a wheel for the next Python (as multiprocess ships one per version)
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), TQDM_DISABLE="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]), TQDM_DISABLE="1")
     env.pop("OUT", None)
     return env
 
 
 def _run(out: Path, *extra: str, timeout: float = 900) -> dict:
-    proc = subprocess.run([sys.executable, str(SUITE), "--out", str(out), "--work", str(out / "work"), *extra],
-                          capture_output=True, text=True, env=_env(), timeout=timeout)
+    proc = subprocess.run([*SUITE, "--out", str(out), "--work", str(out / "work"), *extra],
+                          capture_output=True, text=True, env=_env(), cwd=REPO, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "gpu_suite.json").read_text())
 
@@ -66,8 +67,9 @@ def _wheels(folder: Path) -> Path:
 
 
 def test_dry_run_reports_every_section_with_a_status(tmp_path):
-    """`gpu_suite.py --dry-run` (what CI runs): every section of the first call does its setup in a child and
-    reports; the later ones are listed as not selected; each wheel is guarded on its own; both reports land."""
+    """`python -m benchmarks.gpu.suite --dry-run` (what CI runs): every section of the first call does its setup in
+    a child and reports; the later ones are listed as not selected; each wheel is guarded on its own; both reports
+    land."""
     wheels = _wheels(tmp_path / "wheels")
     t = time.monotonic()
     report = _run(tmp_path, "--dry-run", "--wheels", str(wheels), "--budget-scale", "4")
@@ -98,7 +100,7 @@ def test_dry_run_reports_every_section_with_a_status(tmp_path):
     tests = s["cuda_tests"]
     assert tests["status"] == "ok", tests
     assert tests["rows"][0]["collected"] > 0
-    assert set(tests["tasks"][0]["files"]) == set(gpu_suite.cuda_test_files()) and "tests/distributed/test_cuda.py" in \
+    assert set(tests["tasks"][0]["files"]) == set(runner.cuda_test_files()) and "tests/distributed/test_cuda.py" in \
         tests["tasks"][0]["files"]
     # (b) the tiny model, its config and the plan are made; the plan parks the offloaded checkpoints in host RAM
     train = s["train_e2e"]
@@ -170,8 +172,8 @@ def test_wheel_choice_checks_tags_and_keeps_one_version(tmp_path):
 
 def test_a_hung_child_is_killed_at_its_limit(tmp_path):
     t = time.monotonic()
-    rc, took = gpu_suite.run_child([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(120)"],
-                                   _env(), 2.0, tmp_path / "hung.log")
+    rc, took = runner.run_child([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(120)"],
+                                _env(), 2.0, tmp_path / "hung.log")
     assert rc is None and took < 15 and time.monotonic() - t < 15
     assert "started" in (tmp_path / "hung.log").read_text()
 
@@ -189,8 +191,8 @@ def test_a_failing_task_is_reported_and_the_section_goes_on(tmp_path):
 
 
 def test_sigterm_still_leaves_a_report(tmp_path):
-    proc = subprocess.Popen([sys.executable, str(SUITE), "--dry-run", "--out", str(tmp_path), "--work",
-                             str(tmp_path / "work")], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([*SUITE, "--dry-run", "--out", str(tmp_path), "--work", str(tmp_path / "work")],
+                            env=_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     report_path = tmp_path / "gpu_suite.json"
     deadline = time.monotonic() + 120
     while not report_path.is_file() and time.monotonic() < deadline:
@@ -208,7 +210,8 @@ def test_sigterm_still_leaves_a_report(tmp_path):
 
 def test_smoke_later_sections_on_tiny_shapes(tmp_path):
     """The later sections (--only, a later GPU call) still run their measurements on tiny shapes on a CPU."""
-    from _gpu_legacy import planner_runs, settings
+    from benchmarks.gpu.tasks import planner_runs
+    from benchmarks.gpu.workloads import settings
 
     report = _run(tmp_path, "--device", "cpu", "--smoke", "--only", "loss", "planner")
     s = report["sections"]
@@ -232,7 +235,8 @@ def test_zero_time_limit_records_every_section_as_skipped(tmp_path):
 
 
 def test_planner_runs_put_trl_pairs_first():
-    from _gpu_legacy import planner_runs, settings
+    from benchmarks.gpu.tasks import planner_runs
+    from benchmarks.gpu.workloads import settings
 
     full = settings(False)
     runs = planner_runs(full)
@@ -256,13 +260,13 @@ def test_pinned_host_bytes_add_the_pool_pinned_in_place(monkeypatch):
     count: the suite's pinned figure adds both, as the run's memory/pinned_host_peak_mib does."""
     import torch
 
-    import _gpu_parts
+    from benchmarks.gpu import measure
     from slimgrpo.memory import pinned
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "host_memory_stats", lambda: {"allocated_bytes.peak": 2 * 2**20}, raising=False)
     monkeypatch.setattr(pinned, "registered_bytes", lambda: (0, 3 * 2**20))
-    stats = _gpu_parts.host_stats()
+    stats = measure.host_stats()
     assert stats["pinned_cached_peak_mib"] == 2 and stats["pinned_registered_peak_mib"] == 3
     assert stats["pinned_peak_mib"] == 5
 

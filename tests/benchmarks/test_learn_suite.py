@@ -1,6 +1,6 @@
-"""benchmarks/learn_suite.py end to end on the bundled tiny demo model (1 task, 1 seed, 2 steps, slimgrpo only):
-the table comes out and a second call skips the finished parts; TRL's settings for a recipe are its keys under
-GRPOConfig names and GRPOConfig's defaults for the rest (built here; run through its child in a slow test)."""
+"""benchmarks/learning/learn_suite.py end to end on the bundled tiny demo model (1 task, 1 seed, 2 steps, slimgrpo
+only): the table comes out and a second call skips the finished parts; TRL's settings for a recipe are its keys
+under GRPOConfig names and GRPOConfig's defaults for the rest (built here; run through its child in a slow test)."""
 
 import json
 import sys
@@ -11,10 +11,10 @@ import pytest
 from slimgrpo.demo import MODEL_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+if str(ROOT) not in sys.path:  # the benchmarks package lives at the repository root
+    sys.path.insert(0, str(ROOT))
 
-import _learn  # noqa: E402
-import learn_suite  # noqa: E402
+from benchmarks.learning import learn_suite, runs  # noqa: E402
 
 TASK_CODE = '''
 import json
@@ -68,8 +68,8 @@ def test_suite_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     def refuse(*args, **kwargs):
         raise AssertionError("a finished part ran again")
 
-    monkeypatch.setattr(_learn, "train_slimgrpo", refuse)
-    monkeypatch.setattr(_learn, "evaluate", refuse)
+    monkeypatch.setattr(runs, "train_slimgrpo", refuse)
+    monkeypatch.setattr(runs, "evaluate", refuse)
     assert learn_suite.main(argv[:-2]) == 0  # resumed: base and slimgrpo-s0 are in results.json
     assert json.loads((out / "results.json").read_text()) == results
     with pytest.raises(SystemExit, match="holds runs with"):  # other settings must not mix into one campaign
@@ -145,8 +145,8 @@ def test_score_last_scores_last_only_where_the_best_was_earlier(tmp_path):
 
 def test_trl_gets_the_recipe_keys_and_its_own_defaults(tmp_path):
     recipe = learn_suite.recipe_path("addition")
-    r = _learn.load_recipe(recipe)
-    spec = _learn.trl_spec(recipe, r, Path("m"), Path("train.jsonl"), 3, 40, 2, tmp_path / "trl-s3")
+    r = runs.load_recipe(recipe)
+    spec = runs.trl_spec(recipe, r, Path("m"), Path("train.jsonl"), 3, 40, 2, tmp_path / "trl-s3")
     grpo = spec["grpo_config"]
     assert grpo == {"model_init_kwargs": {"dtype": "float32"}, "bf16": False, "fp16": False, "shuffle_dataset": True,
                     "num_generations": 8, "max_completion_length": 48, "temperature": 1.0, "reward_weights": [1.0, 0.5],
@@ -155,13 +155,13 @@ def test_trl_gets_the_recipe_keys_and_its_own_defaults(tmp_path):
                     "gradient_accumulation_steps": 1, "seed": 3}
     assert spec["rewards"][0].endswith("examples/smollm2_addition.py:last_number_correct")
     with pytest.raises(ValueError, match="optim.foo"):
-        _learn.trl_own_defaults({"optim": {"foo": 1}}, {})
-    silent = _learn.trl_own_defaults({"optim": {"learning_rate": 1e-5}}, {})
+        runs.trl_own_defaults({"optim": {"foo": 1}}, {})
+    silent = runs.trl_own_defaults({"optim": {"learning_rate": 1e-5}}, {})
     assert silent == {"learning_rate": 1e-5}  # nothing the recipe does not say
     pytest.importorskip("trl")
-    import _trl_child
+    from benchmarks.children import trl_grpo
 
-    args = _trl_child.build_config({**spec, "output_dir": str(tmp_path / "trl-s3")})
+    args = trl_grpo.build_config({**spec, "output_dir": str(tmp_path / "trl-s3")})
     assert (args.learning_rate, args.max_steps, args.seed, args.per_device_train_batch_size) == (1e-5, 40, 3, 16)
     assert str(args.lr_scheduler_type.value) == "constant" and args.bf16 is False
     assert args.adam_beta2 == 0.999 and args.save_strategy.value == "no" and args.logging_steps == 1  # TRL's default
@@ -170,10 +170,10 @@ def test_trl_gets_the_recipe_keys_and_its_own_defaults(tmp_path):
 def test_keep_best_keys_stay_out_of_trl_and_validation_is_training_rows(tmp_path):
     recipe = {"run": {"keep_best": True, "save_total_limit": 1, "early_stopping_patience": 2},
               "eval": {"data": "data/heldout.jsonl", "steps": 10}, "optim": {"learning_rate": 1e-5}}
-    assert _learn.trl_own_defaults(recipe, {}) == {"learning_rate": 1e-5}  # TRL keeps its last step's model
+    assert runs.trl_own_defaults(recipe, {}) == {"learning_rate": 1e-5}  # TRL keeps its last step's model
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(40)))
-    rows = _learn.validation_file(train).read_text().splitlines()
+    rows = runs.validation_file(train).read_text().splitlines()
     assert [json.loads(r)["prompt"] for r in rows] == [f"q{i}" for i in range(8, 40)]  # the last 32
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/replay_judge.py: the step another judge keeps, replayed on a campaign's recorded evaluations; a
+"""benchmarks/learning/replay_judge.py: the step another judge keeps, replayed on a campaign's recorded evaluations; a
 score reused only where that step's model was scored; a rerun taken only when it trained the same way."""
 
 import json
@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+if str(ROOT) not in sys.path:  # the benchmarks package lives at the repository root
+    sys.path.insert(0, str(ROOT))
 
-import replay_judge  # noqa: E402
+from benchmarks.learning import replay_judge  # noqa: E402
 
 BASE = {"sampled_accuracy": 0.1, "greedy_accuracy": 0.3}
 

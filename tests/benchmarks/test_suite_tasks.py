@@ -107,7 +107,7 @@ def test_task_answers_are_right():
 
 
 @pytest.mark.parametrize("recipe", [*(EXAMPLES / f"smollm2_{t}.yaml" for t in ("addition", *TASKS)),
-                                    EXAMPLES.parent / "benchmarks" / "tasks" / "smollm2_multiply.yaml"],
+                                    EXAMPLES.parent / "benchmarks" / "learning" / "tasks" / "smollm2_multiply.yaml"],
                          ids=lambda p: p.stem)
 @pytest.mark.parametrize("keep_best", [True, False])
 def test_the_suite_runs_each_recipe_with_and_without_keep_best(recipe, keep_best, tmp_path):
@@ -115,12 +115,13 @@ def test_the_suite_runs_each_recipe_with_and_without_keep_best(recipe, keep_best
     run.best_metric without an evaluation is refused). The recipes judge by the mean reward."""
     import sys
 
-    sys.path.insert(0, str(EXAMPLES.parent / "benchmarks"))
-    import _learn
+    if str(EXAMPLES.parent) not in sys.path:  # the benchmarks package lives at the repository root
+        sys.path.insert(0, str(EXAMPLES.parent))
+    from benchmarks.learning import runs
 
     train = tmp_path / "train.jsonl"
     train.write_text("".join(f'{{"prompt": "q{i}", "answer": "{i}"}}\n' for i in range(40)))
     cfg = load_config(recipe, ["model.path=some/model", f"data.path={train}",
-                               *_learn.keep_best_overrides(train, keep_best)])
+                               *runs.keep_best_overrides(train, keep_best)])
     assert cfg.run.keep_best is keep_best
     assert cfg.run.best_metric == ("eval/mean_reward" if keep_best else "")
