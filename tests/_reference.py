@@ -1,5 +1,5 @@
 """The naive LM-head log-probs that the chunked and fused heads are held against (tests, and the loss
-benchmarks' baseline: benchmarks/bench_loss.py and _gpu_parts.py put this folder on ``sys.path``)."""
+benchmarks' baseline: benchmarks/harness/from_tests.py loads this file by its path)."""
 
 from __future__ import annotations
 

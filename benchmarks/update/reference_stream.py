@@ -5,10 +5,13 @@ pinned bytes against the plan's host line. Random weights of a preset's shape, n
 
 Prints one JSON object: per placement (device, stream, host) the seconds of one reference forward (after a
 warm-up), the peak device bytes it added, and whether its logits equal the device copy's (stream must be
-bit-identical: the same kernels on the same weights); then the plan's ``reference stream`` working set, and
-for one checkpointed + offloaded update step the pool's pinned bytes against the plan's
-``offloaded checkpoints`` line. A timing, so run it on a quiet machine. ``--device cpu`` runs the same code
-on a CPU (a smoke test: every placement is host memory there).
+bit-identical: the same kernels on the same weights); the stream row reads from the host copy's one buffer
+pinned in place, as the trainer streams it (``pinned`` says whether the driver took the pin: false means the
+copies were synchronous and the time is not the trainer's); then the plan's ``reference stream`` working set,
+and for one checkpointed + offloaded update step the pool's pinned bytes against the plan's
+``offloaded checkpoints`` line (its peaks started anew for that step, not carried from the rows before). A
+timing, so run it on a quiet machine. ``--device cpu`` runs the same code on a CPU (a smoke test: every
+placement is host memory there).
 """
 
 from __future__ import annotations
@@ -47,17 +50,19 @@ def reference_placements(shape, device, rows: int, tokens: int) -> dict:
     out["device"] = {"seconds": seconds, "peak_added_bytes": peak, "equal": True}
     del on_device
     host = reference_copy(policy, torch.device("cpu"))
-    with StreamedReference(host, device) as streamed:
+    with StreamedReference(host, device, host=host.host_buffer) as streamed:  # pinned once, as the trainer does
         seconds, peak, got = _timed_forward(streamed, ids, device)
-    out["stream"] = {"seconds": seconds, "peak_added_bytes": peak, "equal": bool(torch.equal(got, want))}
+    out["stream"] = {"seconds": seconds, "peak_added_bytes": peak, "equal": bool(torch.equal(got, want)),
+                     "pinned": bool(host.host_buffer.pinned)}
     seconds, _, got = _timed_forward(host, ids.cpu(), torch.device("cpu"))
     out["host"] = {"seconds": seconds, "max_abs_diff": float((got.to(device).float() - want.float()).abs().max())}
+    host.host_buffer.unpin()  # before its memory goes back to the allocator
     return out
 
 
 def offload_pool(shape, device, rows: int, tokens: int) -> dict:
     from benchmarks.surface import (RunSpec, UpdateOnly, activation_pool, plan_memory, random_causal_lm,
-                                    synthetic_rollout, update_config)
+                                    registered_bytes, reset_registered_peak, synthetic_rollout, update_config)
 
     prompt, completion = tokens // 4, tokens - tokens // 4
     cfg = update_config({"memory": {"gradient_checkpointing": True, "offload_activations": True,
@@ -66,14 +71,19 @@ def offload_pool(shape, device, rows: int, tokens: int) -> dict:
                          "data": {"max_prompt_length": prompt}, "loss": {"beta": 0.0}})
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     runner = UpdateOnly(cfg, random_causal_lm(shape, dtype, device), device=device)
+    pool = activation_pool(device)
+    pool.reset_peak()  # this step's peaks, not the reference rows' before it
+    reset_registered_peak()
+    if device.type == "cuda" and hasattr(torch.cuda, "reset_peak_host_memory_stats"):
+        torch.cuda.reset_peak_host_memory_stats()
     runner.step(synthetic_rollout(1, rows, prompt, completion, vocab=shape.vocab, device=device))
     plan = plan_memory(shape, RunSpec(
         device="cuda", lora=True, param_dtype_bytes=dtype.itemsize, num_generations=rows, prompts_per_step=1,
         micro_batch_rows=rows, max_prompt_length=prompt, max_completion_length=completion,
         gradient_checkpointing=True, offload_activations=True, beta=0.0, tiled_mlp="off"))
-    pool = activation_pool(device)
     stats = torch.cuda.host_memory_stats() if device.type == "cuda" else {}
     return {"pool_bytes_held": pool.peak_bytes_held, "pool_overflow_bytes": pool.overflow_bytes,
+            "pinned_in_place_peak": registered_bytes()[1],
             "plan_host_line": plan.bytes_of("offloaded checkpoints"),
             "caching_host_allocator_peak": stats.get("allocated_bytes.peak", 0)}
 

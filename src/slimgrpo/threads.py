@@ -5,7 +5,7 @@ region the threads that are done wait for the rest, and by default libgomp *spin
 iterations) before sleeping.  On a machine shared with another CPU-bound process one of the team's
 threads is regularly descheduled, and the others then burn their time slices spinning at each of the
 thousands of small regions of a decode step: generation slowed 19x with one competitor on two cores
-(benchmarks/busy_machine.py measures it).  A passive policy (``OMP_WAIT_POLICY=PASSIVE``: wait by
+(python -m benchmarks.rollout.busy_machine measures it).  A passive policy (``OMP_WAIT_POLICY=PASSIVE``: wait by
 sleeping) removes that cliff.
 
 libgomp reads the policy once, when torch's libraries load, so it is set in the environment by

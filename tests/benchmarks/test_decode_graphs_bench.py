@@ -4,14 +4,8 @@ stepper's greedy tokens equal to the eager path's (the GPU suite runs it with --
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the benchmarks package lives at the repository root
-    sys.path.insert(0, str(ROOT))
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,16 +1,9 @@
 """benchmarks/speed/floor.py counts the work of a step by hand; check its token and FLOP accounting with a fake
 machine whose every product runs at 1 FLOP/s (so seconds = FLOPs)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the benchmarks package lives at the repository root
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.speed import floor  # noqa: E402
+from benchmarks.speed import floor
 
 SHAPE = {"hidden": 8, "intermediate": 24, "layers": 3, "heads": 2, "kv_heads": 1, "vocab": 50}
 

@@ -4,7 +4,6 @@ still leaves a report), the time budgets, and the later sections' --smoke plumbi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -16,15 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.gpu import runner, setup
+from benchmarks.gpu import suite as gpu_suite
+from benchmarks.gpu.report import SECTIONS as REPORT_SECTIONS
+from benchmarks.gpu.suite import BUDGETS, FIRST, LATER, RESERVE_S, SECTIONS, tasks_of
+
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # the benchmarks package lives at the repository root
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.gpu import runner, setup  # noqa: E402
-from benchmarks.gpu import suite as gpu_suite  # noqa: E402
-from benchmarks.gpu.report import SECTIONS as REPORT_SECTIONS  # noqa: E402
-from benchmarks.gpu.suite import BUDGETS, FIRST, LATER, RESERVE_S, SECTIONS, tasks_of  # noqa: E402
-
 SUITE = [sys.executable, "-m", "benchmarks.gpu.suite"]  # run from the repository root
 NEXT_PY = f"py3{sys.version_info.minor + 1}"  # a wheel for the next Python (as multiprocess ships one per version)
 

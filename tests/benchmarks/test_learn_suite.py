@@ -3,18 +3,12 @@ only): the table comes out and a second call skips the finished parts; TRL's set
 under GRPOConfig names and GRPOConfig's defaults for the rest (built here; run through its child in a slow test)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.learning import learn_suite, runs
 from slimgrpo.demo import MODEL_DIR
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the benchmarks package lives at the repository root
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.learning import learn_suite, runs  # noqa: E402
 
 TASK_CODE = '''
 import json

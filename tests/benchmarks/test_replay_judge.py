@@ -2,16 +2,11 @@
 score reused only where that step's model was scored; a rerun taken only when it trained the same way."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the benchmarks package lives at the repository root
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.learning import replay_judge  # noqa: E402
+from benchmarks.learning import replay_judge
 
 BASE = {"sampled_accuracy": 0.1, "greedy_accuracy": 0.3}
 

@@ -113,10 +113,7 @@ def test_task_answers_are_right():
 def test_the_suite_runs_each_recipe_with_and_without_keep_best(recipe, keep_best, tmp_path):
     """learn_suite's overrides give a valid config either way (without keep_best the recipe's judge goes too:
     run.best_metric without an evaluation is refused). The recipes judge by the mean reward."""
-    import sys
 
-    if str(EXAMPLES.parent) not in sys.path:  # the benchmarks package lives at the repository root
-        sys.path.insert(0, str(EXAMPLES.parent))
     from benchmarks.learning import runs
 
     train = tmp_path / "train.jsonl"

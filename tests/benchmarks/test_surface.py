@@ -5,7 +5,6 @@ line. The last test imports the surface's names, so a name slimgrpo moves fails 
 from __future__ import annotations
 
 import ast
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,8 +86,6 @@ def test_surface_names_are_declared_and_used():
 
 def test_every_surface_name_resolves():
     """Each name is where the table says it is (this imports slimgrpo: the one test here that does)."""
-    if str(ROOT) not in sys.path:  # the benchmarks package lives at the repository root
-        sys.path.insert(0, str(ROOT))
     import benchmarks.surface as surface
 
     missing = []

@@ -1,5 +1,5 @@
 """Checks that need a CUDA GPU (marker ``cuda``; skipped without one). ``pytest -m cuda`` runs them;
-benchmarks/gpu_suite.py does too and puts the result in its report. The activation-offload twin
+python -m benchmarks.gpu.suite does too and puts the result in its report. The activation-offload twin
 lives in test_offload.py."""
 
 from __future__ import annotations

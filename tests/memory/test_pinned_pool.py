@@ -223,3 +223,43 @@ def test_trainer_caps_the_pool_at_the_plans_host_line():
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "set_activation_cap"]
     assert len(calls) == 1
     assert "admission.offload_cap_bytes" in ast.get_source_segment(src, calls[0])
+
+
+def test_peaks_start_anew_for_the_next_measured_row(monkeypatch):
+    """A benchmark measures rows one after another in one process: the pool's peak and the bytes-pinned-in-place
+    peak restart at what is held now (not zero: what is still held counts), and a host buffer pinned for the
+    streamed reference is unpinned before its memory is freed (the driver faked here)."""
+    class FakeCudart:
+        def __init__(self):
+            self.registered: list[int] = []
+
+        def cudaHostRegister(self, ptr, size, flags):
+            self.registered.append(ptr)
+            return 0
+
+        def cudaHostUnregister(self, ptr):
+            self.registered.remove(ptr)
+            return 0
+
+    driver = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: driver)
+    monkeypatch.setattr(pinned, "_registered", {"current": 0, "peak": 0})
+    pool = PinnedPool()
+    first = [pool.acquire((2**18,), torch.float32)[1] for _ in range(3)]  # row 1: 3 MiB at once
+    del first[1:]  # 1 MiB stays held into row 2
+    pool.trim()
+    assert pool.peak_bytes_held == 3 * 2**20 and pinned.registered_bytes() == (2**20, 3 * 2**20)
+    pool.reset_peak()
+    pinned.reset_registered_peak()
+    assert pool.peak_bytes_held == 2**20 and pinned.registered_bytes() == (2**20, 2**20)
+    second = pool.acquire((2**17,), torch.float32)[1]  # row 2: 0.5 MiB more
+    assert pool.peak_bytes_held == 2**20 + 2**19 and pinned.registered_bytes()[1] == 2**20 + 2**19
+    del first, second
+    pool.trim()
+
+    host = pinned.HostBuffer(page_aligned_empty(5 * PAGE))
+    host.pin_once()
+    assert host.pinned and host.tensor.data_ptr() in driver.registered
+    host.unpin()
+    assert not host.pinned and driver.registered == [] and pinned.registered_bytes()[0] == 0
+    host.unpin()  # a second call is a no-op

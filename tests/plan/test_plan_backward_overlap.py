@@ -18,10 +18,10 @@ from slimgrpo.plan.model import plan_memory, tiled_mlp_on
 from slimgrpo.memory.tiled_mlp import tiled_shard_tokens
 from slimgrpo.spec.shape import ModelShape
 
-# W-cpu's shape (benchmarks/vs_trl.py): a vocabulary far larger than the hidden size
+# W-cpu's shape (benchmarks/speed/vs_trl.py): a vocabulary far larger than the hidden size
 W_CPU = ModelShape("qwen2", hidden=128, intermediate=512, layers=2, heads=4, kv_heads=2, vocab=151_936, tie=True,
                    max_positions=1 << 20)
-# benchmarks/plan_vs_measured.py's W-long row: 8 x (512 + 8,192), full fine-tuning, fp32, beta 0.04, no checkpointing
+# benchmarks/planner/plan_vs_measured.py's W-long row: 8 x (512 + 8,192), full fine-tuning, fp32, beta 0.04, no checkpointing
 W_LONG = ["model.dtype=float32", "run.device=cpu", "lora.enabled=false", "memory.gradient_checkpointing=false",
           "rollout.num_generations=8", "run.batch_size=8", "data.max_prompt_length=512",
           "rollout.max_completion_length=8192", "rollout.min_completion_length=8192", "loss.beta=0.04"]

@@ -19,7 +19,7 @@ from slimgrpo.spec.run import run_spec
 from slimgrpo.plan.model import plan_memory
 from slimgrpo.spec.shape import ModelShape
 
-# Qwen3-8B's public config (as benchmarks/trace_anchors.py): not a bundled preset
+# Qwen3-8B's public config (as benchmarks/planner/trace_anchors.py): not a bundled preset
 QWEN3_8B = {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
             "tie_word_embeddings": False, "max_position_embeddings": 40960,

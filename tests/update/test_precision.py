@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,8 +17,7 @@ from slimgrpo.config.sections.memory import bf16_update_rule
 from slimgrpo.update.optim import (MasterWeightAdamW, OptimizerUnavailable, apply_config_after_resume,
                                   build_optimizer, build_scheduler, lr_lambda)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import bf16_update  # noqa: E402
+from benchmarks.update import bf16_update
 
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
 
@@ -63,7 +61,7 @@ def _small_model() -> dict[str, torch.Tensor]:
 
 
 def test_bf16_update_core_master_weights_follow_fp32_at_grpo_learning_rates():
-    """benchmarks/bf16_update.py's core: at lr 1e-6 a plain bf16 step moves ~2% of N(0, 0.02) elements and
+    """benchmarks/update/bf16_update.py's core: at lr 1e-6 a plain bf16 step moves ~2% of N(0, 0.02) elements and
     keeps almost nothing of the float32 update; the master copy is the float32 run to float32 rounding."""
     start = _small_model()
     grads = bf16_update.gradients({n: t.shape for n, t in start.items()}, steps=10)

@@ -74,6 +74,11 @@ def registered_bytes() -> tuple[int, int]:
     return _registered["current"], _registered["peak"]
 
 
+def reset_registered_peak() -> None:
+    """Start a new peak of the bytes pinned in place (a benchmark's next row): the peak becomes what is pinned now."""
+    _registered["peak"] = _registered["current"]
+
+
 def register_host(t: torch.Tensor) -> None:
     """Page-lock ``t``'s memory in place (``cudaHostRegister``, portable): async copies from / to it overlap.
     ``t`` should be page-aligned and span whole pages (``page_aligned_empty``). Raises ``PinFailed``, with the
@@ -104,6 +109,12 @@ class HostBuffer:
         if not self.tried:
             self.tried = True
             self.pinned = pin_or_warn(self.tensor)
+
+    def unpin(self) -> None:
+        """Undo the pin before the buffer's memory is freed (a reference dropped before the process ends)."""
+        if self.pinned:
+            unregister_host(self.tensor)
+            self.pinned = False
 
 
 def unregister_host(t: torch.Tensor) -> None:
@@ -207,6 +218,10 @@ class PinnedPool:
                         "(the plan's host line); it waits in unpinned memory instead (slower copies)",
                         f"{self.bytes_held:,}", f"{nbytes:,}", f"{self.cap_bytes:,}")
         return torch.empty(shape, dtype=dtype)
+
+    def reset_peak(self) -> None:
+        """Start a new peak (a benchmark's next row): ``peak_bytes_held`` becomes what the pool holds now."""
+        self.peak_bytes_held = self.bytes_held
 
     def trim(self) -> None:
         """Release every free buffer (the memory goes back to the OS)."""

@@ -16,7 +16,7 @@ search of ~17 fits takes well under a second); ``memory/cli.py`` confirms the an
     found.prompt, found.completion, found.changes, found.plan, found.at_limit
 
 The other way round, ``smallest_budget``: the least device budget at which a length (by default the whole
-window) fits with those changes (``benchmarks/trace_anchors.py --only smallest`` confirms it by trace).
+window) fits with those changes (``python -m benchmarks.planner.trace_anchors --only smallest`` confirms it by trace).
 """
 
 from __future__ import annotations

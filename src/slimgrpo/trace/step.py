@@ -38,7 +38,7 @@ as CUDA's flash / memory-efficient kernels do), ``eager`` saves the attention ma
 runtime is ``memory.footprint.cpu_runtime_bytes`` (the imports and the tokenizer, measured); on CUDA we add
 ``CUDA_FRAMEWORK_OVERHEAD_BYTES``
 and a margin of ``CUDA_TRACE_MARGIN`` of the traced peak for the allocator (an assumption until a GPU
-run measures it: ``benchmarks/gpu_suite.py``).
+run measures it: ``python -m benchmarks.gpu.suite``).
 """
 
 from __future__ import annotations
