@@ -38,7 +38,16 @@ def _sources() -> dict[str, str]:
             out.setdefault(f.name, name)
     for name in ("early_stopping_patience", "early_stopping_threshold"):  # transformers' EarlyStoppingCallback
         out.setdefault(name, "EarlyStoppingCallback")
+    # TRL 1.16 has no PPO: PPOConfig's own fields are TRL 1.12's (slimgrpo.trl.PPOTrainer), as fields.json holds them
+    for name in _fields_json()["ppo"]["PPOConfig"]:
+        out.setdefault(name, "PPOConfig (TRL 1.12)")
     return out
+
+
+def _fields_json() -> dict:
+    import json
+
+    return json.loads((ROOT / "src" / "slimgrpo" / "trl" / "fields.json").read_text())
 
 
 def _cell(text: str) -> str:

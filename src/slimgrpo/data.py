@@ -3,6 +3,11 @@ batches in a seeded, resumable order.
 
 Reward functions receive each prompt in the form the dataset holds it (plain text or a conversation),
 and every other column by name (e.g. ``answer``), as in TRL.
+
+A prompt column may also hold token ids (a list of ints, the pre-tokenized ``input_ids`` of TRL's PPO
+scripts): those are the prompt's ids as they are, with no chat template and no decode / re-encode; the
+prompt reward functions and logs see is their decoded text, and the column stays a column (the ids as the
+policy reads them, after ``data.max_prompt_length``), so a function can score ids.
 """
 
 from __future__ import annotations
@@ -212,6 +217,16 @@ def row_prompt(row: dict[str, Any], cfg: DataConfig, where: str) -> Prompt:
     )
 
 
+def _prompt_token_ids(row: dict[str, Any], cfg: DataConfig) -> list[int] | None:
+    """The row's prompt as token ids when its prompt column holds them (a list of ints and no
+    ``data.prompt_template``), else None."""
+    value = row.get(cfg.prompt_column) if cfg.prompt_template is None else None
+    if isinstance(value, (list, tuple)) and value and all(isinstance(t, int) and not isinstance(t, bool)
+                                                          for t in value):
+        return list(value)
+    return None
+
+
 def as_conversation(text: str, cfg: DataConfig) -> list[dict[str, str]]:
     """``data.conversational``: the system prompt (if any) and the text as the user's message."""
     system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
@@ -294,12 +309,19 @@ def build_dataset(rows: list[dict[str, Any]], tokenizer, cfg: DataConfig, source
     rows = extract_answers(rows, cfg, source)
     prompts, ids, kept = [], [], []
     truncated = skipped = 0
+    given_ids = _prompt_token_ids(rows[0], cfg) is not None  # the prompt column holds token ids (module docstring)
     for i, row in enumerate(rows):
         where = f"{source}: row {i + 1}"
-        prompt = row_prompt(row, cfg, where)
-        text, templated = prompt_to_text(prompt, tokenizer, cfg)
-        # The chat template already carries special tokens; plain text gets the tokenizer's defaults.
-        token_ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
+        if given_ids:
+            token_ids = _prompt_token_ids(row, cfg)
+            if token_ids is None:
+                raise DataError(f"{where}: column {cfg.prompt_column!r} must hold token ids (a list of ints) as "
+                                f"row 1 does, got {str(row.get(cfg.prompt_column))[:60]!r}")
+        else:
+            prompt = row_prompt(row, cfg, where)
+            text, templated = prompt_to_text(prompt, tokenizer, cfg)
+            # The chat template already carries special tokens; plain text gets the tokenizer's defaults.
+            token_ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
         if not token_ids:
             raise DataError(f"{where}: the prompt tokenizes to nothing")
         if len(token_ids) > cfg.max_prompt_length:
@@ -313,6 +335,8 @@ def build_dataset(rows: list[dict[str, Any]], tokenizer, cfg: DataConfig, source
                 continue
             token_ids = token_ids[-cfg.max_prompt_length :]
             truncated += 1
+        if given_ids:
+            prompt = tokenizer.decode(token_ids, skip_special_tokens=True)
         prompts.append(prompt)
         ids.append(list(token_ids))
         kept.append(i)
@@ -321,8 +345,10 @@ def build_dataset(rows: list[dict[str, Any]], tokenizer, cfg: DataConfig, source
             f"{source}: every prompt is longer than data.max_prompt_length={cfg.max_prompt_length} "
             "and was skipped; raise data.max_prompt_length"
         )
-    column_names = [k for k in rows[0] if k != cfg.prompt_column]
+    column_names = [k for k in rows[0] if k != cfg.prompt_column or given_ids]
     columns = {k: [rows[i].get(k) for i in kept] for k in column_names}
+    if given_ids:  # the ids as the policy reads them (after data.max_prompt_length)
+        columns[cfg.prompt_column] = [list(p) for p in ids]
     return PromptDataset(prompts, ids, columns, kept, truncated, skipped, source)
 
 

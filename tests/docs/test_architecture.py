@@ -225,6 +225,7 @@ MAX_PARAMETERS = 8  # a function that needs more takes its config section or one
 # constructors take every argument TRL's take.
 LONG_PARAMETER_LISTS: dict[str, int] = {
     "slimgrpo.trl.grpo:GRPOTrainer.__init__": 13,
+    "slimgrpo.trl.ppo:PPOTrainer.__init__": 12,  # TRL 1.12's trl.experimental.ppo.PPOTrainer
 }
 NO_LONG_LISTS_UNDER = ("slimgrpo.update",)  # rooms held to MAX_PARAMETERS without exceptions
 

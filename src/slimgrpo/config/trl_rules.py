@@ -2,8 +2,9 @@
 (with the reason), or refused unless left at a value that changes nothing.
 
 The keys are the fields of ``GRPOConfig`` (including every inherited ``transformers.TrainingArguments``
-field), ``ModelConfig``, ``ScriptArguments``/``GRPOScriptArguments`` and ``DatasetMixtureConfig``, plus a
-few older names users still write (``torch_dtype``, ``warmup_ratio``, ``max_prompt_length``). A test checks
+field), ``ModelConfig``, ``ScriptArguments``/``GRPOScriptArguments`` and ``DatasetMixtureConfig``, the own
+fields of TRL 1.12's ``PPOConfig`` (``slimgrpo.trl.PPOTrainer``), plus a few older names users still write
+(``torch_dtype``, ``warmup_ratio``, ``max_prompt_length``). A test checks
 that every field of those TRL dataclasses has a rule, and docs/trl-migration.md is generated from here.
 """
 
@@ -82,11 +83,34 @@ def _batch(value, trl):
 
 
 def _max_steps(value, trl):
+    if trl.get("total_episodes") is not None:
+        return SKIP  # PPO: total_episodes decides the run's length (TRL 1.12's PPO never reads max_steps)
     return SKIP if value is None or int(value) <= 0 else int(value)  # -1: derived from num_train_epochs
 
 
 def _epochs(value, trl):
+    if trl.get("total_episodes") is not None:
+        return SKIP
     return SKIP if int(_get(trl, "max_steps")) > 0 else float(value)  # max_steps > 0 wins, as in transformers
+
+
+def _total_episodes(value, trl):
+    """TRL 1.12's PPO: episodes are completions (one per prompt), so ``ceil(total_episodes / run.batch_size)``
+    rollouts, ``run.batch_size`` as ``_batch`` sets it; None: ``num_train_epochs`` passes over the prompts."""
+    if value is None:
+        return SKIP
+    batch = int(_get(trl, "per_device_train_batch_size")) * int(_get(trl, "gradient_accumulation_steps"))
+    return {"run.max_steps": max(1, -(-int(value) // batch))}
+
+
+def _stop_token(value, trl):
+    if value not in (None, "eos"):
+        raise Refused(f"stop_token={value!r}: TRL allows 'eos' and None")
+    if value is None and trl.get("stop_token_id") is None:
+        return SKIP  # TRL samples response_length tokens past an EOS; slimgrpo ends at the EOS (table note)
+    if value == "eos" and trl.get("stop_token_id") is not None:
+        raise Refused("stop_token and stop_token_id are both set; TRL refuses that too")
+    return SKIP
 
 
 def _dtype(value, trl):

@@ -1,5 +1,6 @@
 """The table: every key of TRL 1.16's ``trl grpo`` YAML (``GRPOConfig`` with the ``TrainingArguments`` it inherits,
-``ModelConfig``, the script arguments) and what slimgrpo does with it (``trl_rules.py``). One table for every way
+``ModelConfig``, the script arguments), the own fields of TRL 1.12's ``PPOConfig`` (``slimgrpo.trl.PPOTrainer``)
+and what slimgrpo does with each (``trl_rules.py``). One table for every way
 a TRL setting reaches slimgrpo: the config parser's hints for a TRL name in a slimgrpo config (``hint_for``),
 ``slimgrpo train --trl-config`` (``trl/yaml.py``) and docs/trl-migration.md's table
 (``scripts/gen_trl_migration.py``)."""
@@ -118,7 +119,7 @@ RULES: list[r.Rule] = [
     M("num_generations_eval", "eval.num_samples", "completions per evaluation prompt"),
     M("max_completion_length", "rollout.max_completion_length", "TRL default 512, slimgrpo 256 (a shorter "
       "first run that shows the plan; raise it for reasoning)"),
-    M("temperature", "rollout.temperature"),
+    M("temperature", "rollout.temperature", "PPOConfig's default 0.7 applies in PPOTrainer"),
     M("top_p", "rollout.top_p"),
     M("top_k", "rollout.top_k"),
     M("min_p", "rollout.min_p", "None = 0.0 (off)", r._min_p),
@@ -293,6 +294,51 @@ RULES: list[r.Rule] = [
     I("remove_unused_columns", "every dataset column reaches the reward functions, as in TRL's GRPO"),
     I("label_names", "GRPO has no labels"), I("length_column_name", "no length-grouped sampling"),
     I("debug", "use slimgrpo --debug"), I("skip_memory_metrics", "memory/peak_mib is always logged"),
+    # ------------------------------------------------------------- PPO (TRL 1.12's PPOConfig, docs/ppo.md)
+    # slimgrpo.trl.PPOTrainer passes these at their TRL values, set or not: PPO's run is TRL's PPO.
+    M("num_ppo_epochs", "loss.num_iterations", "passes over one rollout; TRL's default 4 applies in PPOTrainer",
+      source="PPOConfig"),
+    M("num_mini_batches", "loss.steps_per_generation", "mini-batches per rollout, one optimizer step each",
+      source="PPOConfig"),
+    M("cliprange", "loss.epsilon", "the policy clip (GRPO's name kept: one key per meaning)", source="PPOConfig"),
+    M("kl_coef", "loss.kl_coef", "the KL to the reference as a per-token reward penalty (k1)", source="PPOConfig"),
+    R("kl_estimator", "slimgrpo's KL reward is k1, -kl_coef * (logp - logp_ref) per token; for a k3 KL put it "
+      "in the loss instead (loss.beta, GRPO's term, with kl_coef=0)", ok=("k1",), source="PPOConfig"),
+    M("vf_coef", "critic.vf_coef", _LOSS_NEW, source="PPOConfig"),
+    M("cliprange_value", "critic.cliprange_value", _LOSS_NEW, source="PPOConfig"),
+    M("gamma", "loss.gamma", _LOSS_NEW, source="PPOConfig"),
+    M("lam", "loss.lam", _LOSS_NEW, source="PPOConfig"),
+    M("whiten_rewards", "loss.whiten_rewards", _LOSS_NEW, source="PPOConfig"),
+    M("response_length", "rollout.max_completion_length", "TRL's default 53 applies in PPOTrainer",
+      source="PPOConfig"),
+    M("total_episodes", "run.max_steps", "episodes are completions (one per prompt): ceil(total_episodes / "
+      "run.batch_size) rollouts; None = num_train_epochs passes over the prompts. TRL 1.12's PPO never reads "
+      "max_steps; slimgrpo honours it when total_episodes is not set", r._total_episodes, source="PPOConfig"),
+    M("stop_token", "", "slimgrpo always ends a completion at the tokenizer's EOS, which is TRL's stop_token="
+      "'eos'; TRL's default None samples response_length tokens, past any EOS", r._stop_token,
+      source="PPOConfig"),
+    M("stop_token_id", "", "set as the policy's generation_config.eos_token_id, as TRL does: a completion ends "
+      "there or at the tokenizer's EOS", lambda v, t: r.SKIP, source="PPOConfig"),
+    M("missing_eos_penalty", "", "PPOTrainer subtracts it from the reward model's score of a completion without "
+      "the tokenizer's EOS, as TRL does", lambda v, t: r.SKIP, source="PPOConfig"),
+    M("local_rollout_forward_batch_size", "rollout.max_batch_rows", "completions generated at once (a memory "
+      "knob); the update's forward batch is memory.micro_batch_size", source="PPOConfig"),
+    I("num_sample_generations", "TRL prints sample tables during training; slimgrpo writes completions.jsonl "
+      "(log.log_completions_steps) and PPOTrainer.generate_completions() prints the eval set's",
+      source="PPOConfig"),
+    I("sft_model_path", "read by the script (TRL's ppo.py loads the policy from it); the trainer takes the "
+      "loaded model", source="PPOConfig"),
+    I("reward_model_path", "read by the script (ppo.py loads the reward and value models from it); the trainer "
+      "takes the loaded models", source="PPOConfig"),
+    I("dataset_num_proc", "read by the script (dataset.map); slimgrpo reads the tokenized rows as they are",
+      source="PPOConfig"),
+    R("model_adapter_name", "slimgrpo trains the one adapter it adds; named adapters are not supported",
+      source="PPOConfig"),
+    R("ref_adapter_name", "slimgrpo's LoRA reference is the base with the adapters off (no reference adapter)",
+      source="PPOConfig"),
+    *[I(key, "TRL computes it from the batch settings and the processes; set those instead", source="PPOConfig")
+      for key in ("world_size", "num_total_batches", "micro_batch_size", "local_batch_size", "batch_size",
+                  "local_mini_batch_size", "mini_batch_size")],
 ]
 
 BY_KEY: dict[str, r.Rule] = {rule.key: rule for rule in RULES}

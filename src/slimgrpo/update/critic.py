@@ -8,7 +8,10 @@ Where the critic's backbone lives (docs/ppo.md has the memory picture):
   ``default``), the critic (adapter ``critic`` + value head) and the reference (adapters off).
 - Full fine-tuning: a second causal LM loaded from ``critic.model_path`` (default ``model.path``) with its own
   gradients and optimizer state: the cost of a separate value model, which the planner counts. Its LM head is
-  not used (and not trained when it is not tied to the embeddings).
+  not used (and not trained when it is not tied to the embeddings). From Python, ``critic.model_path`` may
+  instead hold a loaded sequence-classification model with one label (TRL's ``value_model``, given to
+  ``slimgrpo.trl``'s ``PPOTrainer``): its decoder is the backbone and its ``score`` head the value head, and
+  that object is the one trained (the head in float32).
 
 The value head is a ``Linear(hidden, 1)`` in fp32, initialised to zero (every value starts at 0), read at the
 hidden state that predicts each completion token (the state in which that token is chosen), as TRL does.
@@ -37,7 +40,7 @@ from torch import nn
 from slimgrpo.causal_lm import is_peft, unwrap_causal_lm
 from slimgrpo.distributed.context import DistContext
 from slimgrpo.loss.objectives import Normaliser, value_loss
-from slimgrpo.forward.unpadded import unpadded_hidden
+from slimgrpo.forward.unpadded import _scoring_hidden, unpad_rows
 from slimgrpo.modeling import CRITIC_ADAPTER, adapters_in_input_dtype
 from slimgrpo.update.batch import BatchTotals, UpdateBatch
 from slimgrpo.update.micro import micro_batches
@@ -46,7 +49,9 @@ from slimgrpo.update.settings import UpdateSettings
 
 class ValueModel(nn.Module):
     """Backbone and value head as one module: what FSDP2 shards and a distributed checkpoint names
-    (``critic.head.*``; the LoRA critic's adapter is saved with the policy's model that holds it)."""
+    (``critic.head.*``; the LoRA critic's adapter is saved with the policy's model that holds it). The backbone
+    is a causal LM (its decoder is used, never its LM head) or a decoder itself (``get_decoder()`` returns it):
+    what a sequence-classification model holds."""
 
     def __init__(self, backbone: nn.Module, head: nn.Linear):
         super().__init__()
@@ -55,7 +60,13 @@ class ValueModel(nn.Module):
 
 
 def _values(vm: ValueModel, ids: torch.Tensor, am: torch.Tensor, comp: torch.Tensor) -> torch.Tensor:
-    hidden, _, mask, _ = unpadded_hidden(vm.backbone, ids, am, comp.shape[1], comp)
+    T = comp.shape[1]
+    rows, prompt_lengths, _ = unpad_rows(ids, am, T)
+    mask = am[:, -T:].bool()
+    if bool((prompt_lengths < 1).any()):
+        raise ValueError("every row needs at least one prompt token to predict its first completion token")
+    # the unpadded layout's hidden states (forward/unpadded.py), without the LM head a value model need not have
+    hidden = _scoring_hidden(unwrap_causal_lm(vm.backbone), rows, prompt_lengths, T, mask)
     v = vm.head(hidden.float()).squeeze(-1)
     return torch.zeros(mask.shape, dtype=torch.float32, device=v.device).masked_scatter(mask, v)
 
@@ -64,11 +75,15 @@ class Critic:
     """A value function ``V(prefix) -> float`` per completion token: backbone (+ adapter) and value head."""
 
     def __init__(self, backbone: nn.Module, hidden_size: int, device: torch.device, adapter: str | None = None,
-                 dist: DistContext | None = None):
+                 dist: DistContext | None = None, head: nn.Linear | None = None):
+        """``head``: the value head to train (float32, moved to ``device``); None: a zero one."""
         self.adapter = adapter
-        head = nn.Linear(hidden_size, 1, dtype=torch.float32, device=device)
-        nn.init.zeros_(head.weight)
-        nn.init.zeros_(head.bias)
+        if head is None:
+            head = nn.Linear(hidden_size, 1, dtype=torch.float32, device=device)
+            nn.init.zeros_(head.weight)
+            nn.init.zeros_(head.bias)
+        else:
+            head = head.to(device=device, dtype=torch.float32)
         self.value_model = ValueModel(backbone, head)
         self.dist = dist or DistContext()
         self.root: nn.Module | None = None  # FSDP2: the sharded root every critic pass runs through
@@ -244,12 +259,19 @@ def build_critic(cfg, policy, dist: DistContext | None = None) -> Critic:
 
     from slimgrpo.config.paths import check_inputs_exist
 
-    check_inputs_exist(cfg, ("critic.model_path",))  # a missing folder: named with its key, not a hub message
-    path = resolve_path(cfg, cfg.critic.model_path or cfg.model.path)
     sharded = dist.enabled and cfg.distributed.strategy == "fsdp"
     # FSDP2: read into host memory; sharding moves each rank's part to the device (as the policy's)
     device = torch.device("cpu") if sharded else policy.device
-    model = load_model(ModelConfig(**{**cfg.model.__dict__, "path": path}), device, policy.dtype)
+    given = _loaded_value_model(cfg.critic.model_path) if isinstance(cfg.critic.model_path, nn.Module) else None
+    if given is not None:  # loaded by the caller (module docstring): trained as it is
+        if sharded:
+            raise ValueError("a loaded value model under distributed.strategy=fsdp is not supported: give "
+                             "critic.model_path a model folder (or use distributed.strategy=ddp)")
+        model = given.backbone.to(device)
+    else:
+        check_inputs_exist(cfg, ("critic.model_path",))  # a missing folder: named with its key, not a hub message
+        path = resolve_path(cfg, cfg.critic.model_path or cfg.model.path)
+        model = load_model(ModelConfig(**{**cfg.model.__dict__, "path": path}), device, policy.dtype)
     head, emb = model.get_output_embeddings(), model.get_input_embeddings()
     if head is not None and head.weight is not emb.weight:
         head.requires_grad_(False)  # a value model never reads its LM head
@@ -259,13 +281,27 @@ def build_critic(cfg, policy, dist: DistContext | None = None) -> Critic:
         disable_dropout(model)
     model.train()
     critic_hidden = model.config.get_text_config().hidden_size
-    critic = Critic(model, critic_hidden, device, dist=dist)
+    critic = Critic(model, critic_hidden, device, dist=dist, head=None if given is None else given.head)
     if sharded:
         from slimgrpo.distributed.wrap import shard_fsdp
 
         critic.root = shard_fsdp(model, critic.value_model, cfg)
         critic._trainable = critic._backbone_trainable()  # sharding replaced the parameters by DTensors
     return critic
+
+
+def _loaded_value_model(model: nn.Module) -> ValueModel:
+    """A sequence-classification model with one label as the critic's parts: its decoder (``base_model``) and
+    its ``score`` head (``Linear(hidden, 1)``), the modules TRL's PPO reads values from."""
+    try:
+        head = model.score
+    except AttributeError:
+        raise ValueError(f"critic.model_path: a loaded {type(model).__name__} has no score head; give a "
+                         "sequence-classification model (AutoModelForSequenceClassification, num_labels=1)") from None
+    if not isinstance(head, nn.Linear) or head.out_features != 1:
+        raise ValueError(f"critic.model_path: the value model's score head must be a Linear(hidden, 1) "
+                         f"(num_labels=1), got {head}")
+    return ValueModel(model.base_model, head)
 
 
 def _broadcast_from_rank0(params: list[nn.Parameter], dist: DistContext) -> None:
