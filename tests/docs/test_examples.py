@@ -71,3 +71,54 @@ def test_addition_data_split_is_fixed_and_disjoint(tmp_path):
     (tmp_path / "train.jsonl").write_text("mine\n")
     assert mod.main(["--make-data", str(tmp_path)]) == 0
     assert (tmp_path / "train.jsonl").read_text() == "mine\n"  # a user's file is never overwritten
+
+
+def _trl_script(*args: str, cwd: Path, timeout: float = 300):
+    """examples/trl_gsm8k.py in a fresh process, as a user runs it (CUDA hidden)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.run([sys.executable, str(EXAMPLES / "trl_gsm8k.py"), *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=timeout)
+
+
+def test_the_trl_gsm8k_script_is_trls_with_the_import_changed():
+    """The worked example of docs/trl-migration.md: one import names slimgrpo, nothing else does, and trl is
+    not imported (it runs where TRL is not installed)."""
+    text = (EXAMPLES / "trl_gsm8k.py").read_text()
+    imports = [line for line in text.splitlines() if line.startswith(("import ", "from "))]
+    assert [line for line in imports if "slimgrpo" in line] == [
+        "from slimgrpo.trl import GRPOConfig, GRPOTrainer  # was: from trl import GRPOConfig, GRPOTrainer"]
+    assert not [line for line in imports if line.split()[1].split(".")[0] == "trl"]
+
+
+def test_the_trl_gsm8k_script_trains_the_tiny_model(tmp_path, tiny_chat_model_dir):
+    import json
+
+    done = _trl_script("--model", str(tiny_chat_model_dir), "--max-steps", "2", "--max-completion-length", "8",
+                       "--output-dir", str(tmp_path / "out"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert {f"rewards/{n}/mean" for n in ("tag_count_reward", "format_reward", "integer_reward",
+                                           "correctness_reward")} <= set(rows[0])
+    assert (tmp_path / "out" / "final" / "model.safetensors").is_file()
+    assert (tmp_path / "out" / "model.safetensors").is_file()  # trainer.save_model(output_dir)
+    assert done.stdout.strip().splitlines()[-1].startswith("step 2: reward ")
+
+
+def test_the_trl_gsm8k_rewards_against_a_naive_reading():
+    mod = load_example_module("trl_gsm8k")
+    good = "<reasoning>\n6 * 3 = 18\n</reasoning>\n<answer>\n18\n</answer>\n"
+    texts = [good, good.replace("18\n</answer>", "17\n</answer>"), "18", "<answer>18</answer> <answer>x</answer>",
+             "<reasoning>r</reasoning><answer>1,8</answer>"]
+    completions = [[{"role": "assistant", "content": t}] for t in texts]
+    answer = ["18"] * len(texts)
+    assert mod.correctness_reward([None] * 5, completions, answer) == [2.0, 0.0, 0.0, 0.0, 0.0]
+    assert mod.integer_reward(completions) == [0.5, 0.5, 0.0, 0.0, 0.0]
+    assert mod.format_reward(completions) == [0.5, 0.5, 0.0, 0.0, 0.5]
+    assert mod.tag_count_reward(completions) == [0.5, 0.5, 0.0, 0.0, 0.5]
+    rows = mod.gsm8k("test")
+    assert rows[0]["answer"] == "18" and rows[0]["prompt"][0]["role"] == "system"
