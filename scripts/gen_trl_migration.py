@@ -5,7 +5,7 @@
     python scripts/gen_trl_migration.py --check   # exit 1 if it is out of date
 
 The text between the BEGIN/END markers is generated; the rest of the doc is written by hand.
-tests/config/test_trl_compat.py runs --check, so the doc and what slimgrpo does with each TRL key (the config
+tests/config/test_trl_yaml.py runs --check, so the doc and what slimgrpo does with each TRL key (the config
 parser's hints, ``slimgrpo train --trl-config``) cannot disagree: all three read the one table.
 Needs trl installed (to say which TRL dataclass holds each key).
 """
