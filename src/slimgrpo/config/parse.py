@@ -104,7 +104,7 @@ def describe_object(value: Any) -> str:
     config = getattr(value, "config", None)
     if config is not None and hasattr(value, "forward"):
         name = getattr(config, "name_or_path", "") or type(value).__name__
-        return f"<reward model {name}>"
+        return f"<loaded model {type(value).__name__} {name}>"
     module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
     if module and qualname and "<" not in qualname and module != "__main__":
         return f"{module}:{qualname}"

@@ -96,7 +96,7 @@ def unpadded_completion_logprobs(
         raise ValueError("every row needs at least one prompt token to predict its first completion token")
     lm = unwrap_causal_lm(model)
     mask = completion_mask.bool()
-    picked = _scoring_hidden(lm, ids, prompt_lengths, completion_ids.shape[1], mask)  # [n, H]
+    picked = scoring_hidden(lm, ids, prompt_lengths, completion_ids.shape[1], mask)  # [n, H]
     head = lm_head_spec(lm)
     logp_flat, entropy_flat = chunked_token_logprobs(
         picked, head, completion_ids[mask], temperature=temperature, token_chunk=token_chunk,
@@ -108,7 +108,7 @@ def unpadded_completion_logprobs(
     return logp, entropy
 
 
-def _scoring_hidden(lm: nn.Module, ids: Tensor, prompt_lengths: Tensor, T: int, mask: Tensor) -> Tensor:
+def scoring_hidden(lm: nn.Module, ids: Tensor, prompt_lengths: Tensor, T: int, mask: Tensor) -> Tensor:
     """``[n, H]``: the final hidden states that predict the ``n`` completion tokens under ``mask``
     (``[m, T]``), from one decoder pass over unpadded rows without an attention mask."""
     m, L = ids.shape
@@ -130,4 +130,4 @@ def unpadded_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
     mask = (attention_mask[:, -T:] if completion_mask is None else completion_mask).bool()
     if bool((p_len < 1).any()):
         raise ValueError("every row needs at least one prompt token to predict its first completion token")
-    return _scoring_hidden(lm, ids, p_len, T, mask), completion_ids[mask], mask, lm_head_spec(lm)
+    return scoring_hidden(lm, ids, p_len, T, mask), completion_ids[mask], mask, lm_head_spec(lm)

@@ -129,6 +129,7 @@ def _ppo_post_init(self) -> None:
     self._as_given = {"bf16": self.bf16}
     if self.bf16 is None:
         self.bf16 = not self.fp16
+    check_fields(self, "PPOConfig")  # refused on the PPOConfig(...) line, as GRPOConfig's
 
 
 def _world_size() -> int:

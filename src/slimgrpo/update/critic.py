@@ -40,7 +40,7 @@ from torch import nn
 from slimgrpo.causal_lm import is_peft, unwrap_causal_lm
 from slimgrpo.distributed.context import DistContext
 from slimgrpo.loss.objectives import Normaliser, value_loss
-from slimgrpo.forward.unpadded import _scoring_hidden, unpad_rows
+from slimgrpo.forward.unpadded import scoring_hidden, unpad_rows
 from slimgrpo.modeling import CRITIC_ADAPTER, adapters_in_input_dtype
 from slimgrpo.update.batch import BatchTotals, UpdateBatch
 from slimgrpo.update.micro import micro_batches
@@ -66,7 +66,7 @@ def _values(vm: ValueModel, ids: torch.Tensor, am: torch.Tensor, comp: torch.Ten
     if bool((prompt_lengths < 1).any()):
         raise ValueError("every row needs at least one prompt token to predict its first completion token")
     # the unpadded layout's hidden states (forward/unpadded.py), without the LM head a value model need not have
-    hidden = _scoring_hidden(unwrap_causal_lm(vm.backbone), rows, prompt_lengths, T, mask)
+    hidden = scoring_hidden(unwrap_causal_lm(vm.backbone), rows, prompt_lengths, T, mask)
     v = vm.head(hidden.float()).squeeze(-1)
     return torch.zeros(mask.shape, dtype=torch.float32, device=v.device).masked_scatter(mask, v)
 
