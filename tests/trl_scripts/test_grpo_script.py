@@ -157,3 +157,30 @@ def test_slimgrpo_trl_does_not_import_trl():
     probe = "import sys, slimgrpo.trl; print(sorted(m for m in sys.modules if m == 'trl' or m.startswith('trl.')))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_train_resumes_from_a_checkpoint_as_trl_takes_it(workdir, tiny_chat_model_dir):
+    """``train(resume_from_checkpoint=...)``: True is the newest checkpoint of output_dir (an error where there is
+    none, as TRL's), a folder is loaded over what the trainer was made with; either way the run goes on from
+    that checkpoint's step with its weights, and the same steps come out as an uninterrupted run's."""
+    whole = _metrics_of(_script_trainer(workdir, str(tiny_chat_model_dir), "whole", save_steps=1), workdir / "whole")
+    with pytest.raises(ValueError, match="No valid checkpoint found in output directory"):
+        _script_trainer(workdir, str(tiny_chat_model_dir), "fresh").train(resume_from_checkpoint=True)
+
+    _script_trainer(workdir, str(tiny_chat_model_dir), "cut", save_steps=1, max_steps=1).train()
+    again = _script_trainer(workdir, str(tiny_chat_model_dir), "cut", save_steps=1)  # went on from step 1 when made
+    again.train(resume_from_checkpoint=True)
+    assert again.state.global_step == 3 and _metrics(workdir / "cut") == whole
+
+    _script_trainer(workdir, str(tiny_chat_model_dir), "other", save_steps=1, max_steps=2).train()
+    named = _script_trainer(workdir, str(tiny_chat_model_dir), "named", save_steps=1)
+    named.train(resume_from_checkpoint=str(workdir / "other" / "checkpoints" / "checkpoint-1"))
+    assert named.state.global_step == 3
+    assert _metrics(workdir / "named") == whole  # step 1's row comes with the checkpoint's history
+    with pytest.raises(ValueError, match="not a complete checkpoint folder"):
+        _script_trainer(workdir, str(tiny_chat_model_dir), "bad").train(resume_from_checkpoint=str(workdir))
+
+
+def _metrics_of(trainer, run: Path) -> list[dict]:
+    trainer.train()
+    return _metrics(run)

@@ -131,6 +131,19 @@ class Checkpointer:
         log.info("resumed from %s at step %d", path, state.step)
         return state.step
 
+    def resume_from(self, path: Path) -> int:
+        """Restore the checkpoint at ``path`` now (over whatever the build restored): the step to go on from.
+        A Python caller naming a checkpoint after the build (TRL's ``train(resume_from_checkpoint=PATH)``)."""
+        if self.parts is None:  # the build found the run finished: nothing was attached to load into
+            raise ValueError(f"resume_from_checkpoint={str(path)!r}: the run in {self.output_dir} already finished "
+                             f"(run.max_steps={self.cfg.run.max_steps}); raise max_steps to train on")
+        why = ckpt.problem(path) if not dist_ckpt.is_distributed(path) else None
+        if not path.is_dir() or why is not None:
+            raise ValueError(f"resume_from_checkpoint={str(path)!r}: not a complete checkpoint folder"
+                             f"{': ' + why if why else ''}")
+        self.plan = run_folder.Plan(resume_from=path)
+        return self.resume()
+
     def save(self, step: int) -> Path | None:
         if not self.cfg.run.save_checkpoints:
             return None

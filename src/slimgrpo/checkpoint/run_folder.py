@@ -98,10 +98,11 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[t
 
 
 def current_config_dict(cfg) -> dict[str, Any]:
-    """The config as config.yaml stores it (secrets scrubbed, YAML types)."""
-    from slimgrpo.redact import scrub
+    """The config as config.yaml stores it (secrets scrubbed, YAML types; a Python object from the API as
+    config.yaml names it, so a script's run resumes as a YAML's does)."""
+    from slimgrpo.config.parse import plain_config
 
-    return yaml.safe_load(yaml.safe_dump(scrub(cfg.to_dict()), sort_keys=False))
+    return yaml.safe_load(yaml.safe_dump(plain_config(cfg), sort_keys=False))
 
 
 def used_files(output_dir: Path) -> list[str]:

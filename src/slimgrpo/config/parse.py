@@ -303,14 +303,18 @@ def resolve_path(cfg: Config, path: str) -> str:
     return os.path.expanduser(path)
 
 
-def dump_config(cfg: Config, path: str | os.PathLike) -> None:
-    """Write the resolved config as YAML (secrets scrubbed)."""
+def plain_config(cfg: Config) -> dict[str, Any]:
+    """The config as config.yaml holds it: plain YAML types, a Python object from the API written as what it
+    was (``describe_object``), secrets scrubbed."""
     from slimgrpo.redact import scrub
 
-    Path(path).write_text(yaml.safe_dump(scrub(_plain(cfg.to_dict())), sort_keys=False))
+    return scrub(_plain(cfg.to_dict()))
+
+
+def dump_config(cfg: Config, path: str | os.PathLike) -> None:
+    """Write the resolved config as YAML (secrets scrubbed)."""
+    Path(path).write_text(yaml.safe_dump(plain_config(cfg), sort_keys=False))
 
 
 def config_to_json(cfg: Config) -> str:
-    from slimgrpo.redact import scrub
-
-    return json.dumps(scrub(_plain(cfg.to_dict())), indent=2)
+    return json.dumps(plain_config(cfg), indent=2)

@@ -90,19 +90,33 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ what scripts call
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs) -> Any:
-        """Train; ``resume_from_checkpoint``: True (the newest checkpoint of ``output_dir``) or a checkpoint
-        folder, as TRL takes it (slimgrpo's ``run.resume``). Returns transformers' ``TrainOutput``."""
+        """Train; ``resume_from_checkpoint`` as TRL takes it: True, the newest checkpoint of ``output_dir``
+        (an error when there is none), or a checkpoint folder. Returns transformers' ``TrainOutput``.
+
+        The trainer already went on from the newest complete checkpoint of ``output_dir`` when it was made
+        (slimgrpo's ``run.resume=auto``: a rerun continues a stopped run); a folder named here is loaded over it."""
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments {sorted(kwargs)}")
         if resume_from_checkpoint:
-            raise ValueError("train(resume_from_checkpoint=...): give it to the trainer's run instead: GRPOConfig("
-                             "output_dir=...) resumes from the newest complete checkpoint there by itself "
-                             "(run.resume=auto); to start from a given checkpoint folder, pass its run folder")
+            self._resume(resume_from_checkpoint)
         from transformers.trainer_utils import TrainOutput
 
         summary = self._loop.train()
         last = self.state.log_history[-1] if self.state.log_history else {}
         return TrainOutput(self.state.global_step, last.get("train_loss", summary.get("loss")), last)
+
+    def _resume(self, checkpoint: str | bool) -> None:
+        checkpoints = self._loop.checkpoints
+        resumed = checkpoints.plan.resume_from
+        if checkpoint is True:
+            if resumed is None:
+                raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir}): "
+                                 "train(resume_from_checkpoint=True) needs one")
+            return  # the build went on from it
+        path = Path(checkpoint).resolve()
+        if resumed is not None and Path(resumed).resolve() == path:
+            return
+        self._loop.step_idx = checkpoints.resume_from(path)
 
     def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"
                  ) -> dict[str, float]:
