@@ -9,8 +9,8 @@ child writes RESULT.json at start ("running"), after every finished row and at i
 midway still leaves its finished rows. It stops itself a few seconds before the driver's limit
 (``ctx["seconds"]`` less MARGIN_S), so it normally ends with its rows saved.
 
-TASK is a first-call task (``train``, ``resume``, ``oxen``, ``qlora_8b``, ``trl_pair``) or a later section
-(``loss``, ``planner``, ...): every one is in ``benchmarks/gpu/tasks.py``'s ``TASKS``.
+TASK is a first-call task (``train``, ``resume``, ``oxen``, ``trl_pair``), the second call's ``qlora_8b``, or a
+later section (``loss``, ``planner``, ...): every one is in ``benchmarks/gpu/tasks.py``'s ``TASKS``.
 """
 
 from __future__ import annotations

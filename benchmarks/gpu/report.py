@@ -30,7 +30,7 @@ def goals(report: dict) -> list[str]:
     if report.get("smoke"):
         return ["Smoke run (tiny shapes): the goals are not evaluated and no figure here is a result."]
     s = report["sections"]
-    ratios = [r.get("ratio") for key in ("train_e2e", "memory", "planner", "update_only_long", "quantized")
+    ratios = [r.get("ratio") for key in ("train_e2e", "memory", "qlora_8b", "planner", "update_only_long", "quantized")
               for r in s.get(key, {}).get("rows", []) if r.get("ratio")]
     plan = ("not measured" if not ratios else
             f"{sum(abs(x - 1) <= GOAL_RATIO for x in ratios)} of {len(ratios)} runs within ±15% "
@@ -60,7 +60,8 @@ def markdown(report: dict) -> str:
     setup = s.get("setup", {})
     mods = setup.get("probe", {}).get("modules", {})
     title = " (dry run)" if report.get("dry_run") else " (smoke)" if report.get("smoke") else ""
-    lines = [f"# slimgrpo GPU suite{title}", "",
+    call = report.get("call")
+    lines = [f"# slimgrpo GPU suite{title}" + (f": the {call} call" if call in ("first", "second") else ""), "",
              f"Device: {setup.get('line', '-')}", "",
              "Versions: " + (", ".join(f"{k} {m.get('version') if m.get('ok') else 'not importable'}"
                                        for k, m in mods.items()) or "-"), "",
@@ -68,9 +69,13 @@ def markdown(report: dict) -> str:
              f"(limit {report.get('time_limit_s')} s); order: {', '.join(report.get('order', []))}.", ""]
     if report.get("stopped") or report.get("driver_error"):
         lines += [f"**Stopped early**: {report.get('stopped') or report.get('driver_error')}", ""]
+    if report.get("next_call"):
+        lines += ["**Next**: the second call (its own budget), at once while the machine is warm:", "",
+                  f"    {report['next_call']}", ""]
     lines += ["| section | status | s | budget s |", "|---|---|---:|---:|"]
     lines += [f"| {name} | {str(s.get(name, {}).get('status', '-'))[:160]} | {s.get(name, {}).get('seconds', 0)} | "
-              f"{s.get(name, {}).get('budget_s', '-')} |" for name, _, _ in SECTIONS]
+              f"{s.get(name, {}).get('budget_s', '-')} |" for name, _, _ in SECTIONS
+              if not str(s.get(name, {}).get("status", "")).startswith("skipped: not selected")]
     lines += ["", "## Goals", "", *goals(report)]
     for name, title, render in SECTIONS:
         sec = s.get(name, {})
@@ -97,9 +102,9 @@ def _setup(sec):
         out += ["", f"Import probe: {probe['error']}"]
     mods = probe.get("modules", {})
     if mods:
-        out += [""] + table(["module", "importable", "version or error"],
-                            [[k, _f(m.get("ok")), str(m.get("version") if m.get("ok") else m.get("error"))]
-                             for k, m in mods.items()])
+        out += [""] + table(["module", "importable", "version or error", "import s"],
+                            [[k, _f(m.get("ok")), str(m.get("version") if m.get("ok") else m.get("error")),
+                              _f(m.get("s"), "{:.1f}")] for k, m in mods.items()])
     return out
 
 
@@ -140,15 +145,37 @@ def _memory(rows):
                    _f(r.get("plan_host_mib")), _f(r.get("s_per_step") or r.get("s_per_update"), "{:.2f}"),
                    str(r.get("status", "-"))[:160]] for r in rows]) + [
         "", "Oxen rows: full steps (generate 4 x 786 pinned tokens for a 256-token prompt + the update), plan = "
-            "`MemoryPlan.tensor_peak_bytes`. The 8B row: update only, plan = the plan's always + update phases; "
-            "pinned host bytes: `torch.cuda.host_memory_stats()` plus the offload pool's bytes pinned in place."]
+            "`MemoryPlan.tensor_peak_bytes`; the full row twice, with the default allocator and with "
+            "`expandable_segments` (reserved / allocated)."]
+
+
+def _qlora_8b(rows):
+    return table(["run", "plan MiB", "peak alloc MiB", "plan/peak", "within ±15%", "peak reserved MiB",
+                  "pinned peak MiB", "plan host MiB", "host plan/peak", "s/update", "save s", "status"],
+                 [[r.get("name", "-"), _f(r.get("plan_mib")), _f(r.get("peak_alloc_mib")), _f(r.get("ratio"), "{:.2f}"),
+                   _within(r.get("ratio")), _f(r.get("peak_reserved_mib")), _f(r.get("pinned_peak_mib")),
+                   _f(r.get("plan_host_mib")), _f(r.get("host_ratio"), "{:.2f}"), _f(r.get("s_per_update"), "{:.1f}"),
+                   _f(r.get("save_s"), "{:.1f}"), str(r.get("status", "-"))[:160]] for r in rows]) + [
+        "", "Update only on synthetic completions, random weights (a bf16 base saved once, loaded in 4-bit NF4): "
+            "plan = the plan's always + update phases against `torch.cuda.max_memory_allocated`; pinned host bytes: "
+            "`torch.cuda.host_memory_stats()` plus the offload pool's bytes pinned in place, against the plan's "
+            "host line."]
 
 
 def _cuda_tests(rows):
     r = rows[0]
-    out = table(["collected", "passed", "failed", "skipped", "errors", "deselected"],
-                [[_f(r.get("collected"))] + [str(r.get(k, 0)) for k in ("passed", "failed", "skipped", "error",
-                                                                          "deselected")]])
+    out = table(["collected", "passed", "failed", "skipped", "errors", "deselected", "not started"],
+                [[_f(r.get(k)) for k in ("collected", "passed", "failed", "skipped", "error", "deselected",
+                                          "not_started")]])
+    if r.get("tests"):
+        out += [""] + table(["test", "outcome", "s", "message"],
+                            [[f"`{t['test']}`", t["outcome"], _f(t.get("s"), "{:.1f}"),
+                              str(t.get("message") or "")[:200]] for t in r["tests"]])
+    if r.get("running"):
+        out += ["", f"Stopped at the limit inside `{r['running']}`; the tests after it did not start."]
+    out += ["", f"Per-test results from: {r.get('source', '-')}"
+                + (f"; JUnit XML: `{r['junit']}` (beside this report)" if r.get("junit") else "; no JUnit XML "
+                   "(pytest was stopped before it ended)" if r.get("returncode") is None else "")]
     return out + ([""] + [f"- `{p}`" for p in r.get("problems", [])] if r.get("problems") else [])
 
 
@@ -225,6 +252,7 @@ SECTIONS = [
     ("decode", "(d) Decode: eager vs CUDA graphs, LoRA and QLoRA", _generic),
     ("memory", "(e) Memory against the plan", _memory),
     ("trl_pair", "(f) slimgrpo vs TRL 1.16 on the 0.5B pair", _vs_trl),
+    ("qlora_8b", "(g) Qwen3-8B QLoRA, the 24 GB row (the second call)", _qlora_8b),
     ("loss", "Chunked loss vs naive (forward + backward)", _loss),
     ("update_only_long", "Update-only long context (synthetic completions)", _long),
     ("quantized", "QLoRA and bitsandbytes 8-bit AdamW", _quantized),

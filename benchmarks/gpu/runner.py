@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ from benchmarks.harness.paths import REPO_ROOT as REPO
 _CURRENT: list[subprocess.Popen] = []
 
 
-class Stop(Exception):
-    """SIGTERM / SIGINT / SIGHUP reached the driver: report what was measured and stop."""
+class Stop(BaseException):
+    """SIGTERM / SIGINT / SIGHUP reached the driver: report what was measured and stop. A BaseException, so that
+    no ``except Exception`` guard on the way (a pip call, a report write) swallows it and the suite runs on."""
 
 
 def _on_signal(signum, frame):
@@ -121,3 +123,135 @@ def pytest_summary(text: str, collect_only: bool) -> dict[str, Any]:
         counts["collected"] = int(m.group(1)) if m else 0
     problems = [ln for ln in text.splitlines() if ln.startswith(("FAILED", "ERROR"))]
     return {**counts, "problems": problems[:30], "summary": last.strip("= ")}
+
+
+# ----------------------------------------------------------------------------- cuda_tests: one result per test
+
+OUTCOMES = ("passed", "failed", "error", "skipped")
+_VERBOSE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+
+
+def tests_from_log(path: Path) -> dict[str, Any]:
+    """The testlog plugin's lines (benchmarks/gpu/testlog.py) as {"collected": [nodeid], "tests": [{test, outcome,
+    s, message}], "running": nodeid or None}: a test whose phases all ended is passed / failed (its call failed) /
+    error (its setup or teardown failed) / skipped; one that started and did not end is the one pytest was in when
+    it was stopped. A line cut short by the kill is left out."""
+    collected: list[str] = []
+    phases: dict[str, list[dict]] = {}
+    started: list[str] = []
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        ev = rec.get("event")
+        if ev == "collected":
+            collected = list(rec.get("tests") or [])
+        elif ev == "start":
+            started.append(rec.get("test", "?"))
+            phases.setdefault(rec.get("test", "?"), [])
+        elif ev == "report":
+            phases.setdefault(rec.get("test", "?"), []).append(rec)
+    tests, running = [], None
+    for nodeid in started or list(phases):
+        reps = phases.get(nodeid, [])
+        by = {r.get("when"): r for r in reps}
+        seconds = round(sum(float(r.get("duration") or 0) for r in reps), 2)
+        bad = [r for r in reps if r.get("outcome") == "failed"]
+        if bad:
+            outcome = "failed" if bad[0].get("when") == "call" else "error"
+            message = bad[0].get("message", "")
+        elif "teardown" not in by:
+            running = nodeid
+            outcome, message = "running when stopped", ""
+        elif any(r.get("outcome") == "skipped" for r in reps):
+            outcome = "skipped"
+            message = next(r.get("message", "") for r in reps if r.get("outcome") == "skipped")
+        else:
+            outcome, message = "passed", ""
+        tests.append({"test": nodeid, "outcome": outcome, "s": seconds, "message": message})
+    return {"collected": collected, "tests": tests, "running": running}
+
+
+def tests_from_junit(path: Path) -> dict[str, Any]:
+    """pytest's --junitxml (written when pytest ends, so absent after a kill) in the shape of tests_from_log."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return {"collected": [], "tests": [], "running": None}
+    tests = []
+    for case in root.iter("testcase"):
+        name, cls, file = case.get("name", "?"), case.get("classname", ""), case.get("file")
+        if file:  # xunit1 (the suite asks for it): classname = the module, dotted, then any class
+            module = file.removesuffix(".py").replace("/", ".")
+            inner = cls[len(module) + 1:] if cls.startswith(module + ".") else ""
+            nodeid = "::".join([file, *filter(None, inner.split(".")), name])
+        else:
+            nodeid = f"{cls}::{name}"
+        outcome, message = "passed", ""
+        for tag, what in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+            el = case.find(tag)
+            if el is not None:
+                text = (el.get("message") or "").strip()
+                outcome, message = what, text.splitlines()[0][:300] if text else ""
+                break
+        tests.append({"test": nodeid, "outcome": outcome, "s": round(float(case.get("time") or 0), 2),
+                      "message": message})
+    return {"collected": [t["test"] for t in tests], "tests": tests, "running": None}
+
+
+def tests_from_output(text: str) -> dict[str, Any]:
+    """The last resort: pytest -v's "nodeid PASSED" lines."""
+    tests = []
+    for line in text.splitlines():
+        m = _VERBOSE.match(line.strip())
+        if m:
+            word = m.group(2).lower()
+            outcome = {"xfail": "skipped", "xpass": "passed"}.get(word, word)
+            tests.append({"test": m.group(1), "outcome": outcome, "s": None, "message": ""})
+    return {"collected": [], "tests": tests, "running": None}
+
+
+def test_results(testlog: Path, junit: Path, text: str) -> dict[str, Any]:
+    """Per-test results of the cuda_tests child, whether it ended or was killed: the testlog plugin's lines
+    (written as each test ends), else the JUnit XML (written at the end), else pytest -v's output. Counts per
+    outcome, the tests collected, the one running when it was stopped, and which source answered."""
+    for source, res in (("testlog", tests_from_log(testlog)), ("junit", tests_from_junit(junit)),
+                        ("pytest -v output", tests_from_output(text))):
+        if res["tests"] or res["collected"]:
+            break
+    else:
+        source, res = "none", {"collected": [], "tests": [], "running": None}
+    counts = {k: sum(t["outcome"] == k for t in res["tests"]) for k in OUTCOMES}
+    collected = len(res["collected"]) or len(res["tests"])
+    return {**counts, "collected": collected, "finished": sum(counts.values()), "running": res["running"],
+            "not_started": max(collected - len(res["tests"]), 0), "tests": res["tests"], "source": source}
+
+
+def pytest_row(text: str, collect_only: bool, rc: int | None, testlog: Path, junit: Path) -> dict[str, Any]:
+    """The cuda_tests report row: pytest's closing line where it printed one, the counts and one entry per test
+    from test_results (so they hold after a kill, when pytest printed no closing line)."""
+    row = pytest_summary(text, collect_only)
+    res = test_results(testlog, junit, text)
+    if res["source"] != "none":
+        row.update({k: res[k] for k in OUTCOMES}, collected=res["collected"] or row.get("collected", 0))
+    row.update(returncode=rc, finished=res["finished"], running=res["running"],
+               not_started=None if collect_only else res["not_started"],
+               tests=res["tests"], source=res["source"], junit=junit.name if junit.is_file() else None)
+    return row
+
+
+def pytest_status(row: dict[str, Any], rc: int | None, seconds: float, collect_only: bool, text: str) -> str:
+    bad = [t["test"].rsplit("::", 1)[-1] for t in row.get("tests", []) if t["outcome"] in ("failed", "error")]
+    failed = f"; failed: {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}" if bad else ""
+    if rc is None:
+        where = f"; stopped in {row['running']}" if row.get("running") else ""
+        return (f"stopped: budget ({seconds:.0f} s) after {row.get('finished', 0)} of {row.get('collected') or '?'} "
+                f"tests{failed}{where}")[:400]
+    if rc in (0, 5) and (not collect_only or row.get("collected")):
+        return "ok"
+    return f"failed: pytest exit {rc}{failed or ': ' + (row.get('summary') or last_error(text))}"[:400]

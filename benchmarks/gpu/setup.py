@@ -1,11 +1,13 @@
 """The GPU suite's install step, guarded: nothing here raises, every outcome becomes a report row.
 
-The lent GPU machine (docs/benchmarks.md#gpu-suite) has its own Python (3.12 at the last reading) with a
-CUDA torch, transformers, peft and accelerate, and no package index. What it lacks (trl, datasets,
-bitsandbytes) travels as wheels in ``.whl/`` (scripts/fetch_gpu_wheels.sh). Each wheel is checked against
-this interpreter's tags first (a ``py312`` wheel on 3.13 is reported, not installed), skipped when the same
-version is already there, and installed alone, with its own timeout, into a private folder that the
-suite's children find first on PYTHONPATH. The project itself is not pip-installed: the children import it
+The lent GPU machine (docs/benchmarks.md#gpu-suite) has its own Python (3.12.3 at the last reading) with a
+CUDA torch, transformers, peft and accelerate, and no package index. What it lacks (trl, datasets, dill,
+multiprocess, torchao, bitsandbytes: benchmarks/gpu/wheels.py) travels as wheels in ``.whl/``
+(scripts/fetch_gpu_wheels.sh); a listed wheel that is not there is reported "missing". Each wheel is checked
+against this interpreter's tags first (a ``py312`` wheel on 3.13 is reported, not installed), skipped when the
+same version is already there (in the image, or in the private folder from an earlier call on the same
+machine), and installed, with a timeout, into that private folder, which the suite's children find first on
+PYTHONPATH. The project itself is not pip-installed: the children import it
 from ``src/`` and the benchmarks package from the repository root (an editable install would write into the
 image's environment and needs setuptools without build isolation, for nothing the path does not give).
 
@@ -24,13 +26,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu.wheels import WHEELS
 from benchmarks.harness import processes
 
 INSTALL_TIMEOUT_S = 90.0  # one wheel (bitsandbytes' 43 MB unpacks in a few seconds)
 PROBE_TIMEOUT_S = 120.0  # importing torch + transformers + trl + bitsandbytes cold
-# What the suite's sections import; probed in a child, each alone, so one broken package names itself.
+# What the suite's sections import (suite.PROBES, per section, picks from these); probed in a child, each alone,
+# so one broken package names itself. "module:name" imports the module and takes the name from it (a lazy
+# package such as trl imports its trainer only then).
 PROBED = ("torch", "transformers", "peft", "accelerate", "safetensors", "tokenizers", "datasets", "trl",
-          "bitsandbytes", "pyarrow", "slimgrpo")
+          "trl:GRPOTrainer", "torchao", "torchao.optim:_AdamW", "bitsandbytes", "bitsandbytes.optim:AdamW8bit",
+          "pyarrow", "slimgrpo")
 
 _WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-(?P<build>\d[^-]*))?-(?P<py>[^-]+)-(?P<abi>[^-]+)"
                     r"-(?P<plat>[^-]+)\.whl$")
@@ -68,6 +74,25 @@ def installed_version(name: str) -> str | None:
         return metadata.version(name)
     except Exception:
         return None
+
+
+def target_version(target: Path, name: str) -> str | None:
+    """The version of ``name`` in the wheels' private folder (an earlier call's install), or None."""
+    try:
+        for dist in metadata.distributions(path=[str(target)]):
+            if normalize(dist.metadata["Name"] or "") == normalize(name):
+                return dist.version
+    except Exception:
+        pass
+    return None
+
+
+def missing_rows(folder: Path, wheels: list[dict], rows: list[dict]) -> list[dict]:
+    """A row for each wheel of benchmarks/gpu/wheels.py that ``folder`` does not hold and this Python lacks."""
+    seen = {w["name"] for w in wheels} | {r.get("name") for r in rows}
+    return [{"wheel": w.file, "name": normalize(w.name), "version": w.version,
+             "status": f"missing: not in {folder} and not installed (scripts/fetch_gpu_wheels.sh); {w.why}"}
+            for w in WHEELS if normalize(w.name) not in seen and installed_version(w.name) != w.version]
 
 
 def choose_wheels(folder: Path, tags: set | None = None) -> tuple[list[dict], list[dict]]:
@@ -125,16 +150,20 @@ def install_wheels(folder: Path | None, target: Path, deadline: float, dry_run: 
         wheels, rows = choose_wheels(folder)
     except Exception as e:  # an unreadable folder: reported, the suite goes on
         return [{"wheel": str(folder), "status": f"failed: {type(e).__name__}: {e}"}]
+    missing = missing_rows(folder, wheels, rows)
     if not wheels and not rows:
-        return [{"wheel": str(folder), "status": "no wheels in the folder"}]
-    todo = [w for w in wheels if installed_version(w["name"]) != w["version"]]
-    together = False
+        return [{"wheel": str(folder), "status": "no wheels in the folder"}, *missing]
+    earlier = {w["name"]: target_version(target, w["name"]) for w in wheels}  # an earlier call's install
+    todo = [w for w in wheels if w["version"] not in (installed_version(w["name"]), earlier[w["name"]])]
+    together, together_s = False, 0.0
     if len(todo) > 1 and deadline - time.monotonic() > 1:  # one pip start for all; one by one if that fails
+        t = time.monotonic()
         try:
             target.mkdir(parents=True, exist_ok=True)
             together, _ = pip_install([w["path"] for w in todo], target, min(INSTALL_TIMEOUT_S, deadline - time.monotonic()))
         except Exception:
             together = False
+        together_s = time.monotonic() - t
     for info in wheels:
         row = {"wheel": info["path"].name, "name": info["name"], "version": info["version"]}
         have = installed_version(info["name"])
@@ -142,8 +171,11 @@ def install_wheels(folder: Path | None, target: Path, deadline: float, dry_run: 
         left = deadline - time.monotonic()
         if have == info["version"]:
             row["status"] = "present: same version already installed"
-        elif together:
-            row["status"] = "installed" + (f" (over {have})" if have else "") + " (one pip call with the others)"
+        elif earlier[info["name"]] == info["version"]:
+            row["status"] = "present: installed in the wheels' folder by an earlier call"
+        elif together and info in todo:
+            row["status"] = "installed" + (f" (over {have})" if have else "") + \
+                f" (one pip call with the others, {together_s:.1f} s)"
         elif left <= 1:
             row["status"] = "skipped: budget"
         else:
@@ -156,7 +188,7 @@ def install_wheels(folder: Path | None, target: Path, deadline: float, dry_run: 
             row["status"] = ("installed" + (f" (over {have})" if have else "")) if ok else f"failed: {why}"
             row["seconds"] = round(time.monotonic() - t, 1)
         rows.append(row)
-    return rows
+    return rows + missing
 
 
 PROBE = r"""
@@ -164,9 +196,13 @@ import importlib, json, sys, time
 out = {"python": sys.version.split()[0], "executable": sys.executable, "modules": {}}
 for name in sys.argv[1:]:
     t = time.monotonic()
+    module, _, attr = name.partition(":")
     try:
-        m = importlib.import_module(name)
-        out["modules"][name] = {"ok": True, "version": str(getattr(m, "__version__", "?")),
+        m = importlib.import_module(module)
+        if attr:
+            getattr(m, attr)
+        top = sys.modules.get(module.split(".")[0], m)
+        out["modules"][name] = {"ok": True, "version": str(getattr(m, "__version__", getattr(top, "__version__", "?"))),
                                 "file": str(getattr(m, "__file__", "")), "s": round(time.monotonic() - t, 1)}
     except BaseException as e:
         out["modules"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
