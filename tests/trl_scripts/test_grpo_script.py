@@ -162,18 +162,20 @@ def test_slimgrpo_trl_does_not_import_trl():
 def test_train_resumes_from_a_checkpoint_as_trl_takes_it(workdir, tiny_chat_model_dir):
     """``train(resume_from_checkpoint=...)``: True is the newest checkpoint of output_dir (an error where there is
     none, as TRL's), a folder is loaded over what the trainer was made with; either way the run goes on from
-    that checkpoint's step with its weights, and the same steps come out as an uninterrupted run's."""
-    whole = _metrics_of(_script_trainer(workdir, str(tiny_chat_model_dir), "whole", save_steps=1), workdir / "whole")
+    that checkpoint's step with its weights, and the same steps come out as an uninterrupted run's (a constant
+    schedule: TRL's linear one would end where each run's max_steps does)."""
+    flat = {"lr_scheduler_type": "constant", "save_steps": 1}
+    whole = _metrics_of(_script_trainer(workdir, str(tiny_chat_model_dir), "whole", **flat), workdir / "whole")
     with pytest.raises(ValueError, match="No valid checkpoint found in output directory"):
-        _script_trainer(workdir, str(tiny_chat_model_dir), "fresh").train(resume_from_checkpoint=True)
+        _script_trainer(workdir, str(tiny_chat_model_dir), "fresh", **flat).train(resume_from_checkpoint=True)
 
-    _script_trainer(workdir, str(tiny_chat_model_dir), "cut", save_steps=1, max_steps=1).train()
-    again = _script_trainer(workdir, str(tiny_chat_model_dir), "cut", save_steps=1)  # went on from step 1 when made
+    _script_trainer(workdir, str(tiny_chat_model_dir), "cut", **flat, max_steps=1).train()
+    again = _script_trainer(workdir, str(tiny_chat_model_dir), "cut", **flat)  # went on from step 1 when made
     again.train(resume_from_checkpoint=True)
     assert again.state.global_step == 3 and _metrics(workdir / "cut") == whole
 
-    _script_trainer(workdir, str(tiny_chat_model_dir), "other", save_steps=1, max_steps=2).train()
-    named = _script_trainer(workdir, str(tiny_chat_model_dir), "named", save_steps=1)
+    _script_trainer(workdir, str(tiny_chat_model_dir), "other", **flat, max_steps=2).train()
+    named = _script_trainer(workdir, str(tiny_chat_model_dir), "named", **flat)
     named.train(resume_from_checkpoint=str(workdir / "other" / "checkpoints" / "checkpoint-1"))
     assert named.state.global_step == 3
     assert _metrics(workdir / "named") == whole  # step 1's row comes with the checkpoint's history
@@ -184,3 +186,26 @@ def test_train_resumes_from_a_checkpoint_as_trl_takes_it(workdir, tiny_chat_mode
 def _metrics_of(trainer, run: Path) -> list[dict]:
     trainer.train()
     return _metrics(run)
+
+
+def test_where_the_script_is_silent_trls_defaults_apply(workdir, tiny_chat_model_dir):
+    """A TRL name means TRL's behaviour: a GRPOConfig that sets nothing trains with TRL 1.16's completion length,
+    schedule, Adam beta2, checkpointing, logging and saving, and a LoraConfig without target_modules puts LoRA
+    where peft puts it for the architecture (Qwen2: q_proj, v_proj), not on slimgrpo's all-linear."""
+    from peft import LoraConfig
+
+    from slimgrpo.config.trl_rules import TRL_DEFAULTS
+    from slimgrpo.trl.configs import trl_default
+    from slimgrpo.trl.grpo import run_config
+    from rw import digits
+
+    assert {k: trl_default(k) for k in TRL_DEFAULTS} == TRL_DEFAULTS  # fields.json, TRL 1.16's own
+    cfg = run_config(GRPOConfig(output_dir=str(workdir / "d")), str(tiny_chat_model_dir), [digits],
+                     peft_config=LoraConfig(r=4), datasets=(ROWS, None))
+    assert cfg.rollout.max_completion_length == 512 and cfg.optim.lr_scheduler_type == "linear"
+    assert cfg.optim.adam_beta2 == 0.999 and cfg.memory.gradient_checkpointing is True
+    assert cfg.log.logging_steps == 10 and cfg.run.save_steps == 500
+    assert cfg.lora.target_modules == ["q_proj", "v_proj"] and cfg.lora.dropout == 0.0  # LoraConfig's own 0.0
+    slim = run_config(GRPOConfig(output_dir=str(workdir / "e"), max_completion_length=64, adam_beta2=0.99),
+                      str(tiny_chat_model_dir), [digits], datasets=(ROWS, None))
+    assert slim.rollout.max_completion_length == 64 and slim.optim.adam_beta2 == 0.99  # what the script sets wins

@@ -19,7 +19,16 @@ from typing import Any
 TRL_DEFAULTS: dict[str, Any] = {
     "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_train_epochs": 3.0, "max_steps": -1,
     "logging_steps": 10, "output_dir": None, "eval_steps": None,
+    "max_completion_length": 512, "lr_scheduler_type": "linear", "adam_beta2": 0.999, "gradient_checkpointing": True,
+    "save_steps": 500, "lora_dropout": 0.05, "lora_target_modules": None,
 }
+# Where a TRL script or YAML is silent, these take TRL's value, not slimgrpo's own default (a TRL name means TRL's
+# behaviour): what is learnt (completion length, schedule, Adam's beta2, LoRA's dropout and targets, the last two
+# with use_peft) and what the run does on the side (checkpointing, the console line, checkpoints every 500 steps).
+# The rest of slimgrpo's defaults that differ from TRL's stay, each for a reason docs/trl-migration.md gives.
+TRL_DEFAULTS_APPLIED = ("max_completion_length", "lr_scheduler_type", "adam_beta2", "gradient_checkpointing",
+                        "logging_steps", "save_steps")
+TRL_LORA_DEFAULTS_APPLIED = ("lora_dropout", "lora_target_modules")
 
 SKIP = object()  # a transform's answer: this value changes nothing in slimgrpo
 

@@ -39,9 +39,10 @@ RULES: list[r.Rule] = [
       "autocast (peft alone casts each adapter's input to fp32: docs/memory.md)", source="ModelConfig"),
     M("lora_r", "lora.r", source="ModelConfig"),
     M("lora_alpha", "lora.alpha", source="ModelConfig"),
-    M("lora_dropout", "lora.dropout", "TRL default 0.05, slimgrpo 0.0", source="ModelConfig"),
+    M("lora_dropout", "lora.dropout", "TRL's 0.05 where use_peft and silent (a slimgrpo YAML's default: 0.0)", source="ModelConfig"),
     M("lora_target_modules", "lora.target_modules", "TRL's None = peft's per-architecture default "
-      "(attention projections); slimgrpo's default is all-linear", r._lora_targets, source="ModelConfig"),
+      "(q_proj, v_proj for Llama / Qwen), read from the model's config.json; all-linear where it cannot be read "
+      "(a slimgrpo YAML's default)", r._lora_targets, source="ModelConfig"),
     R("lora_target_parameters", "LoRA on parameters (MoE experts) is not supported", source="ModelConfig"),
     R("lora_modules_to_save", "extra fully-trained modules are not supported with LoRA", source="ModelConfig"),
     R("lora_task_type", "slimgrpo trains causal LMs only", ok=("CAUSAL_LM", None), source="ModelConfig"),
@@ -117,8 +118,8 @@ RULES: list[r.Rule] = [
     # ------------------------------------------------------------- sampling
     M("num_generations", "rollout.num_generations"),
     M("num_generations_eval", "eval.num_samples", "completions per evaluation prompt"),
-    M("max_completion_length", "rollout.max_completion_length", "TRL default 512, slimgrpo 256 (a shorter "
-      "first run that shows the plan; raise it for reasoning)"),
+    M("max_completion_length", "rollout.max_completion_length", "TRL's 512 where silent (a slimgrpo YAML's "
+      "default: 256)"),
     M("temperature", "rollout.temperature", "PPOConfig's default 0.7 applies in PPOTrainer"),
     M("top_p", "rollout.top_p"),
     M("top_k", "rollout.top_k"),
@@ -180,8 +181,8 @@ RULES: list[r.Rule] = [
     R("neftune_noise_alpha", "NEFTune embedding noise is not supported"),
     # ------------------------------------------------------------- optimizer and schedule
     M("learning_rate", "optim.learning_rate", source="TrainingArguments"),
-    M("lr_scheduler_type", "optim.lr_scheduler_type", "TRL default linear, slimgrpo constant; "
-      "constant_with_warmup = constant", r._scheduler, source="TrainingArguments"),
+    M("lr_scheduler_type", "optim.lr_scheduler_type", "TRL's linear where silent (a slimgrpo YAML's "
+      "default: constant); constant_with_warmup = constant", r._scheduler, source="TrainingArguments"),
     R("lr_scheduler_kwargs", "scheduler arguments are not configurable"),
     M("warmup_steps", "optim.warmup_steps", "below 1 = a fraction of the steps, as in transformers",
       source="TrainingArguments"),
@@ -192,13 +193,13 @@ RULES: list[r.Rule] = [
     R("optim_args", "optimizer arguments beyond the optim.* keys are not configurable"),
     M("weight_decay", "optim.weight_decay", source="TrainingArguments"),
     M("adam_beta1", "optim.adam_beta1", source="TrainingArguments"),
-    M("adam_beta2", "optim.adam_beta2", "TRL default 0.999, slimgrpo 0.99", source="TrainingArguments"),
+    M("adam_beta2", "optim.adam_beta2", "TRL's 0.999 where silent (a slimgrpo YAML's default: 0.99)", source="TrainingArguments"),
     M("adam_epsilon", "optim.adam_epsilon", source="TrainingArguments"),
     R("optim_target_modules", "GaLore-style optimizers are not supported"),
     M("max_grad_norm", "optim.max_grad_norm", source="TrainingArguments"),
     # ------------------------------------------------------------- memory and precision
-    M("gradient_checkpointing", "memory.gradient_checkpointing", "TRL default true, slimgrpo false: "
-      "`slimgrpo plan` says when it is needed and small runs are faster without", source="TrainingArguments"),
+    M("gradient_checkpointing", "memory.gradient_checkpointing", "TRL's true where silent (a slimgrpo "
+      "YAML's default: false, `slimgrpo plan` says when it is needed)", source="TrainingArguments"),
     M("activation_checkpointing", "memory.gradient_checkpointing", "transformers 5 name",
       lambda v, t: r.SKIP if v is None else bool(v), source="TrainingArguments"),
     I("gradient_checkpointing_kwargs", "slimgrpo chooses the checkpointing flavour itself"),
@@ -219,8 +220,8 @@ RULES: list[r.Rule] = [
     R("auto_find_batch_size", "TRL rejects it for GRPO too; slimgrpo's answer is memory.budget with "
       "memory.fit=true", ok=(False, None)),
     # ------------------------------------------------------------- logging
-    M("logging_steps", "log.logging_steps", "TRL default 10, slimgrpo 1: a console line every step; "
-      "metrics.jsonl has every step either way", source="TrainingArguments"),
+    M("logging_steps", "log.logging_steps", "TRL's 10 where silent (a slimgrpo YAML's "
+      "default: 1); metrics.jsonl has every step either way", source="TrainingArguments"),
     I("logging_strategy", _LOG), I("logging_first_step", _LOG), I("log_on_each_node", _LOG),
     I("logging_nan_inf_filter", _LOG), I("include_num_input_tokens_seen", _LOG),
     I("log_level", "use slimgrpo --debug for more detail"), I("log_level_replica", _LOG),
@@ -262,7 +263,7 @@ RULES: list[r.Rule] = [
     # ------------------------------------------------------------- checkpoints
     M("save_strategy", "run.save_checkpoints", "steps = every save_steps; no = no checkpoints",
       r._save_strategy, source="TrainingArguments"),
-    M("save_steps", "run.save_steps", "TRL default 500; slimgrpo 0 = only at the end", r._save_steps,
+    M("save_steps", "run.save_steps", "TRL's 500 where silent (a slimgrpo YAML's default: 0 = at the end only)", r._save_steps,
       source="TrainingArguments"),
     M("save_total_limit", "run.save_total_limit", "None (TRL: keep all) keeps slimgrpo's 2", r._save_total_limit,
       source="TrainingArguments"),

@@ -151,6 +151,17 @@ _DEFAULTS = {cls.__name__: {f.name: (f.default if f.default is not dataclasses.M
                             for f in dataclasses.fields(cls)}
              for cls in (GRPOConfig, ModelConfig, ScriptArguments, GRPOScriptArguments, PPOConfig)}
 
+
+
+def trl_default(key: str, missing: Any = None) -> Any:
+    """TRL's default for ``key`` in GRPOConfig, ModelConfig or ScriptArguments (fields.json); ``missing`` where
+    none of them has the key."""
+    for cls in ("GRPOConfig", "ModelConfig", "ScriptArguments", "GRPOScriptArguments"):
+        if key in _DEFAULTS[cls]:
+            return _DEFAULTS[cls][key]
+    return missing
+
+
 # TrainingArguments' methods scripts call on a config.
 for _cls in (GRPOConfig, PPOConfig):
     _cls.to_dict = lambda self: dataclasses.asdict(self)  # noqa: E731

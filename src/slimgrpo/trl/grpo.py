@@ -31,7 +31,7 @@ from slimgrpo.train.loop import TrainLoop
 from slimgrpo.train.trainer import prepare_run
 from slimgrpo.trl.callbacks import TrainerEvents
 from slimgrpo.trl.configs import GRPOConfig, given_fields
-from slimgrpo.trl.yaml import convert, fit_prompt_length, nest
+from slimgrpo.trl.yaml import convert, fit_prompt_length, model_type_of, nest, peft_default_targets
 
 __all__ = ["GRPOTrainer"]
 
@@ -198,7 +198,7 @@ def run_config(args: GRPOConfig, model: Any, reward_funcs: list, peft_config: An
         if not isinstance(model, (str, os.PathLike)) and is_peft(model):
             raise ValueError("GRPOTrainer(peft_config=...) with a model that carries LoRA adapters already: "
                              "give one or the other")
-        values.update(lora_values(peft_config))
+        values.update(lora_values(peft_config, model))
     cfg = from_dict(nest(values), base_dir=os.getcwd())
     if "max_prompt_length" not in given_fields(args):  # as --trl-config: TRL 1.16 does not cut prompts
         fit_prompt_length(cfg, log.info)
@@ -215,9 +215,10 @@ def run_config(args: GRPOConfig, model: Any, reward_funcs: list, peft_config: An
     return cfg
 
 
-def lora_values(peft_config: Any) -> dict[str, Any]:
+def lora_values(peft_config: Any, model: Any = None) -> dict[str, Any]:
     """``lora.*`` of a peft ``LoraConfig``; what slimgrpo does not train (DoRA, rsLoRA, modules to save, LoRA on
-    parameters) is refused, naming it."""
+    parameters) is refused, naming it. ``target_modules=None`` is peft's choice for ``model``'s architecture (a
+    loaded model or a folder), as peft makes it; all-linear where that cannot be read."""
     refused = [("use_dora", False), ("use_rslora", False), ("modules_to_save", None),
                ("target_parameters", None)]
     for name, fine in refused:
@@ -226,7 +227,11 @@ def lora_values(peft_config: Any) -> dict[str, Any]:
             raise ValueError(f"peft_config.{name}={value!r}: slimgrpo trains plain LoRA adapters only")
     targets = peft_config.target_modules
     if targets is None:
-        targets = "all-linear"
+        targets = peft_default_targets(model_type_of(model)) if model is not None else None
+        if targets is None:
+            log.warning("peft_config.target_modules=None: peft's default modules for this model could not be read; "
+                        "LoRA goes on all linear layers (lora.target_modules=all-linear)")
+            targets = "all-linear"
     elif not isinstance(targets, str):
         targets = sorted(targets)
     return {"lora.enabled": True, "lora.r": int(peft_config.r), "lora.alpha": float(peft_config.lora_alpha),

@@ -231,7 +231,7 @@ def ppo_run_config(args: PPOConfig, model: Any, peft_config: Any, rows: tuple, v
     if is_peft(model):
         values.update(lora_values(model.peft_config[model.active_adapter]))
     if peft_config is not None:
-        values.update(lora_values(peft_config))
+        values.update(lora_values(peft_config, model))
     cfg = from_dict(nest(values), base_dir=os.getcwd())
     cfg.data.path = train_rows
     if eval_rows is not None and cfg.eval.steps:  # eval_strategy="steps": slimgrpo's evaluation on eval_dataset

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slimgrpo.config.trl_rules import TRL_DEFAULTS, Refused
+from slimgrpo.config.trl_rules import TRL_DEFAULTS, TRL_DEFAULTS_APPLIED, TRL_LORA_DEFAULTS_APPLIED, Refused
 from slimgrpo.config.trl_table import BY_KEY
 
 
@@ -29,19 +29,10 @@ class Conversion:
 
 
 def _trl_default(key: str) -> Any:
-    """TRL's own default for ``key`` (needs trl installed; a sentinel otherwise)."""
-    try:
-        import dataclasses
+    """TRL's own default for ``key``, as fields.json holds it (no trl import); a sentinel for an unknown key."""
+    from slimgrpo.trl.configs import trl_default
 
-        import trl
-
-        for cls in (trl.GRPOConfig, trl.ModelConfig, trl.ScriptArguments):
-            for f in dataclasses.fields(cls):
-                if f.name == key and f.default is not dataclasses.MISSING:
-                    return f.default
-    except ImportError:
-        pass
-    return _NO_DEFAULT
+    return trl_default(key, _NO_DEFAULT)
 
 
 _NO_DEFAULT = object()
@@ -89,13 +80,14 @@ def convert(trl: dict[str, Any], base_dir: str = ".") -> Conversion:
         out.values.update(mapped)
         shown = ", ".join(f"{k}={_fmt(v)}" for k, v in mapped.items()) or "accepted (no change needed)"
         out.rows.append(Row(key, "mapped", shown))
-    _apply_trl_run_defaults(trl, out)
+    _apply_trl_run_defaults(trl, out, base_dir)
     return out
 
 
-def _apply_trl_run_defaults(trl: dict[str, Any], out: Conversion) -> None:
-    """TRL defaults that decide what a run *is* (its length, batch, folder) apply when the YAML is silent;
-    other defaults stay slimgrpo's (docs/trl-migration.md lists those that differ)."""
+def _apply_trl_run_defaults(trl: dict[str, Any], out: Conversion, base_dir: str = ".") -> None:
+    """TRL's defaults where the YAML (or script) is silent: those that decide what a run *is* (its length, batch,
+    folder) and those of ``TRL_DEFAULTS_APPLIED`` (what is learnt, and LoRA's with use_peft); slimgrpo's own
+    defaults stay for the rest (docs/trl-migration.md lists those that differ, and why)."""
     gives_steps = (trl.get("max_steps") or -1) > 0
     if not gives_steps and "num_train_epochs" not in trl:
         out.values["run.num_train_epochs"] = TRL_DEFAULTS["num_train_epochs"]
@@ -108,6 +100,53 @@ def _apply_trl_run_defaults(trl: dict[str, Any], out: Conversion) -> None:
     if "output_dir" not in trl:
         out.values["run.output_dir"] = "trainer_output"
         out.rows.append(Row("output_dir", "default", "TRL's trainer_output"))
+    silent = [k for k in TRL_DEFAULTS_APPLIED if k not in trl]
+    if trl.get("use_peft"):
+        silent += [k for k in TRL_LORA_DEFAULTS_APPLIED if k not in trl]
+    context = {**trl, "__base_dir__": base_dir}
+    for key in silent:
+        if key == "lora_target_modules" or any(t in out.values for t in BY_KEY[key].targets):
+            continue  # peft's choice below; a key another TRL name set (PPO's response_length) keeps its value
+        mapped = BY_KEY[key].apply(TRL_DEFAULTS[key], context)
+        out.values.update(mapped)
+        out.rows.append(Row(key, "default", "TRL's " + ", ".join(f"{k}={_fmt(v)}" for k, v in mapped.items())))
+    if trl.get("use_peft") and trl.get("lora_target_modules") is None:
+        model = trl.get("model_name_or_path")
+        targets = peft_default_targets(model_type_of(model, base_dir) if model else None)
+        if targets is not None:
+            out.values["lora.target_modules"] = targets
+            out.rows.append(Row("lora_target_modules", "default", f"peft's default for the architecture, {targets}"))
+        else:
+            out.rows.append(Row("lora_target_modules", "default", "peft's default for this model could not be read "
+                                                                  "(not a local folder, or an architecture slimgrpo "
+                                                                  "plans no LoRA for): slimgrpo's all-linear"))
+
+
+def model_type_of(model: Any, base_dir: str = ".") -> str | None:
+    """The ``model_type`` of a loaded model or of a local model folder's config.json; None where neither."""
+    config = getattr(model, "config", None)
+    if config is not None:
+        return getattr(config, "model_type", None)
+    folder = Path(base_dir) / os.fspath(model) if not os.path.isabs(os.fspath(model)) else Path(os.fspath(model))
+    try:
+        import json
+
+        return json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+
+
+def peft_default_targets(model_type: str | None) -> list[str] | None:
+    """The modules peft puts LoRA on when ``target_modules`` is None (its table per architecture), where slimgrpo
+    plans those modules; None otherwise."""
+    if model_type is None:
+        return None
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as BY_TYPE
+
+    from slimgrpo.spec.cost import LORA_MODULES
+
+    targets = BY_TYPE.get(model_type)
+    return sorted(targets) if targets and all(t in LORA_MODULES for t in targets) else None
 
 
 def nest(values: dict[str, Any]) -> dict[str, Any]:
