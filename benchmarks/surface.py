@@ -87,7 +87,7 @@ SURFACE: dict[str, tuple[str, str]] = {
     "tile_mlps": ("slimgrpo.memory.tiled_mlp", "memory.tiled_mlp=on applied to a model"),
     "activation_pool": ("slimgrpo.memory.pinned", "the offloaded checkpoints' pinned pool and its peak"),
     "registered_bytes": ("slimgrpo.memory.pinned", "host bytes pinned in place by the offload pool"),
-    "reset_registered_peak": ("slimgrpo.memory.pinned", "a new peak of those bytes for each measured row"),
+    "reset_pinned_peaks": ("slimgrpo.memory.pinned", "new pinned peaks (in place, the pools) for each measured row"),
     "pin_mmap_threshold": ("slimgrpo.memory.malloc", "glibc's mmap threshold pinned as `slimgrpo train` pins it"),
     # -- rollout
     "TorchRolloutEngine": ("slimgrpo.rollout", "slimgrpo's own generation engine"),

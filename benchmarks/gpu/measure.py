@@ -40,9 +40,15 @@ def peak_mib(device: torch.device) -> tuple[float | None, float | None]:
 
 
 def reset_host_peak() -> None:
-    """Start a new peak of the pinned host allocator (CUDA), where this torch has the counter."""
+    """Start a new peak of pinned host memory for the next row: the caching host allocator's (CUDA, where this
+    torch has the counter) and what slimgrpo pinned in place (the offload pool's and the bytes registered, which
+    would otherwise carry the earlier rows' peaks into this one)."""
     if torch.cuda.is_available() and hasattr(torch.cuda, "reset_peak_host_memory_stats"):
         torch.cuda.reset_peak_host_memory_stats()
+    if torch.cuda.is_available():
+        from benchmarks.surface import reset_pinned_peaks
+
+        reset_pinned_peaks()
 
 
 def host_stats() -> dict[str, Any]:

@@ -62,7 +62,7 @@ def reference_placements(shape, device, rows: int, tokens: int) -> dict:
 
 def offload_pool(shape, device, rows: int, tokens: int) -> dict:
     from benchmarks.surface import (RunSpec, UpdateOnly, activation_pool, plan_memory, random_causal_lm,
-                                    registered_bytes, reset_registered_peak, synthetic_rollout, update_config)
+                                    registered_bytes, reset_pinned_peaks, synthetic_rollout, update_config)
 
     prompt, completion = tokens // 4, tokens - tokens // 4
     cfg = update_config({"memory": {"gradient_checkpointing": True, "offload_activations": True,
@@ -72,8 +72,7 @@ def offload_pool(shape, device, rows: int, tokens: int) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     runner = UpdateOnly(cfg, random_causal_lm(shape, dtype, device), device=device)
     pool = activation_pool(device)
-    pool.reset_peak()  # this step's peaks, not the reference rows' before it
-    reset_registered_peak()
+    reset_pinned_peaks()  # this step's peaks, not the reference rows' before it
     if device.type == "cuda" and hasattr(torch.cuda, "reset_peak_host_memory_stats"):
         torch.cuda.reset_peak_host_memory_stats()
     runner.step(synthetic_rollout(1, rows, prompt, completion, vocab=shape.vocab, device=device))

@@ -244,13 +244,13 @@ def test_peaks_start_anew_for_the_next_measured_row(monkeypatch):
     driver = FakeCudart()
     monkeypatch.setattr(torch.cuda, "cudart", lambda: driver)
     monkeypatch.setattr(pinned, "_registered", {"current": 0, "peak": 0})
-    pool = PinnedPool()
+    monkeypatch.setattr(pinned, "_POOLS", {})
+    pool = pinned.activation_pool(torch.device("cuda", 0))
     first = [pool.acquire((2**18,), torch.float32)[1] for _ in range(3)]  # row 1: 3 MiB at once
     del first[1:]  # 1 MiB stays held into row 2
     pool.trim()
     assert pool.peak_bytes_held == 3 * 2**20 and pinned.registered_bytes() == (2**20, 3 * 2**20)
-    pool.reset_peak()
-    pinned.reset_registered_peak()
+    pinned.reset_pinned_peaks()
     assert pool.peak_bytes_held == 2**20 and pinned.registered_bytes() == (2**20, 2**20)
     second = pool.acquire((2**17,), torch.float32)[1]  # row 2: 0.5 MiB more
     assert pool.peak_bytes_held == 2**20 + 2**19 and pinned.registered_bytes()[1] == 2**20 + 2**19

@@ -74,11 +74,6 @@ def registered_bytes() -> tuple[int, int]:
     return _registered["current"], _registered["peak"]
 
 
-def reset_registered_peak() -> None:
-    """Start a new peak of the bytes pinned in place (a benchmark's next row): the peak becomes what is pinned now."""
-    _registered["peak"] = _registered["current"]
-
-
 def register_host(t: torch.Tensor) -> None:
     """Page-lock ``t``'s memory in place (``cudaHostRegister``, portable): async copies from / to it overlap.
     ``t`` should be page-aligned and span whole pages (``page_aligned_empty``). Raises ``PinFailed``, with the
@@ -238,6 +233,14 @@ def activation_pool(device: torch.device) -> PinnedPool:
     if key not in _POOLS:
         _POOLS[key] = PinnedPool()
     return _POOLS[key]
+
+
+def reset_pinned_peaks() -> None:
+    """Start new peaks of what slimgrpo pinned (a benchmark's next row): the bytes pinned in place and every
+    activation pool's, each becoming what is held now."""
+    _registered["peak"] = _registered["current"]
+    for pool in _POOLS.values():
+        pool.reset_peak()
 
 
 def set_activation_cap(device: torch.device, cap_bytes: int | None) -> None:
