@@ -86,15 +86,42 @@ def _get(trl: dict, key: str) -> Any:
 
 
 def _batch(value, trl):
+    """slimgrpo's run.batch_size is the generated batch: TRL's per_device_train_batch_size x
+    gradient_accumulation_steps (one optimizer step), or x steps_per_generation where that is set (TRL then
+    generates that many micro-batches at once and takes steps_per_generation / gradient_accumulation_steps
+    optimizer steps from them: ``_steps_per_generation``)."""
     per_device = int(_get(trl, "per_device_train_batch_size"))
-    return {"memory.micro_batch_size": per_device,
-            "run.batch_size": per_device * int(_get(trl, "gradient_accumulation_steps"))}
+    spg = trl.get("steps_per_generation")
+    per_generation = int(spg) if spg is not None else int(_get(trl, "gradient_accumulation_steps"))
+    return {"memory.micro_batch_size": per_device, "run.batch_size": per_device * per_generation}
+
+
+def _steps_per_generation(value, trl):
+    """TRL's steps_per_generation counts micro-batches of per_device_train_batch_size; slimgrpo's counts the
+    optimizer steps one generated batch is split into: TRL's / gradient_accumulation_steps."""
+    if value is None:
+        return SKIP
+    accumulation = int(_get(trl, "gradient_accumulation_steps"))
+    if int(value) % accumulation:
+        raise Refused(f"steps_per_generation={value} is not a multiple of gradient_accumulation_steps="
+                      f"{accumulation}: TRL would end a generated batch inside an optimizer step")
+    return int(value) // accumulation
 
 
 def _max_steps(value, trl):
     if trl.get("total_episodes") is not None:
         return SKIP  # PPO: total_episodes decides the run's length (TRL 1.12's PPO never reads max_steps)
-    return SKIP if value is None or int(value) <= 0 else int(value)  # -1: derived from num_train_epochs
+    if value is None or int(value) <= 0:
+        return SKIP  # -1: derived from num_train_epochs
+    return -(-int(value) // optimizer_steps_per_generation(trl))
+
+
+def optimizer_steps_per_generation(trl: dict) -> int:
+    """TRL's optimizer steps from one generated batch: num_iterations x steps_per_generation /
+    gradient_accumulation_steps (1 with TRL's defaults). slimgrpo counts its steps in generated batches."""
+    spg = trl.get("steps_per_generation")
+    slices = int(spg) // int(_get(trl, "gradient_accumulation_steps")) if spg is not None else 1
+    return max(1, slices) * int(trl.get("num_iterations") or 1)
 
 
 def _epochs(value, trl):

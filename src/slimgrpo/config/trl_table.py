@@ -104,8 +104,12 @@ RULES: list[r.Rule] = [
       targets=("memory.micro_batch_size",), source="TrainingArguments"),
     M("generation_batch_size", "", "accepted when it equals per_device_train_batch_size x "
       "gradient_accumulation_steps; otherwise use steps_per_generation", r._generation_batch_size),
-    M("steps_per_generation", "loss.steps_per_generation", _LOSS_NEW),
-    M("max_steps", "run.max_steps", "TRL -1 = from num_train_epochs", r._max_steps, source="TrainingArguments"),
+    M("steps_per_generation", "loss.steps_per_generation", "TRL's micro-batches per generated batch / "
+      "gradient_accumulation_steps = optimizer steps per generated batch (run.batch_size becomes "
+      "per_device_train_batch_size x steps_per_generation)", r._steps_per_generation),
+    M("max_steps", "run.max_steps", "TRL -1 = from num_train_epochs. TRL counts optimizer steps, slimgrpo generated "
+      "batches, each num_iterations x steps_per_generation / gradient_accumulation_steps optimizer steps: "
+      "max_steps is divided by that (rounded up)", r._max_steps, source="TrainingArguments"),
     M("num_train_epochs", "run.num_train_epochs", "used when max_steps is not set (TRL default 3 epochs, "
       "applied when the YAML gives neither)", r._epochs, source="TrainingArguments"),
     M("seed", "run.seed", source="TrainingArguments"),
