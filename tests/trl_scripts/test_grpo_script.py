@@ -209,3 +209,25 @@ def test_where_the_script_is_silent_trls_defaults_apply(workdir, tiny_chat_model
     slim = run_config(GRPOConfig(output_dir=str(workdir / "e"), max_completion_length=64, adam_beta2=0.99),
                       str(tiny_chat_model_dir), [digits], datasets=(ROWS, None))
     assert slim.rollout.max_completion_length == 64 and slim.optim.adam_beta2 == 0.99  # what the script sets wins
+
+
+@pytest.mark.parametrize("trl, batch, slices, steps", [
+    ({}, 8, None, 12),  # TRL's defaults: one generated batch = one optimizer step
+    ({"gradient_accumulation_steps": 2}, 16, None, 12),
+    ({"steps_per_generation": 4}, 32, 4, 3),  # 32 completions generated at once, 4 optimizer steps of 8 each
+    ({"steps_per_generation": 4, "gradient_accumulation_steps": 2}, 32, 2, 6),
+    ({"num_iterations": 2}, 8, None, 6),  # each generated batch used for 2 optimizer steps
+    ({"steps_per_generation": 2, "num_iterations": 5}, 16, 2, 2),  # 12 / 10 optimizer steps a batch, rounded up
+])
+def test_trls_batch_and_step_counts_keep_their_meaning(trl, batch, slices, steps):
+    """TRL counts optimizer steps of per_device_train_batch_size x gradient_accumulation_steps completions and
+    generates steps_per_generation micro-batches at once; slimgrpo counts generated batches (run.batch_size) and
+    the optimizer steps taken from each (steps_per_generation x num_iterations): the same run either way."""
+    from slimgrpo.trl.yaml import convert
+
+    values = convert({"model_name_or_path": "m", "per_device_train_batch_size": 8, "num_generations": 8,
+                      "max_steps": 12, **trl}).values
+    assert values["run.batch_size"] == batch and values.get("loss.steps_per_generation") == slices
+    assert values["run.max_steps"] == steps
+    refused = convert({"per_device_train_batch_size": 8, "steps_per_generation": 3, "gradient_accumulation_steps": 2})
+    assert [r.key for r in refused.refused] == ["steps_per_generation"]
