@@ -37,6 +37,8 @@ SURFACE: dict[str, tuple[str, str]] = {
     "cli_main": ("slimgrpo.commands.cli:main", "the slimgrpo command line in this process (GPU suite, bf16 child)"),
     "run_training": ("slimgrpo.train.runner", "`slimgrpo train`'s run with step callbacks: vs_trl's slimgrpo child"),
     "Trainer": ("slimgrpo.train.trainer", "the Python API, a run built whole: the PPO, vLLM and update-only children"),
+    "TrlGRPOConfig": ("slimgrpo.trl:GRPOConfig", "TRL's config class, as a script with its import changed builds it"),
+    "TrlGRPOTrainer": ("slimgrpo.trl:GRPOTrainer", "TRL's trainer class, as such a script calls it: script_vs_cli"),
     "train_build": ("slimgrpo.train.build:", "where a run looks up build_optimizer (the bf16-storage child's)"),
     "data_prompt_tokens": ("slimgrpo.train.prompts", "the data's longest prompt in tokens, as `slimgrpo train` plans"),
     "Checkpointer": ("slimgrpo.checkpoint.manager", "a run's checkpoints: vs_trl's child turns saving off, as TRL's"),
