@@ -30,6 +30,7 @@ from slimgrpo.train.build import RunInputs
 from slimgrpo.train.loop import TrainLoop
 from slimgrpo.train.trainer import prepare_run
 from slimgrpo.trl.callbacks import TrainerEvents
+from slimgrpo.trl.common import TrlTrainer
 from slimgrpo.trl.configs import GRPOConfig, given_fields
 from slimgrpo.trl.yaml import convert, fit_prompt_length, model_type_of, nest, peft_default_targets
 
@@ -37,11 +38,7 @@ __all__ = ["GRPOTrainer"]
 
 log = logging.getLogger("slimgrpo.trl")
 
-NO_HUB = ("slimgrpo never uploads (no model or dataset hub at run time): push the folder save_model wrote "
-          "yourself, e.g. `huggingface-cli upload REPO {folder}`")
-
-
-class GRPOTrainer:
+class GRPOTrainer(TrlTrainer):
     """TRL 1.16's ``GRPOTrainer`` (module docstring). Arguments as TRL's; the ones slimgrpo cannot honour are
     refused with the reason (``optimizers`` other than ``(None, None)``: slimgrpo builds its own AdamW from
     ``args``)."""
@@ -141,32 +138,6 @@ class GRPOTrainer:
         folder.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(folder), safe_serialization=True)
         self.processing_class.save_pretrained(str(folder))
-
-    def add_callback(self, callback) -> None:
-        self.callback_handler.add_callback(callback)
-
-    def remove_callback(self, callback) -> None:
-        self.callback_handler.remove_callback(callback)
-
-    def pop_callback(self, callback):
-        return self.callback_handler.pop_callback(callback)
-
-    def push_to_hub(self, *args, **kwargs):
-        raise RuntimeError("GRPOTrainer.push_to_hub: " + NO_HUB.format(folder=self.args.output_dir))
-
-    def create_model_card(self, *args, **kwargs):
-        raise RuntimeError("GRPOTrainer.create_model_card: slimgrpo writes no model card (no hub)")
-
-    @property
-    def ref_model(self):
-        """The reference policy's copy (full fine-tuning with a KL term), else None (LoRA: the base with the
-        adapters off, no copy), as TRL's attribute reads."""
-        return self._loop.policy.reference_cpu
-
-    @property
-    def accelerator(self):
-        raise AttributeError("GRPOTrainer.accelerator: slimgrpo runs without Accelerate (torchrun for several "
-                             "processes)")
 
 
 def _logging_steps(args, cfg) -> int:

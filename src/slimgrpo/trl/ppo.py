@@ -56,7 +56,8 @@ from slimgrpo.train.loop import TrainLoop
 from slimgrpo.train.trainer import prepare_run
 from slimgrpo.trl.callbacks import TrainerEvents
 from slimgrpo.trl.configs import PPOConfig, check_fields, given_fields
-from slimgrpo.trl.grpo import NO_HUB, lora_values
+from slimgrpo.trl.common import TrlTrainer
+from slimgrpo.trl.grpo import lora_values
 from slimgrpo.trl.yaml import convert, nest
 
 __all__ = ["PPOScore", "PPOTrainer", "ppo_metrics", "ppo_run_config", "token_rows"]
@@ -73,7 +74,7 @@ RUN_FIELDS = ("learning_rate", "num_ppo_epochs", "num_mini_batches", "cliprange"
 SHOWN_ROWS = 5  # generate_completions' table, as TRL prints it
 
 
-class PPOTrainer:
+class PPOTrainer(TrlTrainer):
     """TRL 1.12's ``PPOTrainer`` (module docstring): its constructor and methods; what slimgrpo cannot honour
     is refused with the reason."""
 
@@ -176,32 +177,6 @@ class PPOTrainer:
         for ids, completion, score in list(zip(prompt_ids, completion_ids, scores))[:SHOWN_ROWS]:
             table.add_row(tok.decode(ids, skip_special_tokens=True), tok.decode(completion), f"{score:.4f}")
         Console().print(table)
-
-    def add_callback(self, callback) -> None:
-        self.callback_handler.add_callback(callback)
-
-    def remove_callback(self, callback) -> None:
-        self.callback_handler.remove_callback(callback)
-
-    def pop_callback(self, callback):
-        return self.callback_handler.pop_callback(callback)
-
-    def push_to_hub(self, *args, **kwargs):
-        raise RuntimeError("PPOTrainer.push_to_hub: " + NO_HUB.format(folder=self.args.output_dir))
-
-    def create_model_card(self, *args, **kwargs):
-        raise RuntimeError("PPOTrainer.create_model_card: slimgrpo writes no model card (no hub)")
-
-    @property
-    def ref_model(self):
-        """The reference policy's copy (full fine-tuning with ``kl_coef > 0``), else None (LoRA: the base with
-        the adapters off, no copy), as TRL's attribute reads."""
-        return self._loop.policy.reference_cpu
-
-    @property
-    def accelerator(self):
-        raise AttributeError("PPOTrainer.accelerator: slimgrpo runs without Accelerate (torchrun for several "
-                             "processes)")
 
 
 # ---------------------------------------------------------------------------------------- the run's config

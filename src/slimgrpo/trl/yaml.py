@@ -9,6 +9,7 @@ from typing import Any
 
 from slimgrpo.config.trl_rules import TRL_DEFAULTS, TRL_DEFAULTS_APPLIED, TRL_LORA_DEFAULTS_APPLIED, Refused
 from slimgrpo.config.trl_table import BY_KEY
+from slimgrpo.families import llama_like
 
 
 @dataclass
@@ -137,16 +138,14 @@ def model_type_of(model: Any, base_dir: str = ".") -> str | None:
 
 
 def peft_default_targets(model_type: str | None) -> list[str] | None:
-    """The modules peft puts LoRA on when ``target_modules`` is None (its table per architecture), where slimgrpo
-    plans those modules; None otherwise."""
-    if model_type is None:
+    """The modules peft puts LoRA on when ``target_modules`` is None (its table per architecture), for the
+    families slimgrpo plans (``families.py``); None otherwise."""
+    if not llama_like(model_type):
         return None
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as BY_TYPE
 
-    from slimgrpo.spec.cost import LORA_MODULES
-
     targets = BY_TYPE.get(model_type)
-    return sorted(targets) if targets and all(t in LORA_MODULES for t in targets) else None
+    return sorted(targets) if targets else None
 
 
 def nest(values: dict[str, Any]) -> dict[str, Any]:
