@@ -65,9 +65,34 @@ def load_gguf_tokenizer(path: str | Path):
 
     p = _check(path)
     try:
-        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+        tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+        ids = _special_token_ids(p)
     except Exception as e:
         raise _damaged(p, e, "the tokenizer") from None
+    # The file's own ids name the special tokens: transformers 5.17's Llama converter (the lent GPU machine's)
+    # takes EOS from the BOS id and sets no PAD, so completions would "end" at BOS and never at EOS.
+    for name, i in ids.items():
+        if 0 <= i < len(tok):
+            setattr(tok, name, tok.convert_ids_to_tokens(i))
+    return tok
+
+
+# The special tokens a GGUF file names by id (llama.cpp's metadata keys).
+_SPECIAL_IDS = {"bos_token": "tokenizer.ggml.bos_token_id", "eos_token": "tokenizer.ggml.eos_token_id",
+                "unk_token": "tokenizer.ggml.unknown_token_id", "pad_token": "tokenizer.ggml.padding_token_id"}
+
+
+def _special_token_ids(p: Path) -> dict[str, int]:
+    """{"eos_token": id, ...} for each special token the file's metadata names (the header only)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(p)).fields
+    out = {}
+    for name, key in _SPECIAL_IDS.items():
+        field = fields.get(key)
+        if field is not None and field.data:
+            out[name] = int(field.parts[field.data[0]][0])
+    return out
 
 
 @contextlib.contextmanager

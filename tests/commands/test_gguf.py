@@ -119,6 +119,8 @@ def test_model_path_gguf_loads_the_same_model_and_tokenizer(tiny_gguf):
     text = "Tom has 3 apples #### 8"
     assert gtok(text)["input_ids"] == tok(text)["input_ids"]
     assert gtok.eos_token_id == tok.eos_token_id and gtok.padding_side == "left"
+    # Each special token by the file's own id (transformers 5.17's Llama converter took EOS from BOS's id)
+    assert (gtok.bos_token_id, gtok.pad_token_id) == (tok.bos_token_id, tok.pad_token_id) != (tok.eos_token_id,) * 2
     assert "<assistant>" in gtok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
                                                      add_generation_prompt=True)
 

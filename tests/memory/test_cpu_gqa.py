@@ -81,3 +81,27 @@ def test_the_planner_counts_kv_width_by_device():
     assert attention.kv_width(shape, "sdpa", True, "cuda") == shape.q_dim
     assert attention.kv_width(shape, "sdpa", False, "cuda") == shape.kv_dim
     assert attention.kv_width(shape, "eager", False, "cpu") == shape.q_dim
+
+
+def test_transformers_without_the_switch_are_taught_it(monkeypatch):
+    """transformers 5.17-5.22 (the lent GPU machine has 5.17) have no TRANSFORMERS_SDPA_FORCE_GQA: their
+    ``use_gqa_in_sdpa`` says no under any mask, so K/V were repeated on CPU. cpu_gqa wraps it to read the switch
+    as 5.23's does: the native path, same loss and gradients. Here 5.17's rule stands in for the installed one."""
+    from transformers.integrations import sdpa_attention
+
+    def rule_of_5_17(attention_mask, key, value):  # CUDA / NPU: no mask, head_dim <= 256; no switch
+        return attention_mask is None and key.shape[-1] == value.shape[-1] <= 256
+
+    monkeypatch.setattr(sdpa_attention, "use_gqa_in_sdpa", rule_of_5_17)
+    monkeypatch.setattr(attention, "_backported", dict(attention._backported))  # what it held comes back after
+    attention._gqa_switch.cache_clear()
+    try:
+        assert attention._gqa_switch() == "backport" and attention.native_gqa("cpu")
+        test_native_gqa_gives_the_repeated_paths_loss_and_gradients(monkeypatch)
+        wrapped = sdpa_attention.use_gqa_in_sdpa
+        assert wrapped is not rule_of_5_17 and attention._gqa_switch() == "backport"
+        with attention.cpu_gqa("cpu"):
+            attention._backport_switch()  # once: a second call leaves the wrapper as it is
+        assert sdpa_attention.use_gqa_in_sdpa is wrapped
+    finally:
+        attention._gqa_switch.cache_clear()

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 KNOWN = ("sdpa", "flash_attention_2", "eager")
 GQA_ENV = "TRANSFORMERS_SDPA_FORCE_GQA"  # Hugging Face's switch: sdpa with enable_gqa even under a mask
 _OURS = "SLIMGRPO_SET_SDPA_FORCE_GQA"  # marks a GQA_ENV that cpu_gqa set (not the user)
+_backported: dict = {}  # "use_gqa_in_sdpa": the wrapper _backport_switch put in transformers (older ones only)
 
 
 def kernel(name: str | None) -> tuple[str, str | None]:
@@ -57,17 +58,44 @@ def native_gqa(device: str) -> bool:
     """True where sdpa runs grouped-query attention without repeating keys and values, even with a mask:
     on CPU, where slimgrpo turns on Hugging Face's ``TRANSFORMERS_SDPA_FORCE_GQA`` (``cpu_gqa``; torch's
     CPU flash kernel takes ``enable_gqa`` with a mask, forward and backward), unless the user set it to
-    something else or the installed transformers has no such switch."""
-    return device == "cpu" and os.environ.get(GQA_ENV, "1") == "1" and _transformers_reads_switch()
+    something else or the installed transformers has neither the switch nor the function it lives in."""
+    return device == "cpu" and os.environ.get(GQA_ENV, "1") == "1" and _gqa_switch() is not None
 
 
 @functools.lru_cache(maxsize=1)
-def _transformers_reads_switch() -> bool:
+def _gqa_switch() -> str | None:
+    """How the installed transformers comes to read ``GQA_ENV``: "reads" (5.23 and later: ``use_gqa_in_sdpa``
+    returns True when it is "1"), "backport" (5.17-5.22: ``use_gqa_in_sdpa`` decides alone, without the switch;
+    ``_backport_switch`` wraps it to read it the same way), None (no such function: K/V are repeated)."""
     try:
         from transformers.integrations import sdpa_attention
-        return GQA_ENV in inspect.getsource(sdpa_attention.use_gqa_in_sdpa)
-    except (ImportError, AttributeError, OSError, TypeError):
-        return False
+        decide = sdpa_attention.use_gqa_in_sdpa
+    except (ImportError, AttributeError):
+        return None
+    if decide is _backported.get("use_gqa_in_sdpa"):
+        return "backport"
+    try:
+        return "reads" if GQA_ENV in inspect.getsource(decide) else "backport"
+    except (OSError, TypeError):
+        return "backport"
+
+
+def _backport_switch() -> None:
+    """Older transformers (5.17-5.22, the lent GPU machine's 5.17 among them) repeat K/V whenever a mask is
+    passed and have no switch: their ``use_gqa_in_sdpa``, which ``sdpa_attention_forward`` looks up at each call,
+    is wrapped once to answer True when ``GQA_ENV`` is "1", as 5.23's does; unset, it answers as before."""
+    from transformers.integrations import sdpa_attention
+
+    decide = sdpa_attention.use_gqa_in_sdpa
+    if decide is _backported.get("use_gqa_in_sdpa"):
+        return
+
+    def use_gqa_in_sdpa(*args, **kwargs):
+        return os.environ.get(GQA_ENV, "0") == "1" or decide(*args, **kwargs)
+
+    _backported["use_gqa_in_sdpa"] = use_gqa_in_sdpa
+    use_gqa_in_sdpa.__doc__ = f"{decide.__doc__ or ''}\n(slimgrpo: True when {GQA_ENV}=1, as in transformers 5.23.)"
+    sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
 
 
 @contextlib.contextmanager
@@ -77,7 +105,10 @@ def cpu_gqa(device: str) -> Iterator[None]:
     shared-prompt update, padded rows) keeps [rows, kv_heads, S, d] keys and values, not [rows, heads, S,
     d]: SmolLM2 (9 heads on 3) at 16 x 229 tokens, peak RSS of a step 6,282 -> 5,908 MiB. Elsewhere the
     switch is cleared for the duration (the masked GPU kernels take no ``enable_gqa``); a value the user
-    set is kept either way."""
+    set is kept either way. On transformers 5.17-5.22, which have no such switch, the function that reads it
+    in 5.23 is taught to (``_backport_switch``)."""
+    if _gqa_switch() == "backport":
+        _backport_switch()
     before = os.environ.get(GQA_ENV)
     if before is not None and not os.environ.get(_OURS):
         yield

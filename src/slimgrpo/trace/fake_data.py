@@ -11,7 +11,9 @@ answer. :class:`FakeData` sits above the fake mode and keeps those working:
 * a real boolean index into a fake tensor is turned into integer indices first (its ``nonzero`` is
   known), so ``hidden[mask]`` has a known shape;
 * a Python scalar read from a fake tensor (``float(loss)``, ``bool(done.all())``) is a placeholder:
-  ``1.0`` for floats (finite, so the optimizer step runs), ``1`` for integers, ``False`` for booleans.
+  ``1.0`` for floats (finite, so the optimizer step runs), ``1`` for integers, ``False`` for booleans;
+* ``torch.equal`` with a fake tensor answers True: torch's own argument checks call it (torch 2.11's
+  ``quantile`` compares ``all(0 <= q <= 1)`` with ones, on a fake scalar, before it sorts).
 
 What the step computes is meaningless; what it allocates is what the real step allocates, except
 where control flow depends on those placeholders (e.g. a rollout that stops at EOS: ``False`` means
@@ -49,6 +51,8 @@ class FakeData(TorchDispatchMode):
         any_fake = any(isinstance(x, FakeTensor) or x.is_meta for x in tensors)  # meta: a model not yet materialised
         if func is aten._local_scalar_dense.default and any_fake:
             return _placeholder(args[0].dtype)
+        if func is aten.equal.default and any_fake:
+            return True
         if tensors and not any_fake:  # all inputs real: index / mask arithmetic, run it for real
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
