@@ -104,3 +104,5 @@ class LossStats:
     # Entropy bonus on: sum of the entropy over the tokens it acts on, and their count (adaptive control).
     bonus_entropy_sum: float = 0.0
     bonus_tokens: float = 0.0
+    # The loss without the entropy bonus (the policy term, with the KL term): TRL's ``policy_loss``.
+    policy_loss: float = 0.0

@@ -270,7 +270,8 @@ def prompt_to_text(prompt: Prompt, tokenizer, cfg: DataConfig) -> tuple[str, boo
     messages = list(prompt) if conversational else [{"role": "user", "content": prompt}]
     if cfg.system_prompt and not any(m["role"] == "system" for m in messages):
         messages = [{"role": "system", "content": cfg.system_prompt}] + messages
-    text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True,
+                                         **(cfg.chat_template_kwargs or {}))
     return text, True
 
 

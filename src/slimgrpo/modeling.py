@@ -194,7 +194,16 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype):
         # Never unpickle a .bin the user did not explicitly accept: prefer safetensors.
         kwargs["use_safetensors"] = any(Path(path).glob("*.safetensors"))
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        except ValueError as e:
+            if kwargs.get("attn_implementation") != "sdpa" or "scaled_dot_product_attention" not in str(e):
+                raise
+            # An architecture without SDPA support (GPT-OSS: attention sinks): transformers' own choice instead.
+            log.warning("model %s has no SDPA attention (model.attn_implementation=sdpa); loading it with "
+                        "transformers' default attention implementation", path)
+            model = AutoModelForCausalLM.from_pretrained(path, **{k: v for k, v in kwargs.items()
+                                                                  if k != "attn_implementation"})
     except (OSError, ValueError, RuntimeError) as e:
         raise ModelLoadError(f"could not load the model from {path!r}: {type(e).__name__}: {e}") from None
     if not cfg.load_in_4bit:

@@ -55,8 +55,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ('commands/train.py', "getattr(args, 'from_command_line', False)"): ARGS,
     # config/best.py
     ('config/best.py', "getattr(spec, '__name__', type(spec).__name__)"): USER,
-    ('output/console.py', "getattr(spec, '__name__', type(spec).__name__)"): USER,
     ('trl/grpo.py', 'getattr(peft_config, name, fine)'): PEFT,
+    ('trl/yaml.py', "getattr(config, 'model_type', None)"): HF,
+    ('trl/yaml.py', "getattr(model, 'config', None)"): HF,
     ('config/best.py', "hasattr(spec, 'config')"): USER,
     ('config/best.py', "hasattr(spec, 'forward')"): USER,
     # config/parse.py

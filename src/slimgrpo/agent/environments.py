@@ -107,6 +107,14 @@ class Toolbox:
             return self.tools
         return self.tools + _methods(self.environments[i])
 
+    def offered_tools(self) -> list[Callable]:
+        """Every tool a rollout may be offered: the standalone tools, then the methods of each environment's first
+        instance (TRL's ``GRPOTrainer.tools``)."""
+        out = list(self.tools)
+        for pool in self.pool.values():
+            out += [m for m in _methods(pool[0]) if m not in out]
+        return out
+
     def reward_functions(self) -> list[tuple[str, Callable]]:
         """One reward function per environment class with ``get_reward`` (TRL: named after the class)."""
         out = []

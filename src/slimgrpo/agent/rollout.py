@@ -96,13 +96,15 @@ class AgentSettings:
     ``tool_call_format``: ``auto`` / ``hermes`` / ``llama3`` (``tool_calls.parse_tool_calls``);
     ``chat_template``: a template overriding the tokenizer's (``data.chat_template``); ``system_prompt``:
     prepended as a system message when the prompt has none (``data.system_prompt``);
-    ``max_prompt_length``: the longest prompt rendered with its tools (``data.max_prompt_length``)."""
+    ``max_prompt_length``: the longest prompt rendered with its tools (``data.max_prompt_length``);
+    ``chat_template_kwargs``: the template's extra variables (``data.chat_template_kwargs``)."""
 
     max_iterations: int | None = None
     tool_call_format: str = "auto"
     chat_template: str | None = None
     system_prompt: str | None = None
     max_prompt_length: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 @dataclass
@@ -140,7 +142,8 @@ class AgentRollout:
     # ------------------------------------------------------------------ rendering
     def _render(self, messages: list[dict[str, Any]], tools, add_generation_prompt: bool) -> list[int]:
         text = self.tok.apply_chat_template(messages, tools=tools or None, chat_template=self.settings.chat_template,
-                                            tokenize=False, add_generation_prompt=add_generation_prompt)
+                                            tokenize=False, add_generation_prompt=add_generation_prompt,
+                                            **(self.settings.chat_template_kwargs or {}))
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
     def prompt_messages(self, prompt, observation) -> list[dict[str, Any]]:

@@ -90,7 +90,8 @@ def build_agent(cfg, engine, tokenizer, tools: list[Callable] | None = None,
                         max_concurrent=r.max_concurrent_tool_calls)
     settings = AgentSettings(max_iterations=r.max_tool_calling_iterations, tool_call_format=r.tool_call_format,
                              chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt,
-                             max_prompt_length=cfg.data.max_prompt_length)
+                             max_prompt_length=cfg.data.max_prompt_length,
+                             chat_template_kwargs=cfg.data.chat_template_kwargs)
     return AgentRollout(engine, tokenizer, toolbox, runner, settings)
 
 

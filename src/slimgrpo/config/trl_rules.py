@@ -80,6 +80,14 @@ def R(key, reason, ok=(None,), source="TrainingArguments") -> Rule:
 # ----------------------------------------------------------------------------------- transforms
 
 
+def _mapping(target: str) -> Callable[[Any, dict], Any]:
+    """A transform for a TRL key whose value is a mapping: set as one value of ``target`` (a plain mapping is
+    read as ``{slimgrpo_key: value}``); None or empty changes nothing."""
+    def transform(value, trl):
+        return {target: dict(value)} if value else SKIP
+    return transform
+
+
 def _get(trl: dict, key: str) -> Any:
     value = trl.get(key)
     return TRL_DEFAULTS[key] if value is None else value

@@ -83,8 +83,8 @@ RULES: list[r.Rule] = [
     M("shuffle_dataset", "data.shuffle"),
     M("train_sampling_strategy", "data.shuffle", "random = shuffle, sequential = dataset order", r._sampling_order,
       source="TrainingArguments"),
-    R("chat_template_kwargs", "not passed to the chat template: set data.chat_template to a template that "
-      "renders what you need (e.g. without thinking)"),
+    M("chat_template_kwargs", "data.chat_template_kwargs", "passed to the chat template of every prompt and "
+      "tool-calling turn (enable_thinking: false)", r._mapping("data.chat_template_kwargs")),
     # ------------------------------------------------------------- rewards (GRPOScriptArguments)
     M("reward_funcs", "rewards.functions", "TRL's registry names (accuracy_reward, think_format_reward, "
       "reasoning_accuracy_reward, get_soft_overlong_punishment) load from trl.rewards; module.function loads "

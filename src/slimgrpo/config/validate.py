@@ -32,8 +32,10 @@ def attention_problem(cfg: Config) -> str | None:
     )
 
 
-def validate_config(cfg: Config) -> None:
-    """Impossible combinations, caught before any model is loaded."""
+def validate_config(cfg: Config, environment_given: bool = False) -> None:
+    """Impossible combinations, caught before any model is loaded. ``environment_given``: the Python API passes
+    an environment factory (TRL's ``environment_factory``), whose ``get_reward`` may be the only reward (checked
+    when the agent is set up, ``agent/setup.py``), as ``rollout.environment`` may."""
     r, L, run, mem = cfg.rollout, cfg.loss, cfg.run, cfg.memory
     if not cfg.model.path:
         raise ConfigError("model.path is empty: set it to a local model folder (model.path=path/to/model)")
@@ -41,7 +43,7 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError("data.path is empty: set it to a prompts file (data.path=prompts.jsonl); from Python, "
                           "pass the rows instead: Trainer(cfg, train_dataset=rows) with load_config(..., "
                           "validate=False), or cfg.data.path = rows")
-    if not cfg.rewards.functions and not cfg.rollout.environment:
+    if not cfg.rewards.functions and not cfg.rollout.environment and not environment_given:
         raise ConfigError(
             "rewards.functions is empty: name at least one reward function, e.g. "
             "rewards.functions=[gsm8k_accuracy] or rewards.functions=[my_rewards.py:score]"

@@ -365,6 +365,7 @@ def grpo_loss(
         per_token = per_token + s.beta * kl
     loss = _AGGREGATE[s.loss_type](per_token, mask, s, norm)
     stats = _stats(ratio, advantages, mask, kl, parts, s)
+    stats.policy_loss = float(loss.detach())
     if s.entropy_bonus:
         coef = s.entropy_coef if entropy_coef is None else entropy_coef
         if coef != 0.0:

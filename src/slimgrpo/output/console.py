@@ -10,6 +10,7 @@ import warnings
 from typing import Any
 
 from slimgrpo.output.metrics import describe_eval
+from slimgrpo.rewards.loading import reward_label
 from slimgrpo.units import human_count, human_duration
 
 
@@ -43,11 +44,6 @@ def quiet_third_party(verbose: bool) -> None:
         pass
 
 
-def _reward_label(spec) -> str:
-    """A reward as the banner names it: a spec as written, a function (from Python) by its name."""
-    return spec if isinstance(spec, str) else getattr(spec, "__name__", type(spec).__name__)
-
-
 def banner_lines(cfg, policy, world_size: int, start_step: int, eval_prompts: int | None,
                  output_dir) -> list[str]:
     """The start banner: the model and what trains, the device, the batch, the steps (``start_step``: the step
@@ -68,7 +64,7 @@ def banner_lines(cfg, policy, world_size: int, start_step: int, eval_prompts: in
         f"  batch       {cfg.prompts_per_step} prompts x {cfg.rollout.num_generations} generations = "
         f"{cfg.run.batch_size} completions per step, up to {cfg.rollout.max_completion_length} tokens each",
         f"  steps       {cfg.run.max_steps}" + (f" (resuming after step {start_step})" if start_step else "")
-        + f"; rewards: {', '.join(_reward_label(f) for f in cfg.rewards.functions)}",
+        + f"; rewards: {', '.join(reward_label(f) for f in cfg.rewards.functions)}",
     ]
     if eval_prompts is not None:
         when = f"every {cfg.eval.steps} steps" if cfg.eval.steps else "before and after training"

@@ -27,10 +27,11 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from slimgrpo.rewards.builtin import BUILTIN_REWARDS
 
-__all__ = ["RewardSpecError", "RewardFileNotFoundError", "load_reward_function", "load_reward_functions"]
+__all__ = ["RewardSpecError", "RewardFileNotFoundError", "load_reward_function", "load_reward_functions", "reward_label"]
 
 
 class RewardSpecError(ValueError):
@@ -57,7 +58,7 @@ def load_reward_function(
         model = RewardModel(spec, device=device)
         return model.__name__, model
     if callable(spec):
-        return getattr(spec, "__name__", type(spec).__name__), spec
+        return reward_label(spec), spec
     if not isinstance(spec, str) or not spec.strip():
         raise RewardSpecError(f"load_reward_function: expected a name or 'module:function', got {spec!r}")
     spec = spec.strip()
@@ -82,6 +83,14 @@ def load_reward_function(
         label = target
     function = _get_attribute(module, attribute, spec, label)
     return attribute.rsplit(".", 1)[-1], function
+
+
+def reward_label(spec: Any) -> str:
+    """A reward as a person reads it: a spec as written, a function given from Python by its ``__name__`` (a
+    callable object without one, such as a ``functools.partial``, by its type's name)."""
+    if isinstance(spec, str):
+        return spec
+    return getattr(spec, "__name__", type(spec).__name__)
 
 
 def load_reward_functions(

@@ -47,6 +47,7 @@ def step_metrics(d, device, rollout, rewards: RewardOutput, update: UpdateResult
     m["grad_norm"] = update.grad_norm
     if update.entropy_coef is not None:  # after this step's update, as TRL logs it
         m["entropy_coef"] = update.entropy_coef
+        m["policy_loss"] = r.policy_loss  # the loss without the entropy bonus (TRL logs it with the bonus on)
     m["learning_rate"] = update.learning_rate
     if update.loss_scale is not None:  # a float16 policy's (update/loss_scale.py), after this step's update
         m["loss_scale"] = update.loss_scale

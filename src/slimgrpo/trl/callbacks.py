@@ -2,9 +2,10 @@
 moments a transformers ``Trainer`` calls it, with the trainer's ``TrainerState`` and ``TrainerControl``.
 
     on_train_begin -> per step: on_step_begin, on_step_end (global_step counted), on_log (every logging_steps
-    steps, the step's metrics under TRL's names, also appended to state.log_history), on_evaluate (when
-    eval.data ran), on_save (when a checkpoint was written) -> on_log (the run's totals: train_loss,
-    train_runtime ...) -> on_train_end
+    steps, the metrics under TRL's names, each its mean over the steps since the last on_log, also appended to
+    state.log_history), on_evaluate (when eval.data ran), on_save (when a checkpoint was written) -> on_log (the
+    run's totals: train_loss, train_runtime ..., with the metrics of the steps since the last on_log, as TRL's
+    last log_history entry has them) -> on_train_end
 
 ``control.should_training_stop`` set by a callback stops the run before its next step, as it stops TRL's.
 """
@@ -24,6 +25,10 @@ __all__ = ["TrainerEvents"]
 _OWN_PREFIXES = ("time/", "memory/", "gen/", "stall/", "best/", "data/")
 
 
+# What transformers' Trainer logs as the logging step's value, not as a mean over the steps since the last log.
+_LAST_VALUE = ("grad_norm", "learning_rate", "epoch")
+
+
 def trl_logs(metrics: dict[str, Any], epoch: float) -> dict[str, Any]:
     """A step's metrics as TRL's trainer logs them: its metric names (which metrics.jsonl shares), the epoch."""
     logs = {k: v for k, v in metrics.items() if k != "step" and not k.startswith(_OWN_PREFIXES)}
@@ -31,6 +36,21 @@ def trl_logs(metrics: dict[str, Any], epoch: float) -> dict[str, Any]:
         logs["step_time"] = metrics["time/step_s"]
     logs["epoch"] = epoch
     return logs
+
+
+def mean_logs(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The logs of the steps since the last ``on_log`` as TRL's ``log`` gives them: each metric's mean over those
+    steps, NaN left out (None where no value is left), ``grad_norm``, ``learning_rate`` and ``epoch`` the last
+    step's (transformers' Trainer logs those as they are at the logging step)."""
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for step in steps for k in step):
+        values = [step[key] for step in steps if key in step]
+        if key in _LAST_VALUE or not all(isinstance(v, (int, float)) or v is None for v in values):
+            out[key] = values[-1]
+            continue
+        valid = [float(v) for v in values if v is not None and not math.isnan(v)]
+        out[key] = sum(valid) / len(valid) if valid else None
+    return out
 
 
 class TrainerEvents(RunEvents):
@@ -42,6 +62,7 @@ class TrainerEvents(RunEvents):
         self.handler, self.args, self.state, self.control = handler, args, state, control
         self.logging_steps = logging_steps
         self.losses: list[float] = []
+        self.pending: list[dict[str, Any]] = []  # the steps' logs since the last on_log
         self.started = 0.0
 
     def _epoch(self, loop: Any, step: int) -> float:
@@ -58,8 +79,10 @@ class TrainerEvents(RunEvents):
         if math.isfinite(metrics.get("loss", math.nan)):
             self.losses.append(float(metrics["loss"]))
         self.control = self.handler.on_step_end(self.args, self.state, self.control)
+        self.pending.append(trl_logs(metrics, self.state.epoch))
         if self.logging_steps and step % self.logging_steps == 0:
-            self.log(trl_logs(metrics, self.state.epoch))
+            self.log(mean_logs(self.pending))
+            self.pending = []
         return bool(self.control.should_training_stop)
 
     def step_begin(self, loop: Any, step: int) -> None:
@@ -86,7 +109,12 @@ class TrainerEvents(RunEvents):
         best = loop.watch.best
         if best is not None and best.step is not None:
             self.state.best_global_step = best.step
-        self.log({"train_runtime": runtime, "train_samples_per_second": steps * loop.cfg.run.batch_size / runtime,
+        # As TRL's log(): the metrics of the steps since the last on_log go with the run's totals.
+        unlogged = {k: v for k, v in mean_logs(self.pending).items() if k not in ("loss", "grad_norm",
+                                                                                  "learning_rate")}
+        self.pending = []
+        self.log({**unlogged, "train_runtime": runtime,
+                  "train_samples_per_second": steps * loop.cfg.run.batch_size / runtime,
                   "train_steps_per_second": steps / runtime, "total_flos": 0.0,
                   "train_loss": sum(self.losses) / len(self.losses) if self.losses else math.nan,
                   "epoch": self.state.epoch})

@@ -32,6 +32,7 @@ from slimgrpo.train.trainer import prepare_run
 from slimgrpo.trl.callbacks import TrainerEvents
 from slimgrpo.trl.common import TrlTrainer
 from slimgrpo.trl.configs import GRPOConfig, given_fields
+from slimgrpo.trl.evaluation import eval_sets, evaluators_for, streamed_train_rows, union_rows
 from slimgrpo.trl.yaml import convert, fit_prompt_length, model_type_of, nest, peft_default_targets
 
 __all__ = ["GRPOTrainer"]
@@ -43,10 +44,10 @@ class GRPOTrainer(TrlTrainer):
     refused with the reason (``optimizers`` other than ``(None, None)``: slimgrpo builds its own AdamW from
     ``args``)."""
 
-    def __init__(self, model: Any, reward_funcs: Any, args: GRPOConfig | None = None, train_dataset: Any = None,
-                 eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
-                 callbacks: list | None = None, optimizers: tuple = (None, None), peft_config: Any = None,
-                 tools: list[Callable] | None = None, environment_factory: Any = None,
+    def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | None = None,
+                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
+                 reward_processing_classes: Any = None, callbacks: list | None = None, optimizers: tuple = (None, None),
+                 peft_config: Any = None, tools: list[Callable] | None = None, environment_factory: Any = None,
                  rollout_func: Callable | None = None):
         if args is None:
             name = model if isinstance(model, str) else unwrap_causal_lm(model).config._name_or_path
@@ -55,14 +56,22 @@ class GRPOTrainer(TrlTrainer):
             raise ValueError("GRPOTrainer(optimizers=...): slimgrpo builds its optimizer and schedule from args "
                              "(optim, learning_rate, lr_scheduler_type, warmup_*); leave optimizers=(None, None)")
         if train_dataset is None and rollout_func is None:
-            raise ValueError("GRPOTrainer needs train_dataset: a datasets.Dataset or a list of rows with a "
-                             "'prompt' column")
+            train_dataset = environment_owned_data(args, environment_factory)
+        elif environment_factory is not None:
+            train_dataset = with_empty_prompts(train_dataset)
         self.args = args
-        self.reward_funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-        self.reward_processing_classes = reward_processing_classes
+        self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else \
+            [] if reward_funcs is None else [reward_funcs]
+        if not self.reward_funcs and environment_factory is None:
+            raise ValueError("No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose "
+                             "environment defines a `get_reward` method.")
         self.eval_dataset, self.tools, self.rollout_func = eval_dataset, tools, rollout_func
+        train_dataset = streamed_train_rows(train_dataset, args)
+        named_sets = eval_sets(eval_dataset)
         cfg = run_config(args, model, self.reward_funcs, peft_config, reward_processing_classes,
-                         (train_dataset, eval_dataset))
+                         (train_dataset, union_rows(named_sets) if named_sets else None),
+                         environment_factory is not None)
+        self._reward_attributes(cfg.rewards.functions, reward_processing_classes)
         policy = None
         if not isinstance(model, (str, os.PathLike)):
             from slimgrpo.modeling import load_run_tokenizer, policy_of
@@ -80,9 +89,40 @@ class GRPOTrainer(TrlTrainer):
         self._events = TrainerEvents(self.callback_handler, args, self.state, TrainerControl(),
                                      _logging_steps(args, cfg))
         self._loop = TrainLoop(parts, events=[self._events])
+        self._agent = parts.agent  # tools / environments: evaluate() rolls out as training does
+        if named_sets and None not in named_sets:  # TRL's named sets: each evaluated apart, eval_<name>_...
+            self._loop.evaluator = evaluators_for(self._loop, self._agent, named_sets)
         self.model = parts.policy.model
         self.processing_class = parts.policy.tokenizer
-        self.reward_func_names = list(parts.reward_runner.names)
+        self.aux_loss_enabled = False  # TRL's flag for an MoE router's load-balancing loss: slimgrpo never adds it
+        self._run_attributes(parts)
+
+    def _run_attributes(self, parts) -> None:
+        """What TRL's trainer exposes of the run it built: ``reward_func_names`` and ``reward_weights`` (a tensor)
+        of every reward, an environment's ``get_reward`` after the script's functions (weight 1, no processing
+        class), and ``tools``: the script's tools, then the environments' methods."""
+        import torch
+
+        from slimgrpo.agent.rollout import AgentRollout
+
+        runner = parts.reward_runner
+        self.reward_func_names = list(runner.names)
+        self.reward_funcs = self.reward_funcs + [fn for _, fn in runner.functions[len(self.reward_funcs):]]
+        self.reward_processing_classes += [None] * (len(self.reward_funcs) - len(self.reward_processing_classes))
+        self.reward_weights = torch.tensor(runner.weights, dtype=torch.float32)
+        if isinstance(parts.agent, AgentRollout):
+            self.tools = parts.agent.toolbox.offered_tools()
+
+    def _reward_attributes(self, resolved: list, processing_classes: Any) -> None:
+        """``reward_funcs`` and ``reward_processing_classes`` as TRL's trainer holds them: a reward model as the
+        loaded ``PreTrainedModel`` with its tokenizer beside it."""
+        from slimgrpo.rewards.reward_model import RewardModel
+
+        classes = reward_processing_classes_of(processing_classes, len(resolved))
+        self.reward_funcs = [fn.model if isinstance(fn, RewardModel) else given
+                             for fn, given in zip(resolved, self.reward_funcs)]
+        self.reward_processing_classes = [fn.tokenizer if isinstance(fn, RewardModel) else tok
+                                          for fn, tok in zip(resolved, classes)]
 
     # ------------------------------------------------------------------ what scripts call
 
@@ -117,13 +157,16 @@ class GRPOTrainer(TrlTrainer):
 
     def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"
                  ) -> dict[str, float]:
-        """Run the evaluation on ``eval_dataset`` (the trainer's ``eval.data``): its metrics with
-        ``metric_key_prefix``, logged and said to the callbacks' ``on_evaluate``."""
+        """Run the evaluation on ``eval_dataset`` (a set, a dict of named sets, or None: the trainer's own):
+        its metrics with ``metric_key_prefix`` (``eval_<name>_...`` for named sets, as TRL's), logged and said to
+        the callbacks' ``on_evaluate``. slimgrpo's evaluation has no loss (``trl/evaluation.py``)."""
         if eval_dataset is not None:
-            raise ValueError("evaluate(eval_dataset=...): give the evaluation set to GRPOTrainer(eval_dataset=...)")
-        evaluator = self._loop.evaluator
+            evaluator = evaluators_for(self._loop, self._agent, eval_sets(eval_dataset))
+        else:
+            evaluator = self._loop.evaluator
         if evaluator is None:
-            raise ValueError("evaluate() needs an evaluation set: GRPOTrainer(eval_dataset=...)")
+            raise ValueError("evaluate() needs an evaluation set: GRPOTrainer(eval_dataset=...) or "
+                             "evaluate(eval_dataset=...)")
         metrics = evaluator.run()
         logs = {f"{metric_key_prefix}_" + k.removeprefix("eval/").replace("/", "_"): v for k, v in metrics.items()}
         self._events.log(logs)
@@ -140,6 +183,38 @@ class GRPOTrainer(TrlTrainer):
         self.processing_class.save_pretrained(str(folder))
 
 
+def environment_owned_data(args: GRPOConfig, environment_factory: Any) -> list[dict[str, Any]]:
+    """TRL 1.16's training set when the script gives none: an environment that owns the data (its ``reset()``
+    returns the prompt, appended to an empty user message) with ``max_steps`` setting the length: one generated
+    batch's prompts, empty, cycled. Refused, with TRL's messages, without an environment, with several (a dict:
+    rows must name theirs in an ``environment`` column) or without ``max_steps``."""
+    if environment_factory is None:
+        raise ValueError("`train_dataset` is required unless an `environment_factory` is provided.")
+    if isinstance(environment_factory, dict):
+        raise ValueError("A `dict` `environment_factory` (multiple environments) requires a `train_dataset` with an "
+                         "`environment` column to route each example to its environment. Provide a dataset, or "
+                         "pass a single environment factory.")
+    if args.max_steps <= 0:
+        raise ValueError("When training without a `train_dataset` (the environment owns the data and returns the "
+                         "prompt from `reset()`), `max_steps` must be set to a positive value to define the training "
+                         "length. Set it via `GRPOConfig(max_steps=...)`.")
+    rows = max(1, args.generation_batch_size // args.num_generations)
+    return [{"prompt": [{"role": "user", "content": ""}]} for _ in range(rows)]
+
+
+def with_empty_prompts(data: Any) -> Any:
+    """Rows without a ``prompt`` column when an environment owns the data (its ``reset()`` gives the prompt; TRL
+    1.16's rows may only route to an environment): each gets an empty user message to append it to."""
+    from datasets import Dataset
+
+    empty = [{"role": "user", "content": ""}]
+    if isinstance(data, Dataset) and "prompt" not in data.column_names:
+        return data.add_column("prompt", [empty] * len(data))
+    if isinstance(data, list) and data and all(isinstance(r, dict) and "prompt" not in r for r in data):
+        return [{**r, "prompt": empty} for r in data]
+    return data
+
+
 def _logging_steps(args, cfg) -> int:
     """How often ``on_log`` runs: TRL's ``logging_strategy`` and ``logging_steps`` (a fraction of the run's
     steps where below 1); 0 with ``no``; ``epoch``: the steps of one pass over the prompts."""
@@ -153,11 +228,13 @@ def _logging_steps(args, cfg) -> int:
 
 
 def run_config(args: GRPOConfig, model: Any, reward_funcs: list, peft_config: Any = None,
-               reward_processing_classes: Any = None, datasets: tuple = (None, None)):
+               reward_processing_classes: Any = None, datasets: tuple = (None, None),
+               environment_given: bool = False):
     """The slimgrpo ``Config`` of a script's trainer: ``args``'s set fields through the rules table (what
     ``--trl-config`` does with a YAML), the model, LoRA from ``peft_config`` or a peft model's own adapters, the
     reward functions (a reward model with its tokenizer from ``reward_processing_classes``) and the datasets
-    (``(train_dataset, eval_dataset)``, either None)."""
+    (``(train_dataset, eval_dataset)``, either None); ``environment_given``: an ``environment_factory`` was given
+    (its ``get_reward`` may be the reward)."""
     values = convert(given_fields(args), os.getcwd()).values
     if isinstance(model, (str, os.PathLike)):
         values["model.path"] = os.path.abspath(os.fspath(model)) if os.path.exists(model) else os.fspath(model)
@@ -173,14 +250,15 @@ def run_config(args: GRPOConfig, model: Any, reward_funcs: list, peft_config: An
     cfg = from_dict(nest(values), base_dir=os.getcwd())
     if "max_prompt_length" not in given_fields(args):  # as --trl-config: TRL 1.16 does not cut prompts
         fit_prompt_length(cfg, log.info)
-    cfg.rewards.functions = _rewards(reward_funcs, reward_processing_classes, cfg.run.device)
+    cfg.rewards.functions = _rewards(reward_funcs, reward_processing_classes, cfg.run.device,
+                                     bool(args.trust_remote_code))
     train_dataset, eval_dataset = datasets
     if train_dataset is not None:
         cfg.data.path = train_dataset
     if eval_dataset is not None:
         cfg.eval.data = eval_dataset
     try:
-        validate_config(cfg)
+        validate_config(cfg, environment_given)
     except ConfigError as e:
         raise ValueError(f"GRPOTrainer: {e}") from None
     return cfg
@@ -209,17 +287,49 @@ def lora_values(peft_config: Any, model: Any = None) -> dict[str, Any]:
             "lora.dropout": float(peft_config.lora_dropout), "lora.target_modules": targets}
 
 
-def _rewards(reward_funcs: list, processing_classes: Any, device: str) -> list:
+def _rewards(reward_funcs: list, processing_classes: Any, device: str, trust_remote_code: bool = False) -> list:
     """TRL's ``reward_funcs`` as slimgrpo's loader takes them (callables, reward-model folders or loaded reward
-    models: ``rewards/loading.py``), a reward model with the tokenizer ``reward_processing_classes`` gives at its
-    position made here."""
+    models: ``rewards/loading.py``). As TRL's trainer: a string that is no slimgrpo spec (``file.py:function``, a
+    built-in name) is a reward model's name or folder, loaded with ``AutoModelForSequenceClassification``
+    (``num_labels=1``; a hub name from the local cache, or the hub when online); ``reward_processing_classes`` is
+    one tokenizer per function (a single one for a single function), that of a reward model read with it."""
     from slimgrpo.rewards.reward_model import RewardModel
 
-    if processing_classes is not None and not isinstance(processing_classes, list):
-        processing_classes = [processing_classes]
-    tokenizers = list(processing_classes or []) + [None] * len(reward_funcs)
-    return [RewardModel(fn, tokenizer=tok, device=device) if tok is not None and _is_model(fn) else fn
-            for fn, tok in zip(reward_funcs, tokenizers)]
+    tokenizers = reward_processing_classes_of(processing_classes, len(reward_funcs))
+    out = []
+    for fn, tok in zip(reward_funcs, tokenizers):
+        if _is_model_name(fn):
+            from transformers import AutoModelForSequenceClassification
+
+            fn = AutoModelForSequenceClassification.from_pretrained(os.fspath(fn), num_labels=1,
+                                                                    trust_remote_code=trust_remote_code)
+        out.append(RewardModel(fn, tokenizer=tok, device=device, trust_remote_code=trust_remote_code)
+                   if _is_model(fn) else fn)
+    return out
+
+
+def reward_processing_classes_of(processing_classes: Any, count: int) -> list:
+    """TRL's ``reward_processing_classes`` as a list of ``count`` entries (None: one None each; a single
+    tokenizer: a list of it), refused where the lengths differ, with TRL's message."""
+    if processing_classes is None:
+        return [None] * count
+    classes = list(processing_classes) if isinstance(processing_classes, (list, tuple)) else [processing_classes]
+    if len(classes) != count:
+        raise ValueError(f"The number of reward processing classes ({len(classes)}) must match the number of "
+                         f"reward functions ({count}).")
+    return classes
+
+
+def _is_model_name(spec: Any) -> bool:
+    """A string TRL would load as a reward model that slimgrpo's loader would not: no ``:`` (not
+    ``file.py:function``), no built-in reward's name, not a local folder (the loader reads those itself)."""
+    from slimgrpo.rewards.builtin import BUILTIN_REWARDS
+
+    if not isinstance(spec, (str, os.PathLike)):
+        return False
+    spec = os.fspath(spec).strip()
+    return bool(spec) and ":" not in spec and spec not in BUILTIN_REWARDS and not os.path.exists(spec) \
+        and not spec.endswith(".py")
 
 
 def _is_model(spec: Any) -> bool:

@@ -105,10 +105,11 @@ def split_update(batch: UpdateBatch, parts: int) -> list[UpdateBatch]:
 
 
 def stat_sums(s: UpdateStats) -> dict[str, float]:
-    """``s`` as sums that add across micro-batches, optimizer steps and ranks: the loss, the token means times
-    the tokens, the clip fractions and the loss type's ``extra`` (``extra:NAME``) times what they count."""
+    """``s`` as sums that add across micro-batches, optimizer steps and ranks: the loss (and its policy part), the
+    token means times the tokens, the clip fractions and the loss type's ``extra`` (``extra:NAME``) times what
+    they count."""
     n, c = float(s.tokens), float(s.clip_count)
-    sums = {"loss": s.loss, "kl": s.kl * n, "entropy": s.entropy * n, "tokens": n,
+    sums = {"loss": s.loss, "policy_loss": s.policy_loss, "kl": s.kl * n, "entropy": s.entropy * n, "tokens": n,
             "clip_ratio_low": s.clip_ratio_low * c, "clip_ratio_high": s.clip_ratio_high * c,
             "clip_ratio_region": s.clip_ratio_region * c, "clip_count": c}
     sums.update({f"extra:{k}": v * c for k, v in s.extra.items()})
@@ -125,7 +126,8 @@ def token_means(sums: dict[str, float]) -> UpdateStats:
     ranks) back to statistics: token means over the tokens, clip fractions and ``extra`` over what they
     count, the loss summed."""
     d, dc = max(sums["tokens"], 1.0), max(sums["clip_count"], 1.0)
-    return UpdateStats(loss=sums["loss"], kl=sums["kl"] / d, entropy=sums["entropy"] / d,
+    return UpdateStats(loss=sums["loss"], policy_loss=sums.get("policy_loss", 0.0), kl=sums["kl"] / d,
+                       entropy=sums["entropy"] / d,
                        clip_ratio_low=sums["clip_ratio_low"] / dc, clip_ratio_high=sums["clip_ratio_high"] / dc,
                        clip_ratio_region=sums["clip_ratio_region"] / dc, tokens=int(sums["tokens"]),
                        clip_count=int(sums["clip_count"]),
@@ -142,4 +144,5 @@ def merge_stats(parts: list[UpdateStats]) -> UpdateStats:
         sums = add_sums(sums, stat_sums(p))
     out = token_means(sums)
     out.loss /= len(parts)
+    out.policy_loss /= len(parts)
     return out

@@ -95,11 +95,12 @@ def accumulate_gradients(model, batch: UpdateBatch, settings: UpdateSettings, no
         n = int(mask.sum())
         bonus_sum += ls.bonus_entropy_sum
         bonus_tokens += ls.bonus_tokens
-        part = UpdateStats(loss=float(loss.detach()))
+        part = UpdateStats(loss=float(loss.detach()), policy_loss=ls.policy_loss)
         if n:  # c: tokens, or sequences at sequence level
-            part = UpdateStats(loss=part.loss, kl=ls.kl, clip_ratio_low=ls.clip_ratio_low,
-                               clip_ratio_high=ls.clip_ratio_high, clip_ratio_region=ls.clip_ratio_region,
-                               tokens=n, clip_count=ls.clip_count, extra=ls.extra)
+            part = UpdateStats(loss=part.loss, policy_loss=ls.policy_loss, kl=ls.kl,
+                               clip_ratio_low=ls.clip_ratio_low, clip_ratio_high=ls.clip_ratio_high,
+                               clip_ratio_region=ls.clip_ratio_region, tokens=n, clip_count=ls.clip_count,
+                               extra=ls.extra)
         part_sums = stat_sums(part)
         if n and entropy is not None:  # the entropy's sum over the micro-batch's tokens
             part_sums["entropy"] = float((entropy.detach().float() * mask).sum())

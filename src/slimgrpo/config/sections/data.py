@@ -28,6 +28,9 @@ class DataConfig:
     solution moves to ``answer_solution``), so rewards compare with the bare number."""
     chat_template: str | None = None
     """Jinja chat template overriding the tokenizer's own."""
+    chat_template_kwargs: dict[str, bool | int | float | str] | None = None
+    """Extra variables for the chat template, as TRL's ``chat_template_kwargs`` (``{enable_thinking: false}``
+    turns Qwen3's thinking off); passed to every prompt and tool-calling turn the template renders."""
     use_chat_template: Literal["auto", "always", "never"] = "auto"
     """``auto``: apply the chat template to conversational prompts, and to plain prompts when the
     tokenizer has one; ``never``: tokenize text as is."""
