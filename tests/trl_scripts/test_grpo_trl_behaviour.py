@@ -1,7 +1,8 @@
 """What a TRL script may rely on that TRL's own tests/test_grpo_trainer.py showed slimgrpo.trl lacking
 (benchmarks/trl_tests): reward models named as on the hub, the last ``log_history`` entry, the refusals' messages,
 an environment that owns the data, evaluation sets given by name or at ``evaluate()``, streamed datasets,
-``chat_template_kwargs`` and the ``policy_loss`` metric. Tiny models built in code, a few steps each."""
+``chat_template_kwargs``, the ``policy_loss`` metric, the adaptive ``entropy_coef``, TRL's mask helpers and rewards
+that are never applicable. Tiny models built in code, a few steps each."""
 
 from __future__ import annotations
 
@@ -243,3 +244,53 @@ def test_a_model_without_sdpa_attention_loads_with_transformers_choice(tmp_path)
     model = load_model(ModelConfig(path=str(tmp_path), attn_implementation="sdpa"), torch.device("cpu"),
                        torch.float32)
     assert model.config._attn_implementation != "sdpa"
+
+
+def test_adaptive_entropy_coef_is_the_trainers_attribute(workdir, tiny_chat_model_dir):
+    """trainer.entropy_coef: the coefficient after the adaptive controller's steps (TRL's attribute); with a
+    target above any entropy the controller raises it every step."""
+    trainer = GRPOTrainer(model=str(tiny_chat_model_dir), reward_funcs=digits, train_dataset=ROWS,
+                          args=_args(workdir, "adaptive", max_steps=2, entropy_coef=0.01, use_adaptive_entropy=True,
+                                     entropy_target=1e3))
+    assert trainer.entropy_coef == pytest.approx(0.01)
+    trainer.train()
+    assert trainer.entropy_coef > 0.01
+    assert trainer.state.log_history[-2]["entropy_coef"] == pytest.approx(trainer.entropy_coef)
+
+
+def test_trls_mask_helpers_match_a_naive_reference():
+    """GRPOTrainer.get_high_entropy_mask / get_off_policy_mask (TRL's public helpers) on shapes that are not
+    round, against a loop written out here."""
+    torch.manual_seed(3)
+    entropies, mask = torch.rand(3, 7), (torch.rand(3, 7) > 0.3).int()
+    for threshold in (0.0, 0.35, 0.8, 1.0):
+        got = GRPOTrainer.get_high_entropy_mask(None, entropies, mask, threshold)
+        kept = sorted(float(e) for e, m in zip(entropies.flatten(), mask.flatten()) if m)
+        pos = threshold * (len(kept) - 1)  # linear interpolation, as torch.quantile
+        lo = kept[int(pos)]
+        cut = lo + (kept[min(int(pos) + 1, len(kept) - 1)] - lo) * (pos - int(pos))
+        want = torch.tensor([[bool(m) and float(e) >= cut for e, m in zip(er, mr)] for er, mr in zip(entropies, mask)])
+        assert torch.equal(got, want), threshold
+    assert not GRPOTrainer.get_high_entropy_mask(None, entropies, mask * 0, 0.5).any()
+
+    logps, sampling = -torch.rand(4, 5) * 3, -torch.rand(4, 5)
+    mask, advantages = (torch.rand(4, 5) > 0.2).float(), torch.tensor([0.5, -1.0, -0.2, 0.0])
+    got = GRPOTrainer.get_off_policy_mask(advantages.unsqueeze(-1), logps, sampling, mask, 0.6)
+    want = []
+    for i in range(4):
+        kl = [float(sampling[i, t] - logps[i, t]) for t in range(5) if mask[i, t]]
+        want.append([1.0 if advantages[i] >= 0 or sum(kl) / max(len(kl), 1) <= 0.6 else 0.0])
+    assert got.tolist() == want
+
+
+def test_a_reward_that_is_never_applicable_does_not_stop_the_run(workdir, tiny_chat_model_dir):
+    """TRL: None is 'not applicable'; a function returning None for every completion for many steps does not stop
+    training (a slimgrpo YAML stops after rewards.max_failed_steps such steps)."""
+    def never(completions, **kwargs):
+        return [None] * len(completions)
+
+    trainer = GRPOTrainer(model=str(tiny_chat_model_dir), reward_funcs=[digits, never], train_dataset=ROWS,
+                          args=_args(workdir, "never", max_steps=3))
+    assert trainer._loop.cfg.rewards.max_failed_steps == 0
+    trainer.train()
+    assert trainer.state.global_step == 3

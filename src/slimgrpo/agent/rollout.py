@@ -35,7 +35,7 @@ from transformers import DynamicCache
 
 from slimgrpo.rollout.engine import left_pad
 from slimgrpo.agent.environments import Toolbox
-from slimgrpo.rollout.model_parts import eval_mode
+from slimgrpo.rollout.model_parts import eval_mode, keep_cache_rows
 from slimgrpo.rollout.sampling import SamplingParams, SamplingWorkspace, sample_next
 from slimgrpo.agent.tool_calls import ToolRunner, parse_tool_calls, split_tools
 from slimgrpo.containers import PromptBatch, Rollout
@@ -67,7 +67,7 @@ class KVSession:
         return hidden
 
     def select(self, keep: torch.Tensor) -> None:
-        self.cache.batch_select_indices(keep)
+        keep_cache_rows(self.cache, keep)
         self.attn, self.next_pos = self.attn[keep], self.next_pos[keep]
 
 
@@ -208,7 +208,7 @@ class AgentRollout:
                                     past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
         row_slot = torch.tensor(slot, device=device)
         logits = self.parts.logits(hidden)[row_slot]  # [n, V]
-        cache.batch_select_indices(row_slot)  # one prefill per distinct prompt, fanned out to its rows
+        keep_cache_rows(cache, row_slot)  # one prefill per distinct prompt, fanned out to its rows
         session = KVSession(self.parts, cache, mask[row_slot])
         del cache
 

@@ -22,7 +22,7 @@ from . import cuda_graph
 from .graph_cache import GraphCache
 from .kv_quant import make_quant_stepper
 from .llama_stepper import LlamaStepper
-from .model_parts import CausalLMParts
+from .model_parts import CausalLMParts, keep_cache_rows
 
 
 class HFStepper:
@@ -52,7 +52,7 @@ class HFStepper:
         return hidden
 
     def select(self, keep: torch.Tensor) -> None:
-        self.cache.batch_select_indices(keep)
+        keep_cache_rows(self.cache, keep)
         self.attn, self.next_pos = self.attn[keep], self.next_pos[keep]
 
 

@@ -155,6 +155,32 @@ class GRPOTrainer(TrlTrainer):
             return
         self._loop.step_idx = checkpoints.resume_from(path)
 
+    @property
+    def entropy_coef(self) -> float:
+        """TRL's attribute: the entropy bonus's coefficient now, after the adaptive controller's updates
+        (``use_adaptive_entropy``), else ``args.entropy_coef``."""
+        return self._loop.updater.entropy_control.coef
+
+    def get_high_entropy_mask(self, entropies: Any, mask: Any, threshold: float) -> Any:
+        """TRL's helper: the tokens of ``mask`` whose entropy is at or above the ``threshold`` quantile of the
+        masked tokens' entropies (``top_entropy_quantile = 1 - threshold`` keeps the top share), as bools; none
+        when nothing is masked in. The loss uses the same functions (``loss/policy_losses.py``)."""
+        from slimgrpo.loss.policy_losses import entropy_threshold, high_entropy_mask
+
+        return high_entropy_mask(entropies, mask, entropy_threshold(entropies, mask, 1.0 - threshold))
+
+    @staticmethod
+    def get_off_policy_mask(advantages: Any, per_token_logps: Any, sampling_per_token_logps: Any, mask: Any,
+                            off_policy_threshold: float) -> Any:
+        """TRL's helper (DeepSeek-V3.2's off-policy sequence mask, ``off_policy_mask_threshold``): 1 for a
+        sequence kept, 0 for one dropped (negative advantage and a mean KL from the sampling policy above the
+        threshold), shaped ``[sequences, 1]`` in the log-probs' dtype. The loss uses the same function."""
+        from slimgrpo.loss.policy_losses import off_policy_keep
+
+        keep = off_policy_keep(per_token_logps, sampling_per_token_logps, mask, advantages.reshape(-1),
+                               off_policy_threshold)
+        return keep.to(per_token_logps.dtype).unsqueeze(-1)
+
     def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"
                  ) -> dict[str, float]:
         """Run the evaluation on ``eval_dataset`` (a set, a dict of named sets, or None: the trainer's own):

@@ -111,6 +111,11 @@ def _apply_trl_run_defaults(trl: dict[str, Any], out: Conversion, base_dir: str 
         mapped = BY_KEY[key].apply(TRL_DEFAULTS[key], context)
         out.values.update(mapped)
         out.rows.append(Row(key, "default", "TRL's " + ", ".join(f"{k}={_fmt(v)}" for k, v in mapped.items())))
+    # TRL: a reward function's None means "not applicable to this row" (a code reward on a maths prompt), and one
+    # that is never applicable for a while does not stop the run; slimgrpo's warning each such step stays.
+    out.values["rewards.max_failed_steps"] = 0
+    out.rows.append(Row("reward_funcs", "default", "TRL's: a function returning None for every completion never "
+                                                   "stops the run (rewards.max_failed_steps=0; still warned each step)"))
     if trl.get("use_peft") and trl.get("lora_target_modules") is None:
         model = trl.get("model_name_or_path")
         targets = peft_default_targets(model_type_of(model, base_dir) if model else None)
