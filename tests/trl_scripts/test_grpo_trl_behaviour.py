@@ -294,3 +294,23 @@ def test_a_reward_that_is_never_applicable_does_not_stop_the_run(workdir, tiny_c
     assert trainer._loop.cfg.rewards.max_failed_steps == 0
     trainer.train()
     assert trainer.state.global_step == 3
+
+
+def test_tool_prompts_are_not_cut_at_the_default_bound(workdir, tiny_chat_model_dir):
+    """With tools or an environment and no max_prompt_length, the bound is what max_completion_length leaves of
+    the model's context (TRL 1.16 does not cut prompts; the tools' schemas ride on every prompt); without tools
+    slimgrpo's 512 stays (TRL 1.16's GRPOConfig has no max_prompt_length to set)."""
+    import json as _json
+    import shutil
+
+    from slimgrpo.trl.grpo import run_config
+
+    model = workdir / "long-context"
+    shutil.copytree(tiny_chat_model_dir, model)
+    config = _json.loads((model / "config.json").read_text())
+    config["max_position_embeddings"] = 4096
+    (model / "config.json").write_text(_json.dumps(config))
+    with_tools = run_config(_args(workdir, "t1"), str(model), [digits], datasets=(ROWS, None), tools_given=True)
+    assert with_tools.data.max_prompt_length == 4096 - 8
+    plain = run_config(_args(workdir, "t2"), str(model), [digits], datasets=(ROWS, None))
+    assert plain.data.max_prompt_length == 512

@@ -70,7 +70,7 @@ class GRPOTrainer(TrlTrainer):
         named_sets = eval_sets(eval_dataset)
         cfg = run_config(args, model, self.reward_funcs, peft_config, reward_processing_classes,
                          (train_dataset, union_rows(named_sets) if named_sets else None),
-                         environment_factory is not None)
+                         environment_factory is not None, bool(tools) or environment_factory is not None)
         self._reward_attributes(cfg.rewards.functions, reward_processing_classes)
         policy = None
         if not isinstance(model, (str, os.PathLike)):
@@ -255,12 +255,13 @@ def _logging_steps(args, cfg) -> int:
 
 def run_config(args: GRPOConfig, model: Any, reward_funcs: list, peft_config: Any = None,
                reward_processing_classes: Any = None, datasets: tuple = (None, None),
-               environment_given: bool = False):
+               environment_given: bool = False, tools_given: bool = False):
     """The slimgrpo ``Config`` of a script's trainer: ``args``'s set fields through the rules table (what
     ``--trl-config`` does with a YAML), the model, LoRA from ``peft_config`` or a peft model's own adapters, the
     reward functions (a reward model with its tokenizer from ``reward_processing_classes``) and the datasets
     (``(train_dataset, eval_dataset)``, either None); ``environment_given``: an ``environment_factory`` was given
-    (its ``get_reward`` may be the reward)."""
+    (its ``get_reward`` may be the reward); ``tools_given``: tools or an environment (prompts carry their
+    schemas: ``fit_prompt_length``)."""
     values = convert(given_fields(args), os.getcwd()).values
     if isinstance(model, (str, os.PathLike)):
         values["model.path"] = os.path.abspath(os.fspath(model)) if os.path.exists(model) else os.fspath(model)
@@ -275,7 +276,7 @@ def run_config(args: GRPOConfig, model: Any, reward_funcs: list, peft_config: An
         values.update(lora_values(peft_config, model))
     cfg = from_dict(nest(values), base_dir=os.getcwd())
     if "max_prompt_length" not in given_fields(args):  # as --trl-config: TRL 1.16 does not cut prompts
-        fit_prompt_length(cfg, log.info)
+        fit_prompt_length(cfg, log.info, tools=tools_given)
     cfg.rewards.functions = _rewards(reward_funcs, reward_processing_classes, cfg.run.device,
                                      bool(args.trust_remote_code))
     train_dataset, eval_dataset = datasets

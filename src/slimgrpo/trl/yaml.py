@@ -114,8 +114,9 @@ def _apply_trl_run_defaults(trl: dict[str, Any], out: Conversion, base_dir: str 
     # TRL: a reward function's None means "not applicable to this row" (a code reward on a maths prompt), and one
     # that is never applicable for a while does not stop the run; slimgrpo's warning each such step stays.
     out.values["rewards.max_failed_steps"] = 0
-    out.rows.append(Row("reward_funcs", "default", "TRL's: a function returning None for every completion never "
-                                                   "stops the run (rewards.max_failed_steps=0; still warned each step)"))
+    out.rows.append(Row("reward_funcs", "default", "TRL's: a function returning None for every completion "
+                                                   "never stops the run (rewards.max_failed_steps=0; still warned "
+                                                   "each step)"))
     if trl.get("use_peft") and trl.get("lora_target_modules") is None:
         model = trl.get("model_name_or_path")
         targets = peft_default_targets(model_type_of(model, base_dir) if model else None)
@@ -236,21 +237,39 @@ def load_trl_config(path: str | os.PathLike, overrides: list[str] = (), show=pri
     return cfg
 
 
-def fit_prompt_length(cfg, show=print) -> None:
-    """TRL 1.16 does not cut prompts; slimgrpo keeps the last data.max_prompt_length tokens. Without the key,
-    keep slimgrpo's default unless the model's context is shorter: then use what the completion leaves."""
+def _context_room(cfg) -> tuple[int, int] | None:
+    """``(context, room)``: the model's positions and what ``max_completion_length`` leaves of them for the
+    prompt, read from a local folder's config.json or, for a hub name, from the local hub cache only (nothing
+    is downloaded here); None where neither can be read."""
     from slimgrpo.config import resolve_path
     from slimgrpo.modeling import looks_like_hub_name, max_positions, read_model_config
 
     path = resolve_path(cfg, cfg.model.path)
-    if not path or looks_like_hub_name(path):
-        return
+    if not path:
+        return None
     try:
-        context = max_positions(read_model_config(path))
+        if looks_like_hub_name(path):
+            from transformers import AutoConfig
+
+            model_config = AutoConfig.from_pretrained(path, local_files_only=True).to_dict()
+        else:
+            model_config = read_model_config(path)
+        context = max_positions(model_config)
     except Exception:  # a missing model is reported later, where it is loaded
+        return None
+    return (context, context - cfg.rollout.max_completion_length) if context else None
+
+
+def fit_prompt_length(cfg, show=print, tools: bool = False) -> None:
+    """TRL 1.16 does not cut prompts; slimgrpo keeps the last data.max_prompt_length tokens. Without the key,
+    keep slimgrpo's default unless the model's context is shorter: then use what the completion leaves. With
+    ``tools`` (tools or an environment: every prompt carries the tools' schemas, which the default was not
+    sized for) the bound is what the completion leaves of the context, as TRL's uncut prompts."""
+    found = _context_room(cfg)
+    if found is None:
         return
-    room = (context or 0) - cfg.rollout.max_completion_length
-    if context and 0 < room < cfg.data.max_prompt_length:
+    context, room = found
+    if room > 0 and (room < cfg.data.max_prompt_length or (tools and room > cfg.data.max_prompt_length)):
         cfg.data.max_prompt_length = room
         show(f"data.max_prompt_length={room}: the model's {context} positions minus max_completion_length "
              "(TRL 1.16 does not cut prompts; slimgrpo keeps their last tokens)")
