@@ -3,13 +3,14 @@
 The lent machine's image (python3 3.12.3) has torch 2.11.0+cu130, transformers 5.17.0, tokenizers 0.23.2,
 safetensors 0.8.0, accelerate 1.15.0, numpy 2.5.2 and huggingface_hub 1.33.0, older than the project's own
 environment. This builds a virtual environment OUTSIDE the repository with those versions (each one a flag, so
-the same script runs the floors of pyproject.toml: ``--torch 2.6.0 --peft 0.17.0``), plus the rest of
-slimgrpo's dependencies and its test extra from pyproject.toml, then runs ``pytest -m 'not slow'`` in it
+the same script runs other versions: ``--torch 2.9.0 --peft 0.18.0``; pyproject.toml's floors are the versions it
+passed with), plus the rest of slimgrpo's dependencies and its test extra from pyproject.toml, then runs
+``pytest -m 'not slow'`` in it
 against this checkout's ``src`` (through PYTHONPATH: nothing of slimgrpo is installed there), prints the versions
 it ran and a summary, and writes a JSON record.
 
     python -m benchmarks.lent_versions                       # the lent machine's versions
-    python -m benchmarks.lent_versions --torch 2.6.0 --peft 0.17.0 --transformers 5.17.0   # the floors
+    python -m benchmarks.lent_versions --torch 2.9.0 --peft 0.18.0      # other versions
     python -m benchmarks.lent_versions --reuse -- tests/memory   # the same environment, part of the suite
 
 torch: the CPU build from ``--torch-index`` (download.pytorch.org's CPU index) when pip reaches it, else the

@@ -2,7 +2,7 @@
 the planner's tests (tests/trace/test_trace_device.py, tests/plan/test_tiled_mlp_plan.py): widths that divide no
 chunk size, a completion long enough for the KV cache and the checkpoints to dominate as they do at full size."""
 
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 
 # Hidden 256, MLP 688 (no power of two), 8 query / 4 KV heads of 32, 4 layers, untied 1,000-token head.
 SHAPE = ModelShape("llama", hidden=256, intermediate=688, layers=4, heads=8, kv_heads=4, vocab=1000, tie=False,

@@ -94,7 +94,7 @@ def tiny_gguf(tmp_path_factory):
 
 
 def test_gguf_config_and_shape(tiny_gguf):
-    from slimgrpo.spec.shape import load_shape
+    from slimgrpo.runspec.shape import load_shape
 
     path, hf, _ = tiny_gguf
     assert is_gguf(path) and not is_gguf(path.parent)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimgrpo.spec.shape import ModelShape, load_shape
+from slimgrpo.runspec.shape import ModelShape, load_shape
 from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout, update_config
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -91,7 +91,7 @@ def test_qlora_load_and_one_step(tmp_path):
 
 def test_planner_within_15_percent_of_cuda_peak_update():
     """One small config, update only: planned always + update tensors against max_memory_allocated."""
-    from slimgrpo.spec.run import run_spec
+    from slimgrpo.runspec.run import run_spec
     from slimgrpo.plan.model import plan_memory
 
     shape = load_shape("qwen2.5-0.5b")

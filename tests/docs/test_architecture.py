@@ -323,12 +323,12 @@ def test_the_graph_sees_the_package():
     assert f"{PACKAGE}.rollout.engine" in graph[f"{PACKAGE}.evaluate"]  # a top-level import
     assert f"{PACKAGE}.modeling" in graph[f"{PACKAGE}.train.prompts"]  # one inside a function
     assert f"{PACKAGE}.rollout.cuda_graph" in graph[f"{PACKAGE}.rollout.decode"]  # `from . import cuda_graph`
-    assert f"{PACKAGE}.plan.types" not in graph[f"{PACKAGE}.spec.run"]  # under `if TYPE_CHECKING:`
+    assert f"{PACKAGE}.plan.types" not in graph[f"{PACKAGE}.runspec.run"]  # under `if TYPE_CHECKING:`
 
 
 # The training path: the stages a step runs and the build and loop that run them. None of them may reach the
 # planner or its trace, by any chain of imports: the planner reads them from above.
-TRAINING_PATH = ("rollout", "update", "forward", "loss", "modeling", "spec", "advantage", "rewards", "data",
+TRAINING_PATH = ("rollout", "update", "forward", "loss", "modeling", "runspec", "advantage", "rewards", "data",
                  "agent", "checkpoint", "monitor", "output", "evaluate", "distributed", "memory",
                  "train.build", "train.loop", "train.step_metrics", "train.prompts", "train.seeding")
 ABOVE_TRAINING = ("plan", "trace")

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from slimgrpo.memory import attention
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.forward.shared_prompt import shared_completion_hidden
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from slimgrpo.spec.run import RunSpec
+from slimgrpo.runspec.run import RunSpec
 from slimgrpo.plan.model import plan_memory
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout, update_config
 from slimgrpo.update import gradients
 from slimgrpo.update.offload import AsyncOffload
@@ -211,7 +211,7 @@ def test_trainer_caps_the_pool_at_the_plans_host_line():
     from slimgrpo.config import from_dict, merge_overrides
     from slimgrpo.plan.admission import admission_of
     from slimgrpo.plan.model import plan_memory
-    from slimgrpo.spec.run import run_spec
+    from slimgrpo.runspec.run import run_spec
 
     cfg = from_dict(merge_overrides({}, ["run.device=cuda", "model.dtype=bfloat16", "lora.enabled=true",
                                          "memory.gradient_checkpointing=true", "memory.offload_activations=true"]))

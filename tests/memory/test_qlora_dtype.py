@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.trace.synthetic import random_causal_lm, update_config
 
 SHAPE = ModelShape(family="qwen3", hidden=96, intermediate=200, layers=3, heads=4, kv_heads=2, vocab=301,

@@ -15,9 +15,9 @@ from slimgrpo.plan.search import fit_to_budget
 from slimgrpo.config.errors import MemoryBudgetError
 from slimgrpo.plan.admission import admit
 from slimgrpo.plan.admission import host_budget_bytes
-from slimgrpo.spec.run import RunSpec
+from slimgrpo.runspec.run import RunSpec
 from slimgrpo.plan.model import plan_memory
-from slimgrpo.spec.shape import load_shape
+from slimgrpo.runspec.shape import load_shape
 
 OFFLOADED = ["model.dtype=bfloat16", "lora.enabled=true", "memory.gradient_checkpointing=true",
              "memory.offload_activations=true", "rollout.num_generations=8", "run.batch_size=8",

@@ -12,11 +12,11 @@ import math
 import pytest
 
 from slimgrpo.config import from_dict, merge_overrides
-from slimgrpo.spec.run import run_spec
+from slimgrpo.runspec.run import run_spec
 from slimgrpo.forward.costs import mlp_bytes_per_token, norm_backward_bytes_per_token, update_layer_bytes
 from slimgrpo.plan.model import plan_memory, tiled_mlp_on
 from slimgrpo.memory.tiled_mlp import tiled_shard_tokens
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 
 # W-cpu's shape (benchmarks/speed/vs_trl.py): a vocabulary far larger than the hidden size
 W_CPU = ModelShape("qwen2", hidden=128, intermediate=512, layers=2, heads=4, kv_heads=2, vocab=151_936, tie=True,

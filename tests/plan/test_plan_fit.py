@@ -15,9 +15,9 @@ from slimgrpo.plan.search import blocked_ways, fit_to_budget
 from slimgrpo.config.errors import MemoryBudgetError
 from slimgrpo.plan.admission import PlanScope, fitted_config, host_budget_bytes
 from slimgrpo.plan.admission import admit
-from slimgrpo.spec.run import run_spec
+from slimgrpo.runspec.run import run_spec
 from slimgrpo.plan.model import plan_memory
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 
 # Qwen3-8B's public config (as benchmarks/planner/trace_anchors.py): not a bundled preset
 QWEN3_8B = {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,

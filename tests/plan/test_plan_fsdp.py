@@ -9,10 +9,10 @@ import pytest
 
 from slimgrpo.commands.cli import main
 from slimgrpo.config import from_dict
-from slimgrpo.spec.run import run_spec
-from slimgrpo.spec.run import RunSpec
+from slimgrpo.runspec.run import run_spec
+from slimgrpo.runspec.run import RunSpec
 from slimgrpo.plan.model import plan_memory
-from slimgrpo.spec.shape import ModelShape, load_shape
+from slimgrpo.runspec.shape import ModelShape, load_shape
 from slimgrpo.plan.sharding import SHARDED, root_group_params
 
 # Odd sizes: the shard sizes do not divide evenly (ceil per rank).

@@ -21,8 +21,8 @@ import pytest
 
 from slimgrpo.config import from_dict, merge_overrides
 from slimgrpo.plan.model import decode_packing, plan_memory, tiled_mlp_on
-from slimgrpo.spec.run import run_spec
-from slimgrpo.spec.shape import ModelShape, load_shape
+from slimgrpo.runspec.run import run_spec
+from slimgrpo.runspec.shape import ModelShape, load_shape
 
 GOLDEN = Path(__file__).with_name("golden_plans.json")
 

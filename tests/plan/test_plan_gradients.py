@@ -8,13 +8,13 @@ import dataclasses
 import pytest
 
 from slimgrpo.config import from_dict, merge_overrides
-from slimgrpo.spec.run import run_spec
+from slimgrpo.runspec.run import run_spec
 from slimgrpo.update.costs import CPU_ADAMW_STEP_TEMPORARIES
 from slimgrpo.plan.model import plan_memory
 from slimgrpo.forward.costs import update_layer_bytes
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.plan.render import assumed_tricks
-from slimgrpo.spec.run import RunSpec
+from slimgrpo.runspec.run import RunSpec
 from slimgrpo.plan.admission import trace_config
 
 # 3 layers and sizes that divide nothing: the walk's first-layer / last-layer cases both occur below

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from slimgrpo.plan.render import headroom_warning
 from slimgrpo.trace.step import CUDA_TRACE_MARGIN
-from slimgrpo.spec.run import RunSpec
+from slimgrpo.runspec.run import RunSpec
 from slimgrpo.plan.model import plan_memory
-from slimgrpo.spec.shape import load_shape
+from slimgrpo.runspec.shape import load_shape
 
 GIB = 2**30
 
@@ -32,7 +32,7 @@ def test_headroom_below_the_allocator_margin_is_named():
 def test_plan_command_prints_the_warning(capsys, monkeypatch):
     from slimgrpo.commands.cli import main
     from slimgrpo.config import from_dict, merge_overrides
-    from slimgrpo.spec.run import run_spec
+    from slimgrpo.runspec.run import run_spec
 
     monkeypatch.setenv("COLUMNS", "300")
     overrides = ["lora.enabled=true", "memory.gradient_checkpointing=true", "rollout.num_generations=2",

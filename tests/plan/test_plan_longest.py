@@ -10,9 +10,9 @@ import pytest
 
 from slimgrpo.commands.cli import main
 from slimgrpo.plan.longest import fitted, longest_context, with_length
-from slimgrpo.spec.run import RunSpec
+from slimgrpo.runspec.run import RunSpec
 from slimgrpo.plan.model import plan_memory
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

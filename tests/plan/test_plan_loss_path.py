@@ -13,9 +13,9 @@ import pytest
 import slimgrpo.forward.passes as passes
 import slimgrpo.loss.fused as fused
 from slimgrpo.config import from_dict, merge_overrides
-from slimgrpo.spec.run import fused_loss, run_spec
+from slimgrpo.runspec.run import fused_loss, run_spec
 from slimgrpo.plan.model import plan_memory
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.plan.render import category_rows
 from slimgrpo.plan.admission import trace_config
 

@@ -27,9 +27,9 @@ import itertools
 import pytest
 
 from slimgrpo.config import from_dict, merge_overrides
-from slimgrpo.spec.run import run_spec
+from slimgrpo.runspec.run import run_spec
 from slimgrpo.plan.model import plan_memory
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.plan.admission import trace_config
 from slimgrpo.plan.render import plan_tensor_bytes
 

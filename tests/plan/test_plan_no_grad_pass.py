@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimgrpo.spec.run import RunSpec
+from slimgrpo.runspec.run import RunSpec
 from slimgrpo.forward.costs import no_grad_pass_bytes, shared_prompt_lighter_without_grad
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 
 W_CPU = ModelShape(family="qwen2", hidden=128, intermediate=512, layers=2, heads=4, kv_heads=2, vocab=151_936,
                    tie=True)

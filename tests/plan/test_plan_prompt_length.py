@@ -11,7 +11,7 @@ from slimgrpo.commands.cli import main
 from slimgrpo.config import load_config
 from slimgrpo.modeling import load_tokenizer
 from slimgrpo.plan.admission import admit
-from slimgrpo.spec.run import run_spec
+from slimgrpo.runspec.run import run_spec
 from slimgrpo.plan.admission import shape_of
 from slimgrpo.plan.model import plan_memory
 from slimgrpo.train.prompts import data_prompt_tokens, planned_prompt_tokens, read_prompts

@@ -53,7 +53,7 @@ def test_memory_fit_trace_checks_the_fit_by_trace(tmp_path, tiny_model_dir, caps
     from slimgrpo.config import load_config
     from slimgrpo.plan.admission import admit
     from slimgrpo.plan.admission import trace_config
-    from slimgrpo.spec.shape import load_shape
+    from slimgrpo.runspec.shape import load_shape
 
     p = _config(tmp_path, tiny_model_dir, memory={"budget": "420MiB", "fit": "trace"})
     cfg = load_config(p)

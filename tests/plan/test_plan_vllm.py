@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from slimgrpo.config import from_dict, merge_overrides
-from slimgrpo.spec.run import run_spec
-from slimgrpo.spec.run import RunSpec
+from slimgrpo.runspec.run import run_spec
+from slimgrpo.runspec.run import RunSpec
 from slimgrpo.plan.model import plan_memory
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.rollout.costs import KV_HEADROOM, MIN_KV_BYTES, VLLM_CPU_IMPORT_BYTES
 from slimgrpo.rollout import vllm_engine as ve
 

@@ -13,13 +13,13 @@ from slimgrpo.plan.search import fit_to_budget, suggest_fixes
 from slimgrpo.units import parse_bytes
 from slimgrpo.plan.render import render_plan
 from slimgrpo.memory.footprint import CPU_FRAMEWORK_OVERHEAD_BYTES, CUDA_FRAMEWORK_OVERHEAD_BYTES
-from slimgrpo.spec.cost import GiB
-from slimgrpo.spec.cost import LORA_ADAPTER_BYTES, kv_cache_bytes, logits_bytes, lora_num_params
-from slimgrpo.spec.run import RunSpec
+from slimgrpo.runspec.cost import GiB
+from slimgrpo.runspec.cost import LORA_ADAPTER_BYTES, kv_cache_bytes, logits_bytes, lora_num_params
+from slimgrpo.runspec.run import RunSpec
 from slimgrpo.forward.costs import activation_bytes_per_token_layer, attention_mask_bytes
 from slimgrpo.plan.model import plan_memory
 from slimgrpo.memory.footprint import TOKENIZER_BYTES_PER_VOCAB, cpu_runtime_bytes
-from slimgrpo.spec.shape import ModelShape, load_shape, preset_shapes
+from slimgrpo.runspec.shape import ModelShape, load_shape, preset_shapes
 
 LLAMA_8B = load_shape("llama-3.1-8b")
 QWEN_05B = load_shape("qwen2.5-0.5b")

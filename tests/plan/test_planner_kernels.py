@@ -5,10 +5,10 @@ import dataclasses
 import pytest
 
 from slimgrpo.plan.search import fit_to_budget
-from slimgrpo.spec.cost import GiB
-from slimgrpo.spec.run import RunSpec
+from slimgrpo.runspec.cost import GiB
+from slimgrpo.runspec.run import RunSpec
 from slimgrpo.plan.model import plan_memory
-from slimgrpo.spec.shape import load_shape
+from slimgrpo.runspec.shape import load_shape
 
 QWEN = load_shape("qwen2.5-0.5b")
 
@@ -109,7 +109,7 @@ def test_update_layer_bytes_match_autograd_plain_and_shared_prompt(lora, m, G, d
     from slimgrpo.forward.unpadded import unpadded_hidden
     from slimgrpo.memory.attention import cpu_gqa
     from slimgrpo.forward.costs import shared_prompt_groups, update_layer_bytes
-    from slimgrpo.spec.shape import ModelShape
+    from slimgrpo.runspec.shape import ModelShape
     from slimgrpo.forward.shared_prompt import shared_completion_hidden
 
     shape = ModelShape.from_hf_config({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 176,

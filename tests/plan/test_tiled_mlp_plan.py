@@ -15,12 +15,12 @@ from slimgrpo.plan.search import fit_to_budget
 from slimgrpo.config.errors import MemoryBudgetError
 from slimgrpo.plan.admission import admission_of, overrides_for
 from slimgrpo.train.build import apply_tiled_mlp
-from slimgrpo.spec.run import run_spec
+from slimgrpo.runspec.run import run_spec
 from slimgrpo.plan.model import TILED_MLP_AUTO_TOKENS, plan_memory, tiled_mlp_on
-from slimgrpo.spec.run import RunSpec
+from slimgrpo.runspec.run import RunSpec
 from slimgrpo.forward.costs import mlp_bytes_per_token, norm_backward_bytes_per_token, update_layer_bytes
 from slimgrpo.memory.tiled_mlp import tiled_shard_tokens
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -448,9 +448,9 @@ def test_the_plan_holds_the_graphs_kv_arena_through_the_update(monkeypatch):
     from slimgrpo.config import from_dict, merge_overrides
     from slimgrpo.plan.model import plan_memory
     from slimgrpo.rollout.graph_cache import LENGTH_BUCKET, batch_bucket
-    from slimgrpo.spec.cost import kv_cache_bytes
-    from slimgrpo.spec.run import run_spec
-    from slimgrpo.spec.shape import load_shape
+    from slimgrpo.runspec.cost import kv_cache_bytes
+    from slimgrpo.runspec.run import run_spec
+    from slimgrpo.runspec.shape import load_shape
 
     shape = load_shape("qwen2.5-0.5b")
     cfg = from_dict(merge_overrides({}, ["run.device=cuda", "lora.enabled=true", "run.batch_size=6",

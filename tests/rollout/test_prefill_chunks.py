@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from slimgrpo.rollout.costs import PREFILL_CHUNK_TOKENS
-from slimgrpo.spec.run import RunSpec
+from slimgrpo.runspec.run import RunSpec
 from slimgrpo.plan.model import plan_memory
-from slimgrpo.spec.shape import ModelShape, load_shape
+from slimgrpo.runspec.shape import ModelShape, load_shape
 from slimgrpo.rollout import SamplingParams, TorchRolloutEngine
 from slimgrpo.trace.synthetic import random_causal_lm
 

@@ -101,14 +101,14 @@ def _tiny_cfg(*overrides):
 
 
 def _tiny_shape():
-    from slimgrpo.spec.shape import ModelShape
+    from slimgrpo.runspec.shape import ModelShape
 
     return ModelShape(**TINY, head_dim=8, max_positions=512)
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_trace_step_resident_bytes_are_exact(lora):
-    from slimgrpo.spec.cost import lora_num_params
+    from slimgrpo.runspec.cost import lora_num_params
     from slimgrpo.plan.admission import trace_config
 
     shape = _tiny_shape()

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from slimgrpo.config import from_dict, merge_overrides
-from slimgrpo.spec.run import run_spec
+from slimgrpo.runspec.run import run_spec
 from slimgrpo.plan.model import plan_memory
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 from scaled_llama import BASE, SHAPE
 from slimgrpo.target import DeviceTarget
 from slimgrpo.plan.admission import trace_config

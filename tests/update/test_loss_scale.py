@@ -92,7 +92,7 @@ def test_an_overflow_is_retried_at_half_the_scale_not_skipped(monkeypatch):
     the float16 activations' gradients, so the first backward is re-run at half the scale until it is finite;
     no update is skipped, only the adapters move, and the gradients the optimizer steps are the ones at scale 1."""
     from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout, update_config
-    from slimgrpo.spec.shape import ModelShape
+    from slimgrpo.runspec.shape import ModelShape
 
     shape = ModelShape(family="llama", hidden=32, intermediate=48, layers=2, heads=4, kv_heads=2, vocab=97,
                        tie=True)

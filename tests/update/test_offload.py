@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.update.offload import AsyncOffload, offload_context
 from slimgrpo.trace.synthetic import random_causal_lm
 

@@ -264,10 +264,10 @@ def test_full_finetuning_critic_is_a_second_model(tiny_model_dir):
 
 
 def test_planner_counts_the_critic():
-    from slimgrpo.spec.run import RunSpec
-    from slimgrpo.spec.cost import lora_num_params
+    from slimgrpo.runspec.run import RunSpec
+    from slimgrpo.runspec.cost import lora_num_params
     from slimgrpo.plan.model import plan_memory
-    from slimgrpo.spec.shape import load_shape
+    from slimgrpo.runspec.shape import load_shape
 
     shape = load_shape("qwen2.5-0.5b")
     for lora in (True, False):

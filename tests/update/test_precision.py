@@ -256,9 +256,9 @@ def test_trl_fp16_maps_only_with_peft():
 
 
 def _plan(**sections):
-    from slimgrpo.spec.run import run_spec
+    from slimgrpo.runspec.run import run_spec
     from slimgrpo.plan.model import plan_memory
-    from slimgrpo.spec.shape import preset_shapes
+    from slimgrpo.runspec.shape import preset_shapes
 
     world = sections.pop("_world", 1)
     shape = preset_shapes()["qwen2.5-0.5b"]

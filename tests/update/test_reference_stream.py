@@ -11,7 +11,7 @@ import torch
 
 from slimgrpo.memory.pinned import PAGE
 
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.modeling import prepare_for_training, reference_copy, reference_placement
 from slimgrpo.trace.synthetic import UpdateOnly, random_causal_lm, synthetic_rollout, update_config
 from slimgrpo.update.reference import StreamedReference, Transfers, decoder_layers
@@ -165,9 +165,9 @@ def test_plan_counts_each_placement_and_auto_settles_against_the_budget():
     import dataclasses
 
     from slimgrpo.plan.admission import PlanScope, settle_reference_placement
-    from slimgrpo.spec.run import RunSpec
+    from slimgrpo.runspec.run import RunSpec
     from slimgrpo.plan.model import plan_memory
-    from slimgrpo.spec.shape import load_shape
+    from slimgrpo.runspec.shape import load_shape
 
     shape = load_shape("qwen2.5-0.5b")
     base = RunSpec(device="cuda", beta=0.04, max_completion_length=256)
@@ -196,7 +196,7 @@ def test_trace_counts_a_device_reference_on_the_device():
     """``plan --trace`` / ``memory.fit=trace`` with ``reference_placement=device``: the copy is device memory,
     as the plan's line is; with the default it stays in the host account."""
     from slimgrpo.config import from_dict, merge_overrides
-    from slimgrpo.spec.run import run_spec
+    from slimgrpo.runspec.run import run_spec
     from slimgrpo.plan.model import plan_memory
     from slimgrpo.plan.admission import trace_config
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from _update_calls import grads_at_optimizer_step
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.trace.synthetic import (RaggedLengths, UpdateOnly, random_causal_lm, synthetic_advantages, synthetic_rollout,
                                      update_config)
 

@@ -1,6 +1,6 @@
 """``slimgrpo plan``: the memory plan of a config or a model shape, what to change to fit a budget, and
 with ``--trace`` one real step traced on fake tensors (``trace/step.py``). The library it stands on is
-``plan/`` (``admission.py``: the budget, the fit; ``search.py``; ``render.py``) and ``spec/`` (the run spec)."""
+``plan/`` (``admission.py``: the budget, the fit; ``search.py``; ``render.py``) and ``runspec/`` (the run spec)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from slimgrpo.plan.admission import (PlanScope, all_changes, budget_bytes, check
 from slimgrpo.plan.model import plan_memory
 from slimgrpo.plan.render import render_plan, render_trace
 from slimgrpo.plan.search import blocked_ways, fit_to_budget
-from slimgrpo.spec.run import run_spec, spec_device
-from slimgrpo.spec.shape import preset_shapes
+from slimgrpo.runspec.run import run_spec, spec_device
+from slimgrpo.runspec.shape import preset_shapes
 from slimgrpo.units import format_gib, human_count
 
 __all__ = ["plan_command"]

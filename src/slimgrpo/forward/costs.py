@@ -11,7 +11,7 @@
   (``shared_prompt_saves`` with gradients, ``shared_prompt_lighter_without_grad`` without: ``layout.py``).
 
 The planner adds these up (``plan/model.py``, ``update/costs.py``); the derivations are in docs/memory.md.
-Symbols as in ``spec/cost.py``.
+Symbols as in ``runspec/cost.py``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import dataclasses
 
 from slimgrpo.families import FAMILIES
 from slimgrpo.memory import attention as attn_kernels
-from slimgrpo.spec.cost import lora_targets, num
-from slimgrpo.spec.run import RunSpec
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.cost import lora_targets, num
+from slimgrpo.runspec.run import RunSpec
+from slimgrpo.runspec.shape import ModelShape
 
 # A decoder layer's RMSNorm runs backward through its decomposed fp32 ops (upcast, square, mean, rsqrt, scale):
 # up to this many fp32 H-wide gradient temporaries are alive at once, beside this many compute-dtype H-wide

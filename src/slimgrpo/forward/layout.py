@@ -28,8 +28,8 @@ from slimgrpo.forward import packed, shared_prompt
 from slimgrpo.forward.costs import shared_prompt_lighter_without_grad, shared_prompt_saves
 from slimgrpo.forward.rows import CompletionRows, HeadSpec
 from slimgrpo.forward.unpadded import unpadded_hidden
-from slimgrpo.spec.run import RunSpec
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.run import RunSpec
+from slimgrpo.runspec.shape import ModelShape
 
 
 class HiddenFn(Protocol):

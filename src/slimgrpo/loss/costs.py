@@ -1,14 +1,14 @@
 """What the chunked LM head and the loss hold in the update (``chunked_head.py``, ``fused.py``, the objective):
 the loss working set line of the plan and what of it outlives the head's backward. Symbols as in
-``spec/cost.py``; the derivations are in docs/memory.md."""
+``runspec/cost.py``; the derivations are in docs/memory.md."""
 
 from __future__ import annotations
 
 import math
 
-from slimgrpo.spec.cost import Component, logits_bytes, num
-from slimgrpo.spec.run import RunSpec
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.cost import Component, logits_bytes, num
+from slimgrpo.runspec.run import RunSpec
+from slimgrpo.runspec.shape import ModelShape
 
 # Chunked LM head: float32 [token_chunk, vocabulary slice] blocks alive at once (chunked_head.py, fused.py), as the
 # planner's matrix traces them (tests/plan/test_plan_matrix.py):

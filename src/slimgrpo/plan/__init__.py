@@ -8,7 +8,7 @@
   ``trace_config``, the trace of a config as the run resolves it);
 - the rendering (``render.py``: ``render_plan``, ``render_trace``).
 
-Its measuring twin, the trace, is ``slimgrpo.trace``; what a run is in numbers, ``slimgrpo.spec``.
+Its measuring twin, the trace, is ``slimgrpo.trace``; what a run is in numbers, ``slimgrpo.runspec``.
 """
 
 from slimgrpo.plan.admission import admit, trace_config

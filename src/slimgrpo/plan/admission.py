@@ -5,7 +5,7 @@ the trace), and what the config leaves to the plan decided for the run:
     admission = admit(cfg, world_size=1, prompt_tokens=153)    # prints the plan's headline (or table)
     admission.cfg, admission.spec, admission.plan              # the config it runs, the resolved spec
 
-Called from above the run's build (``train/trainer.py``), which reads the verdict (``spec.run.Admission``) and
+Called from above the run's build (``train/trainer.py``), which reads the verdict (``runspec.run.Admission``) and
 applies it: the spec's ``decode_packing`` and ``tiled_mlp``, the pinned-memory cap of offloaded checkpoints, what
 happens when the MLPs cannot be tiled. ``commands/plan.py`` is the ``slimgrpo plan`` command over the same
 functions."""
@@ -24,8 +24,8 @@ from slimgrpo.plan.model import plan_memory, resolve
 from slimgrpo.plan.render import render_plan
 from slimgrpo.plan.search import Suggestion, fit_to_budget
 from slimgrpo.plan.types import MemoryPlan
-from slimgrpo.spec.run import Admission, RunSpec, cuda_index, run_spec, spec_device, tiled_mlp_setting
-from slimgrpo.spec.shape import ModelShape, load_shape
+from slimgrpo.runspec.run import Admission, RunSpec, cuda_index, run_spec, spec_device, tiled_mlp_setting
+from slimgrpo.runspec.shape import ModelShape, load_shape
 from slimgrpo.trace.step import TraceResult, trace_step
 from slimgrpo.units import format_gib, parse_bytes
 

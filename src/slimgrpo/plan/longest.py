@@ -28,8 +28,8 @@ from typing import Any
 from slimgrpo.plan.model import plan_memory
 from slimgrpo.plan.search import LADDER_SAME_TASK, fit_to_budget
 from slimgrpo.plan.types import MemoryPlan
-from slimgrpo.spec.run import RunSpec
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.run import RunSpec
+from slimgrpo.runspec.shape import ModelShape
 
 KINDS = ("prompt-heavy", "completion-heavy")
 # Searched up to this many tokens when the model names no position limit.

@@ -18,7 +18,7 @@ and the tokenizer (``memory/footprint.py``), lets the lines that are alive at di
 them under FSDP2 (``sharding.py``) and finds the peak. It also decides what the config leaves to the plan:
 ``tiled_mlp_on`` (``memory.tiled_mlp=auto``) and ``decode_packing`` (CPU float32 decoding).
 
-Symbols as in ``spec/cost.py``; the derivations are in docs/memory.md.
+Symbols as in ``runspec/cost.py``; the derivations are in docs/memory.md.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from slimgrpo.memory.footprint import (CPU_FRAMEWORK_OVERHEAD_BYTES, CUDA_FRAMEW
 from slimgrpo.plan.sharding import shard_components
 from slimgrpo.plan.types import MemoryPlan
 from slimgrpo.rollout.costs import generation_components, small_projections, vllm_components, vllm_start_note
-from slimgrpo.spec.cost import (LORA_ADAPTER_BYTES, NF4_BYTES_PER_PARAM, PHASES, QLORA_COMPUTE_BYTES, Component,
+from slimgrpo.runspec.cost import (LORA_ADAPTER_BYTES, NF4_BYTES_PER_PARAM, PHASES, QLORA_COMPUTE_BYTES, Component,
                                 after_freed, lora_num_params, num)
-from slimgrpo.spec.run import RunSpec
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.run import RunSpec
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.update.costs import (activation_components, buffer_components, critic_components, gradients_in_backward,
                                    offloads_to_host, optimizer_components, overlap_recompute, overlap_step_workspace)
 

@@ -10,7 +10,7 @@ from typing import Any
 from slimgrpo.forward.costs import shared_prompt_groups, shared_prompt_lighter_without_grad
 from slimgrpo.plan.model import TILED_MLP_AUTO_TOKENS, TILED_MLP_MIN_GAIN, decode_packing, plan_memory, tiled_mlp_on
 from slimgrpo.plan.types import MemoryPlan
-from slimgrpo.spec.cost import PHASES, num
+from slimgrpo.runspec.cost import PHASES, num
 from slimgrpo.trace.step import CUDA_TRACE_MARGIN, TraceResult
 from slimgrpo.units import format_gib, human_count, parse_bytes
 

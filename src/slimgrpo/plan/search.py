@@ -17,8 +17,8 @@ from typing import Any
 
 from slimgrpo.plan.model import plan_memory
 from slimgrpo.plan.types import MemoryPlan
-from slimgrpo.spec.run import RunSpec
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.run import RunSpec
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.units import format_gib, parse_bytes
 
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from slimgrpo.spec.cost import Component, num
-from slimgrpo.spec.run import RunSpec
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.cost import Component, num
+from slimgrpo.runspec.run import RunSpec
+from slimgrpo.runspec.shape import ModelShape
 
 SHARDED = ("weights", "LoRA adapters", "gradients", "optimizer state", "critic adapter + value head",
            "critic model + value head", "critic gradients", "critic optimizer state", "fp32 master weights",

@@ -29,9 +29,9 @@ import math
 
 from slimgrpo.forward.costs import attention_mask_bytes, inference_bytes_per_token_layer
 from slimgrpo.rollout.graph_cache import LENGTH_BUCKET, batch_bucket
-from slimgrpo.spec.cost import LORA_ADAPTER_BYTES, Component, KiB, MiB, kv_cache_bytes, lora_targets, num
-from slimgrpo.spec.run import RunSpec
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.cost import LORA_ADAPTER_BYTES, Component, KiB, MiB, kv_cache_bytes, lora_targets, num
+from slimgrpo.runspec.run import RunSpec
+from slimgrpo.runspec.shape import ModelShape
 
 # Decode: fp32 logits of the last position for every row, plus the sampling workspace (rollout/engine.py drops a
 # step's logits once sampled; a 16-bit head's own output is counted beside them, generation.generation_components).

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from slimgrpo.spec.run import CUDA_GRAPHS_ENV, cuda_graphs_asked
+from slimgrpo.runspec.run import CUDA_GRAPHS_ENV, cuda_graphs_asked
 
 from .graph_cache import CudaGraphBackend, GraphCache, Slot, reads_call_tensors
 from .llama_stepper import LlamaStepper, release_prefill_layer

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from slimgrpo.spec.cost import LORA_MODULES
+from slimgrpo.runspec.cost import LORA_MODULES
 
 NF4_BLOCK, NF4_NESTED_BLOCK, ADAM8_BLOCK = 64, 256, 256
 

@@ -53,8 +53,8 @@ import torch
 
 from slimgrpo.memory.attention import cpu_gqa
 from slimgrpo.memory.footprint import CUDA_FRAMEWORK_OVERHEAD_BYTES, cpu_runtime_bytes
-from slimgrpo.spec.run import RunSpec
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.run import RunSpec
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.target import DeviceTarget
 from slimgrpo.trace.live_bytes import LiveBytes, PhasePeak
 

@@ -7,7 +7,7 @@ pinned lengths and runs the trainer's own update stage on it (``update/``: ``Upd
 log-probs, micro-batched forward + backward through the chunked loss, gradient clipping, optimizer step) -- the
 same code a real step runs after scoring.
 
-    from slimgrpo.spec.shape import load_shape
+    from slimgrpo.runspec.shape import load_shape
     from slimgrpo.trace.synthetic import random_causal_lm, synthetic_rollout, UpdateOnly
 
     shape = load_shape("llama-3.1-8b")
@@ -15,7 +15,7 @@ same code a real step runs after scoring.
     runner = UpdateOnly(cfg, model)           # cfg: a Config (lora, memory, loss, optim sections)
     stats = runner.step(synthetic_rollout(1, 8, 256, 20_000, shape.vocab, device="cuda"))
 
-Works on any device and any shape that :mod:`slimgrpo.spec.shape` describes (llama, mistral,
+Works on any device and any shape that :mod:`slimgrpo.runspec.shape` describes (llama, mistral,
 qwen2, qwen3 families). Nothing is downloaded: weights are random.
 """
 
@@ -29,8 +29,8 @@ import torch
 
 from slimgrpo.config import Config
 from slimgrpo.containers import Rollout
-from slimgrpo.spec.run import RunSpec
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.run import RunSpec
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.target import DeviceTarget
 
 

@@ -9,7 +9,7 @@ they read, never the loop.
 
 The run's admission (``plan/admission.py``: its plan against ``memory.budget``, the fit, what the plan decides
 for the run) happens before this, from above (``train/trainer.py``), and reaches the build as its verdict
-(``RunInputs.admission``, a ``spec.run.Admission``), which the build applies. Without one (a policy the caller
+(``RunInputs.admission``, a ``runspec.run.Admission``), which the build applies. Without one (a policy the caller
 loaded, or ``build_run`` called on its own) the run is built unplanned.
 
 The order (each step needs the ones before it):
@@ -61,7 +61,7 @@ from slimgrpo.agent.setup import AgentInputs, setup_agent
 from slimgrpo.rollout.engine import TorchRolloutEngine
 from slimgrpo.rollout.sampling import SamplingParams
 from slimgrpo.train import seeding
-from slimgrpo.spec.run import Admission, RunSpec, tiled_mlp_setting
+from slimgrpo.runspec.run import Admission, RunSpec, tiled_mlp_setting
 from slimgrpo.train.prompts import RunPrompts, planned_prompt_tokens, prompt_order, read_prompts, run_tokenizer
 from slimgrpo.update.critic import Critic, build_critic
 from slimgrpo.update.optim import build_optimizer, build_scheduler

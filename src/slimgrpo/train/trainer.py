@@ -28,7 +28,7 @@ from slimgrpo.config import Config
 from slimgrpo.distributed.context import DistContext, from_environment
 from slimgrpo.modeling import Policy
 from slimgrpo.plan.admission import admit
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.train.build import RunInputs, RunParts, build_run
 from slimgrpo.train.loop import Callback, NonFiniteError, PolicyCollapsedError, StepResult, TrainLoop
 from slimgrpo.train.prompts import planned_prompt_tokens, read_prompts, run_tokenizer

@@ -11,7 +11,7 @@
   (``critic_components``), the step's rollout and log-prob buffers (``buffer_components``).
 
 Change the update's order of work and these rules with it: tests/plan/test_plan_backward_overlap.py and
-tests/plan/test_plan_gradients.py hold them against a naive walk and the trace. Symbols as in ``spec/cost.py``.
+tests/plan/test_plan_gradients.py hold them against a naive walk and the trace. Symbols as in ``runspec/cost.py``.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from slimgrpo.forward.costs import (NORM_BACKWARD_FP32_TENSORS, NORM_BACKWARD_RE
                                     shared_prompt_groups, update_layer_bytes)
 from slimgrpo.memory import attention as attn_kernels
 from slimgrpo.memory.tiled_mlp import tiled_shard_tokens
-from slimgrpo.spec.cost import LORA_ADAPTER_BYTES, Component, after_freed, lora_num_params, lora_targets, num
-from slimgrpo.spec.run import RunSpec
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.cost import LORA_ADAPTER_BYTES, Component, after_freed, lora_num_params, lora_targets, num
+from slimgrpo.runspec.run import RunSpec
+from slimgrpo.runspec.shape import ModelShape
 from slimgrpo.update.offload import OFFLOAD_MIN_BYTES
 
 # AdamW keeps two moments (exp_avg, exp_avg_sq) created with zeros_like(param): parameter dtype.

@@ -26,7 +26,7 @@ def micro_batch_loss(model, micro: MicroBatch, settings: UpdateSettings, norm: N
                      entropy_coef: float | None = None) -> tuple[torch.Tensor, LossStats, torch.Tensor | None]:
     """``(loss, stats, entropy [rows, T])`` of one micro-batch; call ``loss.backward()`` afterwards.
 
-    ``settings.fuse`` (the spec's verdict, ``spec.run.fused_loss``) picks the fused path; ``takes_fused_path``
+    ``settings.fuse`` (the spec's verdict, ``runspec.run.fused_loss``) picks the fused path; ``takes_fused_path``
     (config) is the rule, applied here with this step's entropy coefficient; the forward layout is
     ``forward.layout.choose_layout``'s. ``micro.entropy_cut``: the batch's entropy threshold for
     ``top_entropy_quantile < 1`` (that mask needs every token's entropy before the loss, so it takes the

@@ -14,7 +14,7 @@ from slimgrpo.config import auto_token_chunk
 from slimgrpo.forward.layout import PromptSharing
 from slimgrpo.loss.objectives import LossSettings
 from slimgrpo.loss.settings import loss_settings
-from slimgrpo.spec.run import RunSpec, run_spec
+from slimgrpo.runspec.run import RunSpec, run_spec
 from slimgrpo.target import DeviceTarget
 
 
@@ -26,7 +26,7 @@ class UpdateSettings:
     (``micro.py``); ``same_micro_count``: FSDP2, where every forward and backward is a collective, so every rank
     runs as many micro-batches as the rank with the most (``micro.micro_batches`` asks the ranks);
     ``temperature``: the sampling temperature the log-probs are taken at; ``token_chunk`` / ``vocab_chunk``: the
-    chunked LM head; ``fuse``: the fused head + loss where it applies (the spec's verdict, ``spec.run.fused_loss``;
+    chunked LM head; ``fuse``: the fused head + loss where it applies (the spec's verdict, ``runspec.run.fused_loss``;
     ``micro_loss`` takes the separate path on an optimizer step whose adaptive entropy coefficient is not 0);
     ``share_prompt``: each group's prompt forward once where that saves work and is lighter
     (``forward.layout.PromptSharing``, read from the model once; None: never); ``offload_activations``: tensors

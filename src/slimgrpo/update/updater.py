@@ -69,7 +69,7 @@ class Updater:
     critic); ``policy``: the ``modeling.Policy`` (reference, device, trainable parameters); ``model``: the model
     the update runs, a DDP / FSDP2 wrapper under torchrun; ``critic``: PPO's value function
     (``update/critic.py``), trained beside the policy in every optimizer step; ``settings``: how the passes run
-    (``UpdateSettings.of``: from the run's resolved spec, ``spec/run.py``), None: the config's own on the
+    (``UpdateSettings.of``: from the run's resolved spec, ``runspec/run.py``), None: the config's own on the
     policy's device."""
 
     def __init__(self, cfg, policy, model, optimizer, scheduler, dist: DistContext | None = None, critic=None,

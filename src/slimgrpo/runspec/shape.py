@@ -171,7 +171,7 @@ class ModelShape:
 
 def preset_shapes() -> dict[str, ModelShape]:
     """The bundled presets of ``shapes.json``, by lower-case name."""
-    text = resources.files("slimgrpo.spec").joinpath("shapes.json").read_text(encoding="utf-8")
+    text = resources.files("slimgrpo.runspec").joinpath("shapes.json").read_text(encoding="utf-8")
     raw = json.loads(text)
     return {name.lower(): ModelShape(**fields) for name, fields in raw.items() if not name.startswith("_")}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slimgrpo.spec.shape import ModelShape
+from slimgrpo.runspec.shape import ModelShape
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 PHASES = ("always", "generation", "update")

@@ -22,7 +22,7 @@ from slimgrpo.config import Config, auto_token_chunk
 from slimgrpo.config.sections.loss import takes_fused_path
 from slimgrpo.config.sections.memory import bf16_update_rule
 from slimgrpo.config.sections.rollout import resolve_engine
-from slimgrpo.spec.cost import LORA_MODULES, QLORA_COMPUTE_BYTES
+from slimgrpo.runspec.cost import LORA_MODULES, QLORA_COMPUTE_BYTES
 
 if TYPE_CHECKING:
     from slimgrpo.plan.types import MemoryPlan
