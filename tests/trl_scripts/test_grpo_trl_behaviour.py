@@ -314,3 +314,14 @@ def test_tool_prompts_are_not_cut_at_the_default_bound(workdir, tiny_chat_model_
     assert with_tools.data.max_prompt_length == 4096 - 8
     plain = run_config(_args(workdir, "t2"), str(model), [digits], datasets=(ROWS, None))
     assert plain.data.max_prompt_length == 512
+
+
+def test_tool_metrics_carry_trls_names():
+    """A script's log_history has TRL's tools/call_frequency (tool calls per completion: TRL divides the calls by
+    the completions) beside slimgrpo's tools/calls_per_completion; slimgrpo's own prefixes stay out."""
+    from slimgrpo.trl.callbacks import trl_logs
+
+    logs = trl_logs({"step": 3, "tools/calls_per_completion": 0.75, "tools/failure_frequency": 0.5,
+                     "time/step_s": 2.0, "memory/peak_rss_mib": 10.0}, 0.5)
+    assert logs == {"tools/calls_per_completion": 0.75, "tools/call_frequency": 0.75,
+                    "tools/failure_frequency": 0.5, "step_time": 2.0, "epoch": 0.5}

@@ -34,6 +34,8 @@ def trl_logs(metrics: dict[str, Any], epoch: float) -> dict[str, Any]:
     logs = {k: v for k, v in metrics.items() if k != "step" and not k.startswith(_OWN_PREFIXES)}
     if "time/step_s" in metrics:
         logs["step_time"] = metrics["time/step_s"]
+    if "tools/calls_per_completion" in metrics:  # TRL's name for the same mean (tool calls / completions)
+        logs["tools/call_frequency"] = metrics["tools/calls_per_completion"]
     logs["epoch"] = epoch
     return logs
 
