@@ -68,6 +68,7 @@ def main() -> int:
     a = p.parse_args()
     if not (Path(a.model) / "config.json").is_file():
         sys.exit(f"{a.model} holds no model: python scripts/get_smollm2.py {a.model}")
+    a.model = str(Path(a.model).resolve())  # the YAML's relative paths are read from its own folder
     root = BENCH_DIR / "script_vs_cli" / time.strftime("%Y%m%d-%H%M%S")
     root.mkdir(parents=True)
     (root / "sv_reward.py").write_text(REWARD)
