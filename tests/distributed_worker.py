@@ -174,5 +174,24 @@ def main(job_path: str) -> None:
         run_generation(i, config, out, ctx)
 
 
+def end_rank(ctx) -> None:
+    """A rank ends as the ``slimgrpo`` command's ranks do (commands/cli.py's ``_leave_rank``): the ranks leave the
+    process group together, then the process exits without the interpreter's teardown, whose C++ destructors
+    of gloo and the sharded model were seen to abort a finished rank ("terminate called without an active
+    exception", SIGABRT), which torchrun reports as a failed job."""
+    import atexit
+    import os
+
+    if ctx.enabled:
+        from slimgrpo.distributed.process_group import leave_process_group
+
+        leave_process_group(ctx)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main(sys.argv[1])
+    end_rank(from_environment())

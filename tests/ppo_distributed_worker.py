@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from distributed_worker import full_state, train_fixed
+from distributed_worker import end_rank, full_state, train_fixed
 from slimgrpo.config import load_config
 from slimgrpo.distributed.context import from_environment
 from slimgrpo.train.trainer import Trainer
@@ -75,3 +75,4 @@ def main(job_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    end_rank(from_environment())
