@@ -35,10 +35,11 @@ from transformers import DynamicCache
 
 from slimgrpo.rollout.engine import left_pad
 from slimgrpo.agent.environments import Toolbox
-from slimgrpo.rollout.model_parts import eval_mode, keep_cache_rows
+from slimgrpo.rollout.model_parts import eval_mode
 from slimgrpo.rollout.sampling import SamplingParams, SamplingWorkspace, sample_next
 from slimgrpo.agent.tool_calls import ToolRunner, parse_tool_calls, split_tools
 from slimgrpo.containers import PromptBatch, Rollout
+from slimgrpo.forward.gather import select_cache_rows
 
 _CALL_MARKUP = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.DOTALL)
 
@@ -67,7 +68,7 @@ class KVSession:
         return hidden
 
     def select(self, keep: torch.Tensor) -> None:
-        keep_cache_rows(self.cache, keep)
+        select_cache_rows(self.cache, keep)
         self.attn, self.next_pos = self.attn[keep], self.next_pos[keep]
 
 
@@ -208,7 +209,7 @@ class AgentRollout:
                                     past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
         row_slot = torch.tensor(slot, device=device)
         logits = self.parts.logits(hidden)[row_slot]  # [n, V]
-        keep_cache_rows(cache, row_slot)  # one prefill per distinct prompt, fanned out to its rows
+        select_cache_rows(cache, row_slot)  # one prefill per distinct prompt, fanned out to its rows
         session = KVSession(self.parts, cache, mask[row_slot])
         del cache
 

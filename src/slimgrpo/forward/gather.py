@@ -19,6 +19,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+try:  # layers holding per-row convolution and recurrent states (Mamba, gated delta nets)
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin as _LINEAR_ATTENTION
+except ImportError:  # a transformers without them
+    _LINEAR_ATTENTION = ()
+
 
 def take_rows(x: Tensor, index: Tensor, dim: int = 0) -> Tensor:
     """``x`` indexed by the 1-D long tensor ``index`` along ``dim`` (repeats allowed), with a
@@ -29,15 +34,20 @@ def take_rows(x: Tensor, index: Tensor, dim: int = 0) -> Tensor:
 
 
 def select_cache_rows(cache, index: Tensor) -> None:
-    """``cache.batch_select_indices(index)`` for a transformers ``DynamicCache`` (keys and values of every
-    layer keep the rows ``index``, repeats allowed) through ``take_rows``, so the gradient that flows back
-    into the shared keys and values is summed in a fixed order. Layers of other cache types fall back to
-    their own ``batch_select_indices``."""
+    """``cache.batch_select_indices(index)`` for a transformers cache: every layer keeps the rows ``index``
+    (repeats allowed: a prompt fanned out to its completions). A ``DynamicCache`` layer's keys and values go
+    through ``take_rows``, so the gradient that flows back into the shared keys and values is summed in a fixed
+    order. A linear-attention or state-space layer (Mamba's in NemotronH, Qwen3-Next's gated delta net) keeps
+    convolution and recurrent states per row that ``batch_select_indices`` leaves behind (or lacks altogether),
+    so it is moved with its ``reorder_cache``, which selects every state it holds (keys and values too, for a
+    layer holding both). Layers of other cache types use their own ``batch_select_indices``."""
     for layer in getattr(cache, "layers", None) or []:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if type(layer).__name__ == "DynamicLayer" and isinstance(keys, Tensor) and isinstance(values, Tensor):
             if keys.numel():
                 layer.keys, layer.values = take_rows(keys, index), take_rows(values, index)
+        elif isinstance(layer, _LINEAR_ATTENTION):
+            layer.reorder_cache(index)
         else:
             layer.batch_select_indices(index)
     if not getattr(cache, "layers", None):

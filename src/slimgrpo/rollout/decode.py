@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import torch
 
+from slimgrpo.forward.gather import select_cache_rows
+
 from . import cuda_graph
 from .graph_cache import GraphCache
 from .kv_quant import make_quant_stepper
 from .llama_stepper import LlamaStepper
-from .model_parts import CausalLMParts, keep_cache_rows
+from .model_parts import CausalLMParts
 
 
 class HFStepper:
@@ -52,7 +54,7 @@ class HFStepper:
         return hidden
 
     def select(self, keep: torch.Tensor) -> None:
-        keep_cache_rows(self.cache, keep)
+        select_cache_rows(self.cache, keep)
         self.attn, self.next_pos = self.attn[keep], self.next_pos[keep]
 
 

@@ -33,11 +33,12 @@ from slimgrpo.collectives import Collectives
 from slimgrpo.memory.malloc import generation_heap, mapped
 from slimgrpo.rollout.costs import DECODE_PACK_MIN_BYTES, PREFILL_CHUNK_TOKENS
 from slimgrpo.containers import Rollout
+from slimgrpo.forward.gather import select_cache_rows
 from . import cuda_graph
 from .decode import make_stepper
 from .graph_cache import GraphCache
 from .llama_stepper import LlamaStepper
-from .model_parts import CausalLMParts, eval_mode, keep_cache_rows
+from .model_parts import CausalLMParts, eval_mode
 from .sampling import SamplingParams, SamplingWorkspace, apply_repetition_penalty, sample_next
 
 
@@ -224,7 +225,7 @@ class TorchRolloutEngine:
         hidden = self._prefill(ids, mask, cache)  # [p, H]
         logits = self.parts.logits(hidden)[row_slot]  # [n, V]
         # Fan the prompt's KV cache out to its rows (rows of one prompt are adjacent).
-        keep_cache_rows(cache, row_slot)
+        select_cache_rows(cache, row_slot)
 
         stepper = make_stepper(self.parts, cache, mask[row_slot], max_new, self.lean_decode, self.kv_cache_dtype,
                                graphs=self._graphs(device))

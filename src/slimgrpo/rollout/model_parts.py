@@ -261,20 +261,3 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
         for module, was_training in modes:
             module.training = was_training
 
-
-def keep_cache_rows(cache, index: torch.Tensor) -> None:
-    """Keep the rows ``index`` (repeats allowed: a prompt fanned out to its completions) of a generation cache.
-    transformers' ``batch_select_indices`` moves attention keys and values only; a linear-attention or
-    state-space layer (Mamba's in NemotronH, Qwen3-Next's gated delta net) keeps convolution and recurrent
-    states per row that it leaves behind, so those layers are moved with their ``reorder_cache``, which selects
-    every state they hold (and their keys and values, for a layer holding both)."""
-    try:
-        from transformers.cache_utils import LinearAttentionCacheLayerMixin
-    except ImportError:  # a transformers without linear-attention caches
-        cache.batch_select_indices(index)
-        return
-    for layer in cache.layers:
-        if isinstance(layer, LinearAttentionCacheLayerMixin):
-            layer.reorder_cache(index)
-        else:
-            layer.batch_select_indices(index)

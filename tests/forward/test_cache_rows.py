@@ -1,7 +1,8 @@
-"""``keep_cache_rows``: fanning a generation cache out to rows (repeats allowed) moves every state a layer
+"""``select_cache_rows``: fanning a generation cache out to rows (repeats allowed) moves every state a layer
 holds, the keys and values of attention layers and the convolution and recurrent states of linear-attention
 (Mamba) layers, which transformers' ``batch_select_indices`` leaves behind. Reference: the same rows
-prefilled directly."""
+prefilled directly. The engine, the decode steppers, the multi-turn rollout and the shared-prompt forward all
+fan caches out through it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import transformers
 from transformers import DynamicCache
 
-from slimgrpo.rollout.model_parts import keep_cache_rows
+from slimgrpo.forward.gather import select_cache_rows
 
 
 def _hybrid_model():
@@ -34,7 +35,7 @@ def test_rows_of_a_hybrid_cache_decode_as_if_prefilled_directly():
     cache = DynamicCache(config=model.config)
     model(input_ids=prompts, past_key_values=cache, use_cache=True)
     assert any(type(layer).__name__.startswith("LinearAttention") for layer in cache.layers)
-    keep_cache_rows(cache, rows)
+    select_cache_rows(cache, rows)
     nxt = torch.tensor([[11], [12], [13]])
     fanned = model(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1]
 
@@ -52,7 +53,7 @@ def test_attention_only_caches_keep_rows_as_batch_select_indices_does(tiny_model
     tiny_model(input_ids=ids, past_key_values=a, use_cache=True)
     tiny_model(input_ids=ids, past_key_values=b, use_cache=True)
     rows = torch.tensor([0, 0, 1, 0])
-    keep_cache_rows(a, rows)
+    select_cache_rows(a, rows)
     b.batch_select_indices(rows)
     for la, lb in zip(a.layers, b.layers):
         assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
