@@ -175,21 +175,17 @@ def main(job_path: str) -> None:
 
 
 def end_rank(ctx) -> None:
-    """A rank ends as the ``slimgrpo`` command's ranks do (commands/cli.py's ``_leave_rank``): the ranks leave the
-    process group together, then the process exits without the interpreter's teardown, whose C++ destructors
-    of gloo and the sharded model were seen to abort a finished rank ("terminate called without an active
-    exception", SIGABRT), which torchrun reports as a failed job."""
-    import atexit
-    import os
+    """A rank ends as the ``slimgrpo`` command's ranks do: the ranks leave the process group together, then
+    ``commands/cli.py``'s ``_leave_rank`` exits without the interpreter's teardown, whose C++ destructors of
+    gloo and the sharded model were seen to abort a finished rank (SIGABRT), which torchrun reports as a
+    failed job."""
+    from slimgrpo.commands.cli import _leave_rank
 
     if ctx.enabled:
         from slimgrpo.distributed.process_group import leave_process_group
 
         leave_process_group(ctx)
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    _leave_rank(0)
 
 
 if __name__ == "__main__":
